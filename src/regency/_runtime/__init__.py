@@ -1,0 +1,1 @@
+"""Internal runtime: the per-process router, mailboxes, actor executors, casting, host agent."""

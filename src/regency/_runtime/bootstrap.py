@@ -1,0 +1,100 @@
+"""Entry point of a spawned proc: ``python -m regency._runtime.bootstrap FD``.
+
+The host agent writes the proc's settings (address, job secret, config, ``sys.path``) to pipe
+``FD``. The proc then serves messages until asked to stop, or exits at once if the process that
+started it dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _read_settings(fd: int) -> dict[str, Any]:
+    with os.fdopen(fd, "rb") as pipe:
+        settings: dict[str, Any] = pickle.load(pipe)
+    return settings
+
+
+def main() -> None:
+    """Run one proc."""
+    settings = _read_settings(int(sys.argv[1]))
+    _die_with_parent(settings["parent_pid"])
+    sys.path[:] = settings["sys_path"]
+    os.chdir(settings["cwd"])
+
+    from regency import config
+
+    config.configure(**settings["config"])
+
+    from regency._runtime import state, wire
+    from regency._runtime.instance import ClientInstance
+    from regency._runtime.proc import ProcRuntime
+    from regency._runtime.proc_agent import ProcAgent
+    from regency._runtime.service import Service
+
+    runtime = ProcRuntime(settings["address"], settings["secret"], settings["job_id"])
+    state.install(
+        runtime, ClientInstance(runtime, is_root=False), settings["agent"], settings["root"]
+    )
+
+    stop = threading.Event()
+    watch_parent(runtime, settings["parent_pid"])
+
+    bootstrap_error = None
+    if settings["bootstrap"] is not None:
+        try:
+            fn = pickle.loads(settings["bootstrap"])
+            result = fn()
+            if hasattr(result, "__await__"):
+                import asyncio
+
+                async def wait() -> Any:
+                    return await result
+
+                asyncio.run(wait())
+        except BaseException as exc:
+            bootstrap_error = "".join(traceback.format_exception(exc))
+
+    agent = ProcAgent(runtime, on_stop_proc=lambda _: stop.set(), bootstrap_error=bootstrap_error)
+    runtime.services[wire.SERVICE_PROC] = Service("regency-proc-agent", agent.handle)
+    stop.wait()
+    runtime.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def watch_parent(runtime: Any, parent_pid: int) -> None:
+    """Exit as soon as the parent process is gone (the orphan rule)."""
+    try:
+        fd = os.pidfd_open(parent_pid)
+    except OSError:
+        os._exit(1)
+
+    def parent_gone(_: int) -> None:
+        os._exit(1)
+
+    runtime.loop.register(fd, parent_gone)
+
+
+if __name__ == "__main__":
+    main()

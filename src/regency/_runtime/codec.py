@@ -1,0 +1,107 @@
+"""Message bodies: pickle protocol 5 with out-of-band buffers, cloudpickle for code by value.
+
+``dumps`` returns ``[body, *buffers]``; large buffers (numpy arrays, bytearrays, CPU torch tensors
+and top-level ``bytes`` arguments) are not copied into the body but travel as separate parts that
+``sendmsg`` writes straight from the object's memory.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import cloudpickle
+
+Part = bytes | bytearray | memoryview
+
+OUT_OF_BAND_MIN = 64 * 1024
+
+
+class _LargeBytes:
+    """Marks a large ``bytes`` value so it travels out of band (pickle never offers bytes)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return (_bytes_from_buffer, (pickle.PickleBuffer(self.data),))
+
+
+def _bytes_from_buffer(buf: Any) -> bytes:
+    return bytes(buf)
+
+
+def _tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+    import torch
+
+    view = memoryview(buf)
+    if view.readonly:
+        view = memoryview(bytearray(view))
+    flat = torch.frombuffer(view, dtype=torch.uint8) if view.nbytes else torch.empty(0)
+    return flat.view(getattr(torch, dtype)).reshape(shape)
+
+
+def _reduce_tensor(obj: Any) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None or type(obj) is not torch.Tensor:
+        return NotImplemented
+    if obj.device.type != "cpu" or obj.requires_grad or obj.is_sparse or obj.is_quantized:
+        return NotImplemented
+    if obj.numel() * obj.element_size() < OUT_OF_BAND_MIN:
+        return NotImplemented
+    flat = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    dtype = str(obj.dtype).removeprefix("torch.")
+    return (_tensor_from_buffer, (pickle.PickleBuffer(flat), dtype, tuple(obj.shape)))
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj).__module__ == "torch":
+            reduced = _reduce_tensor(obj)
+            if reduced is not NotImplemented:
+                return reduced
+        return super().reducer_override(obj)
+
+
+def _wrap_large(value: Any) -> Any:
+    if type(value) is bytes and len(value) >= OUT_OF_BAND_MIN:
+        return _LargeBytes(value)
+    return value
+
+
+def wrap_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Mark large top-level ``bytes`` arguments for out-of-band transfer."""
+    if any(type(a) is bytes for a in args) or any(type(v) is bytes for v in kwargs.values()):
+        return tuple(_wrap_large(a) for a in args), {k: _wrap_large(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def wrap_value(value: Any) -> Any:
+    """Mark a large ``bytes`` return value for out-of-band transfer."""
+    return _wrap_large(value)
+
+
+def dumps(obj: Any) -> list[Part]:
+    """Pickle ``obj``; return the body followed by its out-of-band buffers."""
+    buffers: list[Part] = []
+
+    def take(buf: pickle.PickleBuffer) -> bool:
+        view = buf.raw()
+        if view.nbytes < OUT_OF_BAND_MIN:
+            return True
+        buffers.append(view)
+        return False
+
+    out = io.BytesIO()
+    _Pickler(out, protocol=5, buffer_callback=take).dump(obj)
+    return [out.getbuffer(), *buffers]
+
+
+def loads(parts: Sequence[Part]) -> Any:
+    """Inverse of :func:`dumps`."""
+    return pickle.loads(parts[0], buffers=parts[1:])

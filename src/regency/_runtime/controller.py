@@ -1,0 +1,58 @@
+"""Bootstrapping the controller: the user's script becomes the root client ``<root>``.
+
+The first use of the API creates this process's runtime, the root client, a proc agent (so
+actors can be spawned in the controller's own process) and the local host agent (so procs can be
+spawned on this machine). ``shutdown_context`` (also run at exit) stops them all.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+
+from regency import config
+from regency._runtime import state, wire
+from regency._runtime.host_agent import HostAgent
+from regency._runtime.instance import ClientInstance
+from regency._runtime.proc import ProcRuntime
+from regency._runtime.proc_agent import ProcAgent
+from regency._runtime.service import Service
+from regency._runtime.singletons import SERVICE_SINGLETONS, SingletonRegistry
+
+_host_agent: HostAgent | None = None
+_proc_agent: ProcAgent | None = None
+
+
+def bootstrap_controller() -> None:
+    """Create the controller's runtime (called once, lazily, under the state lock)."""
+    global _host_agent, _proc_agent
+    job_id = os.urandom(4).hex()
+    secret = os.urandom(32)
+    runtime = ProcRuntime(f"unix:@regency-{job_id}-controller", secret, job_id)
+    state.install(
+        runtime, ClientInstance(runtime, is_root=True), runtime.address, runtime.address
+    )
+    _proc_agent = ProcAgent(runtime)
+    _host_agent = HostAgent(runtime)
+    runtime.services[wire.SERVICE_PROC] = Service("regency-proc-agent", _proc_agent.handle)
+    runtime.services[wire.SERVICE_HOST] = Service("regency-host-agent", _host_agent.handle)
+    runtime.services[SERVICE_SINGLETONS] = Service(
+        "regency-singletons", SingletonRegistry().handle
+    )
+    atexit.register(shutdown)
+
+
+def shutdown() -> None:
+    """Stop every proc this controller started and close its runtime (idempotent)."""
+    global _host_agent, _proc_agent
+    runtime = state.existing()
+    if runtime is None:
+        return
+    timeout = float(config.get("stop_timeout"))
+    if _host_agent is not None:
+        _host_agent.shutdown(timeout)
+    if _proc_agent is not None:
+        _proc_agent.stop_all(timeout)
+    runtime.close()
+    _host_agent = _proc_agent = None
+    state.clear(shut_down=True)

@@ -1,0 +1,183 @@
+"""The ``Actor`` base class and the ``@endpoint`` / ``@concurrent_endpoint`` decorators."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
+
+F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """How an endpoint is called: sync or async, with an explicit response port, concurrently."""
+
+    name: str
+    is_async: bool
+    explicit_port: bool
+    concurrent: bool
+    propagate: Any
+    instrument: bool
+
+
+class EndpointProperty(Generic[R]):
+    """Descriptor produced by ``@endpoint``; on an actor instance it is the plain method."""
+
+    def __init__(self, method: Callable[..., Any], spec: EndpointSpec) -> None:
+        self._method = method
+        self.spec = spec
+        self.signature = inspect.signature(method)
+        self.__doc__ = method.__doc__
+        self.__name__ = method.__name__
+        self.__wrapped__ = method
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name != self.spec.name:
+            object.__setattr__(self, "spec", _respec(self.spec, name))
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> EndpointProperty[R]: ...
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> Callable[..., Any]: ...
+    def __get__(self, obj: object | None, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return self._method.__get__(obj, objtype)
+
+    @property
+    def method(self) -> Callable[..., Any]:
+        """The undecorated function."""
+        return self._method
+
+
+def _respec(spec: EndpointSpec, name: str) -> EndpointSpec:
+    return EndpointSpec(
+        name, spec.is_async, spec.explicit_port, spec.concurrent, spec.propagate, spec.instrument
+    )
+
+
+def _make(
+    method: Callable[..., Any],
+    *,
+    propagate: Any,
+    explicit_response_port: bool,
+    instrument: bool,
+    concurrent: bool,
+) -> EndpointProperty[Any]:
+    if isinstance(method, EndpointProperty):
+        raise ValueError(
+            f"{method.__name__} is already an endpoint: @concurrent_endpoint cannot be stacked "
+            "on @endpoint"
+        )
+    is_async = inspect.iscoroutinefunction(method)
+    if concurrent and not is_async:
+        raise ValueError(
+            f"@concurrent_endpoint requires an async method, but {method.__name__} is sync"
+        )
+    spec = EndpointSpec(
+        method.__name__, is_async, explicit_response_port, concurrent, propagate, instrument
+    )
+    return EndpointProperty(method, spec)
+
+
+def endpoint(
+    method: Callable[..., Any] | None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> Any:
+    """Mark an actor method as remotely callable.
+
+    Use bare (``@endpoint``) or with options (``@endpoint(explicit_response_port=True)``). With
+    ``explicit_response_port`` the method receives a :class:`Port` right after ``self`` and
+    replies through it (later, several times, or from another thread); its return value is
+    ignored.
+    """
+
+    def wrap(fn: Callable[..., Any]) -> EndpointProperty[Any]:
+        return _make(
+            fn,
+            propagate=propagate,
+            explicit_response_port=explicit_response_port,
+            instrument=instrument,
+            concurrent=False,
+        )
+
+    return wrap(method) if method is not None else wrap
+
+
+def concurrent_endpoint(
+    method: Callable[..., Any] | None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> Any:
+    """Mark an ``async`` actor method as an endpoint that runs concurrently with later messages.
+
+    The body runs as an asyncio task and the actor takes its next message at once. Without an
+    explicit port the return value (or exception, as ``ActorError``) goes back to the caller; an
+    explicit-port body that lets an exception escape kills the actor.
+    """
+
+    def wrap(fn: Callable[..., Any]) -> EndpointProperty[Any]:
+        return _make(
+            fn,
+            propagate=propagate,
+            explicit_response_port=explicit_response_port,
+            instrument=instrument,
+            concurrent=True,
+        )
+
+    return wrap(method) if method is not None else wrap
+
+
+class Actor:
+    """Base class of every actor.
+
+    Subclass it, take your constructor arguments in ``__init__`` (they come from
+    ``ProcMesh.spawn``) and decorate remotely callable methods with ``@endpoint``::
+
+        class Counter(Actor):
+            def __init__(self, start: int) -> None:
+                self.value = start
+
+            @endpoint
+            def incr(self) -> None:
+                self.value += 1
+
+            @endpoint
+            def get(self) -> int:
+                return self.value
+
+        counters = this_host().spawn_procs(per_host={"gpus": 4}).spawn("c", Counter, 0)
+        counters.incr.broadcast()
+        print(counters.get.call().get())     # ValueMesh of 1s
+
+    An actor handles one message at a time, in order per sender, on a thread of its own (async
+    endpoints on that thread's event loop). Its endpoints are either all sync or all async.
+    Optional hooks: ``__supervise__(failure)`` for failures of meshes it owns, and
+    ``__cleanup__(exc)`` when it stops.
+    """
+
+    @property
+    def logger(self) -> logging.Logger:
+        """A logger named after the actor's class."""
+        logger = logging.getLogger(type(self).__qualname__)
+        logger.setLevel(logging.DEBUG)
+        return logger
+
+
+def endpoints_of(cls: type) -> dict[str, EndpointProperty[Any]]:
+    """Every endpoint of an actor class, by name (including inherited ones)."""
+    found: dict[str, EndpointProperty[Any]] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if isinstance(value, EndpointProperty):
+                found[name] = value
+    return found

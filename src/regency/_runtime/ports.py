@@ -1,0 +1,215 @@
+"""Ports: where replies go. ``Port``/``PortReceiver``/``Channel`` for users, and the handlers that
+turn replies into futures for ``call_one``, ``call`` and ``stream``."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from regency._runtime import casting, codec, state, wire
+from regency._runtime.errors import SupervisionError
+from regency._runtime.future import Future
+from regency._runtime.pending import Pending
+from regency._runtime.proc import Part, PortRef
+from regency._transport.transport import PeerUnreachable
+
+T = TypeVar("T")
+
+LostDescriber = Callable[[str, str], SupervisionError]
+
+
+class Port(Generic[T]):
+    """The sending end of a port. Picklable: pass it to other actors, who can then reply.
+
+    Delivery from one sender is reliable and in order.
+    """
+
+    __slots__ = ("_rank", "_ref", "return_undeliverable")
+
+    def __init__(self, ref: PortRef, rank: int = 0) -> None:
+        self._ref = ref
+        self._rank = rank
+        self.return_undeliverable = True
+
+    @property
+    def ref(self) -> PortRef:
+        """The port's address."""
+        return self._ref
+
+    def send(self, obj: T) -> None:
+        """Deliver ``obj`` to the receiver."""
+        self._post(0, codec.dumps(codec.wrap_value(obj)))
+
+    def exception(self, exc: BaseException) -> None:
+        """Deliver an error: the receiver's ``recv()`` raises it."""
+        self._post(wire.FLAG_ERROR, codec.dumps(exc))
+
+    def _post(self, flags: int, parts: list[Part]) -> None:
+        try:
+            state.runtime().send_port(self._ref, self._rank, flags, parts)
+        except PeerUnreachable:
+            if self.return_undeliverable:
+                raise
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Port, (self._ref, self._rank))
+
+    def __repr__(self) -> str:
+        return f"Port({self._ref.addr}:{self._ref.port})"
+
+
+class _Queue:
+    """Port handler that queues messages for a :class:`PortReceiver`."""
+
+    def __init__(self, once: bool) -> None:
+        self._lock = threading.Lock()
+        self._ready: deque[tuple[int, int, Sequence[Part]]] = deque()
+        self._waiting: deque[Pending] = deque()
+        self._once = once
+        self.port = -1
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        with self._lock:
+            if self._waiting:
+                waiter = self._waiting.popleft()
+            else:
+                self._ready.append((rank, flags, parts))
+                waiter = None
+        if waiter is not None:
+            waiter.set_raw(parts, bool(flags & wire.FLAG_ERROR))
+        if self._once:
+            rt = state.existing()
+            if rt is not None:
+                rt.close_port(self.port)
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        pass
+
+    def take(self, ranked: bool) -> Future[Any]:
+        with self._lock:
+            if self._ready:
+                rank, flags, parts = self._ready.popleft()
+                pending = Pending(_with_rank(rank) if ranked else None)
+                pending.set_raw(parts, bool(flags & wire.FLAG_ERROR))
+            else:
+                pending = Pending()
+                self._waiting.append(pending)
+        return Future._from_pending(pending)
+
+
+def _with_rank(rank: int) -> Callable[[Any], Any]:
+    return lambda value: (rank, value)
+
+
+class PortReceiver(Generic[T]):
+    """The receiving end of a port opened with :meth:`Channel.open`."""
+
+    def __init__(self, queue: _Queue, ranked: bool = False) -> None:
+        self._queue = queue
+        self._ranked = ranked
+
+    def recv(self) -> Future[T]:
+        """The next message, in order, as a :class:`Future`."""
+        return self._queue.take(self._ranked)
+
+    def ranked(self) -> PortReceiver[tuple[int, T]]:
+        """A receiver yielding ``(rank, value)`` pairs from the same port."""
+        return PortReceiver(self._queue, ranked=True)
+
+
+class Channel(Generic[T]):
+    """Opens ports on the current actor: ``port, receiver = Channel[int].open()``."""
+
+    @staticmethod
+    def open(once: bool = False) -> tuple[Port[T], PortReceiver[T]]:
+        """A new port and its receiver; ``once=True`` makes a single-use port."""
+        queue = _Queue(once)
+        ref = state.runtime().open_port(queue)
+        queue.port = ref.port
+        return Port(ref), PortReceiver(queue)
+
+    @staticmethod
+    def open_ranked(once: bool = False) -> tuple[Port[T], PortReceiver[tuple[int, T]]]:
+        """Like :meth:`open`, but the receiver yields ``(rank, value)`` pairs."""
+        port, receiver = Channel[T].open(once)
+        return port, receiver.ranked()
+
+
+class OnceReply:
+    """Handler for a single reply (``call_one``, ``choose``)."""
+
+    __slots__ = ("_describe", "_watch", "pending", "port")
+
+    def __init__(self, watch: Sequence[str], describe: LostDescriber) -> None:
+        self.pending = Pending()
+        self._watch = watch
+        self._describe = describe
+        self.port = -1
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        if self.pending.set_raw(parts, bool(flags & wire.FLAG_ERROR)):
+            state.runtime().close_port(self.port, self._watch)
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        if self.pending.set_exception(self._describe(addr, reason)):
+            state.runtime().close_port(self.port, self._watch)
+
+
+class GatherReply:
+    """Handler for ``call``: collects one reply per rank, merged or not, then completes."""
+
+    def __init__(self, expected: int, watch: Sequence[str], describe: LostDescriber) -> None:
+        self.pending = Pending()
+        self._expected = expected
+        self._entries: list[casting.Entry] = []
+        self._lock = threading.Lock()
+        self._watch = watch
+        self._describe = describe
+        self.port = -1
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        entries = casting.unpack_entries(rank, flags, parts)
+        with self._lock:
+            self._entries.extend(entries)
+            if len(self._entries) < self._expected:
+                return
+            done = self._entries
+        if self.pending.set_result(done):
+            state.runtime().close_port(self.port, self._watch)
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        if self.pending.set_exception(self._describe(addr, reason)):
+            state.runtime().close_port(self.port, self._watch)
+
+
+class StreamReply:
+    """Handler for ``stream``: the i-th reply to arrive completes the i-th future."""
+
+    def __init__(self, expected: int, watch: Sequence[str], describe: LostDescriber) -> None:
+        self.pendings = [Pending() for _ in range(expected)]
+        self._next = 0
+        self._lock = threading.Lock()
+        self._watch = watch
+        self._describe = describe
+        self.port = -1
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        for _, entry_flags, entry_parts in casting.unpack_entries(rank, flags, parts):
+            with self._lock:
+                index = self._next
+                self._next += 1
+            if index < len(self.pendings):
+                self.pendings[index].set_raw(entry_parts, bool(entry_flags & wire.FLAG_ERROR))
+        if self._next >= len(self.pendings):
+            state.runtime().close_port(self.port, self._watch)
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        error = self._describe(addr, reason)
+        with self._lock:
+            rest = self.pendings[self._next :]
+            self._next = len(self.pendings)
+        for pending in rest:
+            pending.set_exception(error)
+        state.runtime().close_port(self.port, self._watch)

@@ -1,0 +1,325 @@
+"""The per-process router: frames in, frames out, local mailboxes, ports and services.
+
+Every regency process (the controller and each spawned proc) has exactly one :class:`ProcRuntime`.
+Frames arrive on the I/O thread and are routed without unpickling user data: actor messages to
+mailboxes, port messages to port handlers (which only store the raw parts), control requests to
+service threads, and cast frames are delivered locally and forwarded down the casting tree.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import pickle
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from regency import config
+from regency._runtime import casting, wire
+from regency._runtime.mailbox import Mailbox
+from regency._runtime.service import Service
+from regency._transport import frames
+from regency._transport.connection import Connection
+from regency._transport.transport import PeerUnreachable, Transport
+
+log = logging.getLogger("regency.proc")
+
+Part = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class PortRef:
+    """Where a port lives: the owning process's address and the port's id there."""
+
+    addr: str
+    port: int
+
+
+class PortHandler(Protocol):
+    """Receives port messages on the I/O thread (or the local sender's thread)."""
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        """Take one message; must not block or run user code."""
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        """A process this port was waiting on is gone."""
+
+
+class ProcRuntime:
+    """Routing state of one process."""
+
+    def __init__(self, listen_address: str, secret: bytes, job_id: str) -> None:
+        self.job_id = job_id
+        self.secret = secret
+        self.frame_limit = int(config.get("max_frame_bytes"))
+        self.transport = Transport(
+            listen_address,
+            secret,
+            self._on_frame,
+            self._on_peer_lost,
+            frame_limit=self.frame_limit,
+            connect_timeout=float(config.get("connect_timeout")),
+        )
+        self.address = self.transport.address
+        self.loop = self.transport.loop
+        self._lock = threading.Lock()
+        self.mailboxes: dict[int, Mailbox] = {}
+        self.ports: dict[int, PortHandler] = {}
+        self._port_ids = itertools.count(16)
+        self.services: dict[int, Service] = {}
+        self._watchers: dict[str, set[int]] = {}
+        self.dead: dict[str, str] = {}
+        self._lost_listeners: list[Callable[[str, str], None]] = []
+
+    # -- ports ---------------------------------------------------------------------------------
+
+    def open_port(self, handler: PortHandler, watch: Sequence[str] = ()) -> PortRef:
+        """Register a port; ``watch`` lists processes whose loss fails it."""
+        port = next(self._port_ids)
+        self.ports[port] = handler
+        if watch:
+            with self._lock:
+                for addr in watch:
+                    self._watchers.setdefault(addr, set()).add(port)
+            for addr in watch:
+                reason = self.dead.get(addr)
+                if reason is not None:
+                    handler.peer_lost(addr, reason)
+        return PortRef(self.address, port)
+
+    def close_port(self, port: int, watch: Sequence[str] = ()) -> None:
+        """Forget a port; later messages to it are dropped."""
+        self.ports.pop(port, None)
+        if watch:
+            with self._lock:
+                for addr in watch:
+                    waiting = self._watchers.get(addr)
+                    if waiting is not None:
+                        waiting.discard(port)
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def check_alive(self, addr: str) -> None:
+        """Raise :class:`PeerUnreachable` if ``addr`` is known to be gone."""
+        reason = self.dead.get(addr)
+        if reason is not None:
+            raise PeerUnreachable(f"{addr} is gone: {reason}")
+
+    def send_actor(
+        self,
+        addr: str,
+        mesh_id: int,
+        sender: int,
+        seq: int,
+        rank: int,
+        parts: list[Part],
+    ) -> None:
+        """Send one actor message (direct, not cast)."""
+        if addr == self.address:
+            self._deliver_local(mesh_id, sender, seq, rank, _own(parts), None)
+            return
+        self.check_alive(addr)
+        buffers = frames.encode(
+            wire.KIND_ACTOR,
+            mesh_id,
+            parts,
+            rank=rank,
+            sender=sender,
+            seq=seq,
+            limit=self.frame_limit,
+        )
+        self.transport.send(addr, buffers)
+
+    def send_cast(
+        self,
+        group: casting.Group,
+        mesh_id: int,
+        sender: int,
+        reply: PortRef | None,
+        gather: bool,
+        parts: list[Part],
+        wait: bool = True,
+    ) -> None:
+        """Send a message to the head of a casting subtree, which forwards it further."""
+        head = group.head
+        if not group.rest:
+            if head.addr == self.address:
+                self._deliver_local(mesh_id, sender, head.seq, head.rank, _own(parts), reply)
+                return
+            routing: bytes = pickle.dumps(((), reply, False), protocol=5)
+        else:
+            routing = pickle.dumps((group.rest, reply, gather), protocol=5)
+        if head.addr == self.address:
+            self._on_cast(mesh_id, sender, head.seq, head.rank, routing, _own(parts))
+            return
+        self.check_alive(head.addr)
+        buffers = frames.encode(
+            wire.KIND_CAST,
+            mesh_id,
+            [routing, *parts],
+            rank=head.rank,
+            sender=sender,
+            seq=head.seq,
+            limit=self.frame_limit,
+        )
+        self.transport.send(head.addr, buffers, wait)
+
+    def send_port(
+        self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
+    ) -> None:
+        """Send a value to a port (anywhere)."""
+        if ref.addr == self.address:
+            handler = self.ports.get(ref.port)
+            if handler is not None:
+                handler.deliver(rank, flags, _own(parts))
+            return
+        self.check_alive(ref.addr)
+        buffers = frames.encode(
+            wire.KIND_PORT, ref.port, list(parts), rank=rank, flags=flags, limit=self.frame_limit
+        )
+        self.transport.send(ref.addr, buffers, wait)
+
+    def send_control(self, addr: str, service: int, request: Any) -> None:
+        """Send a control request to a service of the process at ``addr``."""
+        body = pickle.dumps(request, protocol=5) if addr != self.address else None
+        if addr == self.address:
+            target = self.services.get(service)
+            if target is None:
+                raise PeerUnreachable(f"no service {service} in this process")
+            target.post(request)
+            return
+        self.check_alive(addr)
+        assert body is not None
+        buffers = frames.encode(wire.KIND_CONTROL, service, [body], limit=self.frame_limit)
+        self.transport.send(addr, buffers)
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    def mailbox(self, mesh_id: int) -> Mailbox:
+        """The mailbox for the actor of mesh ``mesh_id`` in this process (made on first use)."""
+        box = self.mailboxes.get(mesh_id)
+        if box is None:
+            with self._lock:
+                box = self.mailboxes.get(mesh_id)
+                if box is None:
+                    box = self.mailboxes[mesh_id] = Mailbox()
+        return box
+
+    def _deliver_local(
+        self,
+        mesh_id: int,
+        sender: int,
+        seq: int,
+        rank: int,
+        parts: Sequence[Part],
+        reply: PortRef | None,
+    ) -> None:
+        self.mailbox(mesh_id).post(sender, seq, (parts, rank, reply))
+
+    def _on_frame(self, conn: Connection, frame: frames.Frame) -> None:
+        kind = frame.kind
+        if kind == wire.KIND_PORT:
+            handler = self.ports.get(frame.dest)
+            if handler is not None:
+                handler.deliver(frame.rank, frame.flags, frame.parts)
+            return
+        if kind == wire.KIND_ACTOR:
+            self._deliver_local(
+                frame.dest, frame.sender, frame.seq, frame.rank, frame.parts, None
+            )
+            return
+        if kind == wire.KIND_CAST:
+            if not frame.parts:
+                raise frames.FrameError("cast frame without a routing part")
+            self._on_cast(
+                frame.dest, frame.sender, frame.seq, frame.rank, frame.parts[0], frame.parts[1:]
+            )
+            return
+        if kind == wire.KIND_CONTROL:
+            service = self.services.get(frame.dest)
+            if service is None:
+                log.warning("control request for unknown service %d from %s", frame.dest, conn.peer)
+                return
+            try:
+                request = pickle.loads(frame.parts[0])
+            except Exception as exc:
+                log.warning("dropping undecodable control request from %s: %s", conn.peer, exc)
+                return
+            service.post(request)
+            return
+        log.warning("closing connection from %s: unknown frame kind %d", conn.peer, kind)
+        conn.close(f"unknown frame kind {kind}")
+
+    def _on_cast(
+        self,
+        mesh_id: int,
+        sender: int,
+        seq: int,
+        rank: int,
+        routing_part: Part,
+        parts: Sequence[Part],
+    ) -> None:
+        rest, reply, gather = pickle.loads(routing_part)
+        groups = casting.plan(rest, int(config.get("cast_fanout")))
+        local_reply = reply
+        if gather and groups:
+            acc = casting.GatherRelay(self, reply, expected=1 + len(groups))
+            local_reply = self.open_port(acc, watch=[g.head.addr for g in groups])
+            acc.bind(local_reply.port, [g.head.addr for g in groups])
+        self._deliver_local(mesh_id, sender, seq, rank, parts, local_reply)
+        forwarded = list(parts)
+        for group in groups:
+            try:
+                self.send_cast(
+                    group, mesh_id, sender, local_reply, gather, forwarded, wait=False
+                )
+            except PeerUnreachable as exc:
+                log.warning("cast could not reach %s: %s", group.head.addr, exc)
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def add_lost_listener(self, fn: Callable[[str, str], None]) -> None:
+        """Call ``fn(addr, reason)`` whenever a peer process is found gone."""
+        self._lost_listeners.append(fn)
+
+    def mark_dead(self, addr: str, reason: str) -> None:
+        """Record that the process at ``addr`` is gone and fail everything waiting on it."""
+        if addr in self.dead:
+            return
+        self.dead[addr] = reason
+        self.transport.mark_lost(addr, reason)
+        self._fail_watchers(addr, reason)
+        for fn in list(self._lost_listeners):
+            try:
+                fn(addr, reason)
+            except Exception:
+                log.exception("lost-peer listener failed")
+
+    def _on_peer_lost(self, addr: str, reason: str) -> None:
+        self.mark_dead(addr, f"connection lost ({reason})")
+
+    def _fail_watchers(self, addr: str, reason: str) -> None:
+        with self._lock:
+            waiting = self._watchers.pop(addr, set())
+        for port in waiting:
+            handler = self.ports.get(port)
+            if handler is not None:
+                handler.peer_lost(addr, reason)
+
+    def close(self) -> None:
+        """Close every connection and stop the I/O thread."""
+        for service in self.services.values():
+            service.stop()
+        self.transport.close()
+        self.loop.stop()
+
+
+def _own(parts: Sequence[Part]) -> list[Part]:
+    """Copies of out-of-band buffers for a receiver in this same process.
+
+    The body (part 0) is a fresh pickle nobody else holds; larger parts are views of the
+    sender's objects, which the sender may change after the send returns.
+    """
+    return [parts[0], *(bytes(p) for p in parts[1:])] if len(parts) > 1 else list(parts)

@@ -1,0 +1,83 @@
+"""The proc agent: every process's service that creates and stops the actors it hosts."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from regency import config
+from regency._runtime.instance import ActorInstance, SpawnActor
+from regency._runtime.proc import PortRef, ProcRuntime
+from regency._transport.transport import PeerUnreachable
+
+log = logging.getLogger("regency.proc")
+
+
+class ProcAgent:
+    """Handles spawn/stop requests for one process."""
+
+    def __init__(
+        self,
+        runtime: ProcRuntime,
+        on_stop_proc: Callable[[str], None] | None = None,
+        bootstrap_error: str | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.instances: dict[int, ActorInstance] = {}
+        self._on_stop_proc = on_stop_proc
+        self.bootstrap_error = bootstrap_error
+        self._lock = threading.Lock()
+
+    def handle(self, request: Any) -> None:
+        """Service entry point (runs on the proc agent's own thread)."""
+        if isinstance(request, SpawnActor):
+            instance = ActorInstance(self.runtime, request)
+            with self._lock:
+                self.instances[request.mesh_id] = instance
+            instance.start()
+            return
+        verb = request[0]
+        if verb == "ping":
+            _, port, rank = request
+            self._answer(port, rank, self.bootstrap_error)
+        elif verb == "stop_actor":
+            _, mesh_id, _reason, port = request
+            self._stop_actor(mesh_id, lambda: self._answer(port, 0, None))
+        elif verb == "stop_proc":
+            self.stop_all(float(config.get("stop_timeout")))
+            if self._on_stop_proc is not None:
+                self._on_stop_proc(request[1])
+        else:
+            log.warning("proc agent got an unknown request %r", verb)
+
+    def _answer(self, port: PortRef, rank: int, value: Any) -> None:
+        try:
+            self.runtime.send_port(port, rank, 0, [pickle.dumps(value, protocol=5)])
+        except PeerUnreachable:
+            pass
+
+    def _stop_actor(self, mesh_id: int, done: Callable[[], None]) -> None:
+        with self._lock:
+            instance = self.instances.pop(mesh_id, None)
+        if instance is None:
+            done()
+            return
+        instance.stopped = True
+        instance.stop(done)
+
+    def stop_all(self, timeout: float) -> None:
+        """Stop every hosted actor, waiting up to ``timeout`` seconds in all."""
+        with self._lock:
+            instances = list(self.instances.values())
+            self.instances.clear()
+        events = []
+        for instance in instances:
+            event = threading.Event()
+            instance.stopped = True
+            instance.stop(event.set)
+            events.append(event)
+        for event in events:
+            event.wait(timeout)

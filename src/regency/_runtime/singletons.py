@@ -1,0 +1,82 @@
+"""``get_or_spawn_controller``: named singleton actors living in the root controller's process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import cloudpickle
+
+from regency._runtime import codec, state, wire
+from regency._runtime.errors import SupervisionError
+from regency._runtime.future import Future
+from regency._runtime.pending import Pending
+from regency._runtime.proc import Part, PortRef
+from regency._transport.transport import PeerUnreachable
+
+SERVICE_SINGLETONS = 5
+
+
+class _Reply:
+    def __init__(self) -> None:
+        self.pending = Pending()
+        self.port = -1
+        self._watch: list[str] = []
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        self.pending.set_raw(parts, bool(flags & wire.FLAG_ERROR))
+        state.runtime().close_port(self.port)
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        self.pending.set_exception(
+            SupervisionError(f"get_or_spawn_controller: the root controller is gone: {reason}")
+        )
+
+
+class SingletonRegistry:
+    """The root's registry: spawns each named controller once, on the root's own proc."""
+
+    def __init__(self) -> None:
+        self._meshes: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def handle(self, request: Any) -> None:
+        """Service entry point: ``(name, payload, reply)``."""
+        name, payload, reply = request
+        runtime = state.runtime()
+        try:
+            mesh = self._meshes.get(name)
+            if mesh is None:
+                cls, args, kwargs = cloudpickle.loads(payload)
+                from regency._runtime.meshes import this_proc_mesh
+
+                mesh = this_proc_mesh()._spawn_owned(name, cls, args, kwargs)
+                self._meshes[name] = mesh
+            parts = codec.dumps(mesh)
+            flags = 0
+        except Exception as exc:
+            parts = codec.dumps(exc)
+            flags = wire.FLAG_ERROR
+        try:
+            runtime.send_port(reply, 0, flags, parts)
+        except PeerUnreachable:
+            pass
+
+
+def get_or_spawn_controller(name: str, Class: type, *args: Any, **kwargs: Any) -> Future[Any]:  # noqa: N803
+    """The actor mesh of the singleton ``name``, spawning ``Class(*args, **kwargs)`` on first use.
+
+    The singleton lives in the root controller's process; concurrent first calls from anywhere
+    in the job get the same actor.
+    """
+    runtime = state.runtime()
+    handler = _Reply()
+    ref: PortRef = runtime.open_port(handler)
+    handler.port = ref.port
+    payload = cloudpickle.dumps((Class, args, kwargs))
+    try:
+        runtime.send_control(state.root_address(), SERVICE_SINGLETONS, (name, payload, ref))
+    except PeerUnreachable as exc:
+        handler.peer_lost(state.root_address(), str(exc))
+    return Future._from_pending(handler.pending)

@@ -1,0 +1,95 @@
+"""Mutual authentication of a fresh connection with the job's shared secret.
+
+Both sides prove knowledge of the secret with an HMAC over both nonces before either side
+unpickles a byte. The dialer also tells the listener its own listening address, so the listener can
+answer over the same connection.
+
+    listener -> dialer : MAGIC | nonce_l(32)
+    dialer   -> listener: mac("dial", nonce_l, nonce_d)(32) | nonce_d(32) | u16 len | address
+    listener -> dialer : mac("listen", nonce_d, nonce_l)(32)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+
+MAGIC = b"RGCY\x01"
+NONCE = 32
+MAC = 32
+_ADDR_LEN = struct.Struct("<H")
+HELLO_LEN = len(MAGIC) + NONCE
+REPLY_HEAD = MAC + NONCE + _ADDR_LEN.size
+
+
+class AuthenticationError(ConnectionError):
+    """The peer failed the handshake: wrong secret, wrong protocol, or it hung up."""
+
+
+def _mac(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(secret, role + first + second, hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < n:
+        chunk = sock.recv(n - len(chunks))
+        if not chunk:
+            raise AuthenticationError("peer closed the connection during the handshake")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def dialer_handshake(sock: socket.socket, secret: bytes, my_address: str) -> None:
+    """Run the dialing side of the handshake on a blocking socket."""
+    hello = _recv_exact(sock, HELLO_LEN)
+    if not hello.startswith(MAGIC):
+        raise AuthenticationError("peer is not a regency endpoint (bad handshake magic)")
+    nonce_l = hello[len(MAGIC) :]
+    nonce_d = os.urandom(NONCE)
+    addr = my_address.encode()
+    proof = _mac(secret, b"dial", nonce_l, nonce_d)
+    sock.sendall(proof + nonce_d + _ADDR_LEN.pack(len(addr)) + addr)
+    answer = _recv_exact(sock, MAC)
+    if not hmac.compare_digest(answer, _mac(secret, b"listen", nonce_d, nonce_l)):
+        raise AuthenticationError("peer failed authentication (it does not hold this job's secret)")
+
+
+class ListenerHandshake:
+    """The listening side of the handshake, fed incrementally by the I/O loop."""
+
+    __slots__ = ("_buf", "_nonce", "_secret", "peer_address")
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+        self._nonce = os.urandom(NONCE)
+        self._buf = bytearray()
+        self.peer_address: str | None = None
+
+    def hello(self) -> bytes:
+        """Bytes to send as soon as the connection is accepted."""
+        return MAGIC + self._nonce
+
+    def feed(self, data: bytes) -> bytes | None:
+        """Take received bytes; return the final proof to send once the dialer is verified.
+
+        Returns ``None`` while more bytes are needed; raises :class:`AuthenticationError` when the
+        dialer's proof is wrong.
+        """
+        self._buf += data
+        if len(self._buf) < REPLY_HEAD:
+            return None
+        (addr_len,) = _ADDR_LEN.unpack_from(self._buf, MAC + NONCE)
+        if len(self._buf) < REPLY_HEAD + addr_len:
+            return None
+        if len(self._buf) > REPLY_HEAD + addr_len:
+            raise AuthenticationError("peer sent data before the handshake completed")
+        proof = bytes(self._buf[:MAC])
+        nonce_d = bytes(self._buf[MAC : MAC + NONCE])
+        if not hmac.compare_digest(proof, _mac(self._secret, b"dial", self._nonce, nonce_d)):
+            raise AuthenticationError("peer failed authentication (wrong secret)")
+        self.peer_address = self._buf[REPLY_HEAD:].decode(errors="replace")
+        return _mac(self._secret, b"listen", nonce_d, self._nonce)

@@ -1,0 +1,157 @@
+"""One authenticated byte stream to a peer process, writable from any thread.
+
+Writes go straight from the calling thread to the socket (no hop to an I/O thread). What the
+kernel does not take at once is queued for a per-connection writer thread, keeping order. A
+caller that passes ``wait=True`` returns only once its bytes are in the kernel, so it may reuse
+its buffers afterwards; the I/O loop passes ``wait=False`` so forwarding never blocks reading.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+
+Buffer = bytes | bytearray | memoryview
+
+
+class ConnectionClosed(ConnectionError):
+    """The connection is closed; nothing more can be sent on it."""
+
+
+def _advance(buffers: Sequence[Buffer], sent: int) -> list[memoryview]:
+    rest: list[memoryview] = []
+    for buf in buffers:
+        view = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
+        if sent >= view.nbytes:
+            sent -= view.nbytes
+            continue
+        rest.append(view[sent:] if sent else view)
+        sent = 0
+    return rest
+
+
+class _Pending:
+    __slots__ = ("buffers", "done", "ok")
+
+    def __init__(self, buffers: list[memoryview], done: threading.Event | None) -> None:
+        self.buffers = buffers
+        self.done = done
+        self.ok = False
+
+
+class Connection:
+    """A connected, authenticated, non-blocking socket to the process at ``peer``."""
+
+    def __init__(
+        self, sock: socket.socket, peer: str, on_close: Callable[[Connection, str], None]
+    ) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.peer = peer
+        self._on_close = on_close
+        self._lock = threading.Lock()
+        self._backlog: deque[_Pending] = deque()
+        self._wakeup = threading.Condition(self._lock)
+        self._writer: threading.Thread | None = None
+        self.closed: str | None = None
+
+    def fileno(self) -> int:
+        """The socket's file descriptor."""
+        return self.sock.fileno()
+
+    def send(self, buffers: Sequence[Buffer], wait: bool = True) -> None:
+        """Send the buffers of one or more frames, in order with every other send.
+
+        Raises :class:`ConnectionClosed` if the connection is (or becomes) closed.
+        """
+        item: _Pending | None = None
+        with self._lock:
+            if self.closed is not None:
+                raise ConnectionClosed(f"connection to {self.peer} is closed: {self.closed}")
+            if not self._backlog:
+                total = 0
+                for b in buffers:
+                    total += b.nbytes if isinstance(b, memoryview) else len(b)
+                try:
+                    sent = self.sock.sendmsg(buffers)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError as exc:
+                    self._close_locked(f"send failed: {exc}")
+                    raise ConnectionClosed(f"connection to {self.peer} failed: {exc}") from exc
+                if sent == total:
+                    return
+                rest = _advance(buffers, sent)
+            else:
+                rest = _advance(buffers, 0)
+            item = _Pending(rest, threading.Event() if wait else None)
+            self._backlog.append(item)
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_loop, name=f"regency-writer-{self.peer}", daemon=True
+                )
+                self._writer.start()
+            else:
+                self._wakeup.notify()
+        if item.done is not None:
+            item.done.wait()
+            if not item.ok:
+                raise ConnectionClosed(f"connection to {self.peer} closed: {self.closed}")
+
+    def _write_loop(self) -> None:
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLOUT)
+        while True:
+            with self._lock:
+                while not self._backlog and self.closed is None:
+                    self._wakeup.wait()
+                if self.closed is not None:
+                    self._release_waiters()
+                    return
+                item = self._backlog[0]
+            poller.poll(1000)
+            with self._lock:
+                if self.closed is not None:
+                    self._release_waiters()
+                    return
+                try:
+                    sent = self.sock.sendmsg(item.buffers)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError as exc:
+                    self._close_locked(f"send failed: {exc}")
+                    self._release_waiters()
+                    return
+                item.buffers = _advance(item.buffers, sent)
+                if not item.buffers:
+                    self._backlog.popleft()
+                    item.ok = True
+                    if item.done is not None:
+                        item.done.set()
+
+    def _release_waiters(self) -> None:
+        while self._backlog:
+            item = self._backlog.popleft()
+            if item.done is not None:
+                item.done.set()
+
+    def _close_locked(self, reason: str) -> None:
+        if self.closed is None:
+            self.closed = reason
+            self._wakeup.notify_all()
+            if self._writer is None:
+                self._release_waiters()
+
+    def close(self, reason: str) -> None:
+        """Close the connection (idempotent) and tell the owner why."""
+        with self._lock:
+            first = self.closed is None
+            self._close_locked(reason)
+        if first:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+            self._on_close(self, reason)

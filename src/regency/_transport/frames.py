@@ -1,0 +1,98 @@
+"""Wire framing.
+
+A frame is a fixed binary header, a table of part lengths, then the parts::
+
+    u64 body_len | u8 kind | u8 nparts | u16 flags | u32 rank | u64 dest | u64 sender | u64 seq
+    nparts x u64 part length
+    part 0 .. part n-1
+
+``body_len`` counts every byte after itself. Parts are opaque to this layer: the runtime puts a
+small pickled envelope in the first and pickle protocol 5 out-of-band buffers in the rest, so large
+payloads are written straight from the caller's memory with ``sendmsg``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+HEADER: Final = struct.Struct("<QBBHIQQQ")
+LENGTH_PREFIX: Final = 8
+PART_LEN: Final = struct.Struct("<Q")
+MAX_PARTS: Final = 255
+
+
+class FrameError(Exception):
+    """A peer sent bytes that are not a valid frame (the connection is closed)."""
+
+
+class FrameTooLarge(ValueError):
+    """A frame exceeds the configured size limit."""
+
+
+@dataclass(slots=True)
+class Frame:
+    """One decoded frame; ``parts`` are memoryviews over the received bytes."""
+
+    kind: int
+    flags: int
+    rank: int
+    dest: int
+    sender: int
+    seq: int
+    parts: list[memoryview]
+
+
+def _nbytes(part: bytes | bytearray | memoryview) -> int:
+    return part.nbytes if isinstance(part, memoryview) else len(part)
+
+
+def encode(
+    kind: int,
+    dest: int,
+    parts: list[bytes | bytearray | memoryview],
+    *,
+    flags: int = 0,
+    rank: int = 0,
+    sender: int = 0,
+    seq: int = 0,
+    limit: int,
+) -> list[bytes | bytearray | memoryview]:
+    """Return the buffers of one frame (header first), ready for ``sendmsg``.
+
+    Raises :class:`FrameTooLarge` when the frame would exceed ``limit`` bytes.
+    """
+    nparts = len(parts)
+    if nparts > MAX_PARTS:
+        raise FrameTooLarge(f"a frame holds at most {MAX_PARTS} parts, got {nparts}")
+    sizes = [_nbytes(p) for p in parts]
+    body_len = HEADER.size - LENGTH_PREFIX + 8 * nparts + sum(sizes)
+    if body_len + LENGTH_PREFIX > limit:
+        raise FrameTooLarge(
+            f"message of {body_len + LENGTH_PREFIX} bytes exceeds the frame size limit of "
+            f"{limit} bytes (raise it with regency.config.configure(max_frame_bytes=...))"
+        )
+    head = HEADER.pack(body_len, kind, nparts, flags, rank, dest, sender, seq)
+    table = struct.pack(f"<{nparts}Q", *sizes)
+    return [head + table, *parts]
+
+
+def decode_body(first: memoryview, body: memoryview) -> Frame:
+    """Decode a frame whose header is ``first`` and whose remaining bytes are ``body``.
+
+    ``first`` is the fixed header; ``body`` is everything after it (part table and parts).
+    """
+    _, kind, nparts, flags, rank, dest, sender, seq = HEADER.unpack(first)
+    table_len = 8 * nparts
+    if body.nbytes < table_len:
+        raise FrameError("frame shorter than its part table")
+    sizes = struct.unpack_from(f"<{nparts}Q", body, 0)
+    if table_len + sum(sizes) != body.nbytes:
+        raise FrameError("frame part lengths do not add up to the frame length")
+    parts = []
+    offset = table_len
+    for size in sizes:
+        parts.append(body[offset : offset + size])
+        offset += size
+    return Frame(kind, flags, rank, dest, sender, seq, parts)

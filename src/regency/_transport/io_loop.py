@@ -1,0 +1,117 @@
+"""The per-process I/O thread: one epoll set for every socket and process descriptor."""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+log = logging.getLogger("regency.io")
+
+Handler = Callable[[int], None]
+
+
+class IOLoop:
+    """Runs readiness callbacks and scheduled calls on one daemon thread.
+
+    ``register`` and ``call_soon`` are safe from any thread; callbacks run on the loop thread.
+    A callback that raises is logged and the loop carries on.
+    """
+
+    def __init__(self, name: str = "regency-io") -> None:
+        self._epoll = select.epoll()
+        self._handlers: dict[int, Handler] = {}
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._epoll.register(self._wake_fd, select.EPOLLIN)
+        self._calls: deque[Callable[[], None]] = deque()
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._counter = itertools.count()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def in_loop(self) -> bool:
+        """Whether the calling thread is the loop thread."""
+        return threading.current_thread() is self._thread
+
+    def register(self, fd: int, handler: Handler, events: int = select.EPOLLIN) -> None:
+        """Call ``handler(events)`` on the loop thread whenever ``fd`` is ready."""
+        self._handlers[fd] = handler
+        self._epoll.register(fd, events)
+
+    def unregister(self, fd: int) -> None:
+        """Stop watching ``fd`` (it stays open)."""
+        if self._handlers.pop(fd, None) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(fd)
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the loop thread as soon as possible."""
+        self._calls.append(fn)
+        with contextlib.suppress(OSError):
+            os.eventfd_write(self._wake_fd, 1)
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the loop thread after ``delay`` seconds."""
+
+        def add() -> None:
+            heapq.heappush(self._timers, (time.monotonic() + delay, next(self._counter), fn))
+
+        if self.in_loop():
+            add()
+        else:
+            self.call_soon(add)
+
+    def stop(self) -> None:
+        """Stop the loop thread (pending calls are dropped)."""
+        self._stopping = True
+        self.call_soon(lambda: None)
+        if not self.in_loop():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        handlers = self._handlers
+        wake_fd = self._wake_fd
+        while not self._stopping:
+            timeout = -1.0
+            if self._timers:
+                timeout = max(0.0, self._timers[0][0] - time.monotonic())
+            try:
+                events = self._epoll.poll(timeout)
+            except InterruptedError:
+                continue
+            for fd, mask in events:
+                if fd == wake_fd:
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(wake_fd)
+                    continue
+                handler = handlers.get(fd)
+                if handler is None:
+                    continue
+                try:
+                    handler(mask)
+                except Exception:
+                    log.exception("I/O callback for fd %d failed", fd)
+            while self._calls:
+                fn = self._calls.popleft()
+                try:
+                    fn()
+                except Exception:
+                    log.exception("scheduled I/O call failed")
+            now = time.monotonic()
+            while self._timers and self._timers[0][0] <= now:
+                _, _, fn = heapq.heappop(self._timers)
+                try:
+                    fn()
+                except Exception:
+                    log.exception("timer callback failed")
+        with contextlib.suppress(OSError):
+            self._epoll.close()
+            os.close(wake_fd)

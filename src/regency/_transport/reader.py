@@ -1,0 +1,105 @@
+"""Incremental frame parsing from a non-blocking socket."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from regency._transport.frames import HEADER, LENGTH_PREFIX, Frame, FrameError, decode_body
+
+_CHUNK = 256 * 1024
+_LEN = struct.Struct("<Q")
+
+
+class FrameReader:
+    """Accumulates bytes from one socket and cuts them into frames.
+
+    Small frames are copied out of a reused receive buffer; a frame larger than the buffer gets a
+    buffer of its own and is received straight into it, so its out-of-band parts are never copied
+    again.
+    """
+
+    __slots__ = ("_big", "_big_filled", "_buf", "_end", "_limit", "_start", "_view")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._buf = bytearray(_CHUNK)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+        self._big: bytearray | None = None
+        self._big_filled = 0
+
+    def read(self, sock: socket.socket) -> list[Frame] | None:
+        """Read what is available; return complete frames, or ``None`` at end of stream.
+
+        Raises :class:`FrameError` on bytes that cannot be a frame.
+        """
+        if self._big is not None:
+            return self._read_big(sock)
+        try:
+            n = sock.recv_into(self._view[self._end :])
+        except (BlockingIOError, InterruptedError):
+            return []
+        if n == 0:
+            return None
+        self._end += n
+        return self._cut()
+
+    def _read_big(self, sock: socket.socket) -> list[Frame] | None:
+        big = self._big
+        assert big is not None
+        try:
+            n = sock.recv_into(memoryview(big)[self._big_filled :])
+        except (BlockingIOError, InterruptedError):
+            return []
+        if n == 0:
+            return None
+        self._big_filled += n
+        if self._big_filled < len(big):
+            return []
+        self._big = None
+        view = memoryview(big)
+        return [decode_body(view[: HEADER.size], view[HEADER.size :])]
+
+    def _cut(self) -> list[Frame]:
+        frames: list[Frame] = []
+        buf = self._buf
+        view = self._view
+        while True:
+            avail = self._end - self._start
+            if avail < HEADER.size:
+                break
+            (body_len,) = _LEN.unpack_from(buf, self._start)
+            total = LENGTH_PREFIX + body_len
+            if body_len < HEADER.size - LENGTH_PREFIX:
+                raise FrameError(f"frame length {body_len} is shorter than a header")
+            if total > self._limit:
+                raise FrameError(
+                    f"peer announced a frame of {total} bytes, over the limit of {self._limit}"
+                )
+            if avail < total:
+                if total > len(buf):
+                    self._start_big(total)
+                elif total > len(buf) - self._start:
+                    buf[:avail] = buf[self._start : self._end]
+                    self._start, self._end = 0, avail
+                return frames
+            data = memoryview(bytes(view[self._start : self._start + total]))
+            self._start += total
+            frames.append(decode_body(data[: HEADER.size], data[HEADER.size :]))
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._start > len(buf) // 2:
+            remaining = self._end - self._start
+            buf[:remaining] = buf[self._start : self._end]
+            self._start, self._end = 0, remaining
+        return frames
+
+    def _start_big(self, total: int) -> None:
+        have = self._end - self._start
+        big = bytearray(total)
+        big[:have] = self._buf[self._start : self._end]
+        self._big = big
+        self._big_filled = have
+        self._start = self._end = 0

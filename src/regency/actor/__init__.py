@@ -1,0 +1,83 @@
+"""Regency's actor API: Monarch's ``monarch.actor``, in pure Python.
+
+Define actors, spawn them on meshes of processes, and message them::
+
+    from regency.actor import Actor, endpoint, this_host
+
+    class Trainer(Actor):
+        @endpoint
+        def train(self, step: int) -> float:
+            return 0.5 * step
+
+    procs = this_host().spawn_procs(per_host={"gpus": 8})
+    trainers = procs.spawn("trainers", Trainer)
+    print(trainers.train.call(step=0).get())
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from regency._runtime.accumulator import Accumulator
+from regency._runtime.context import Context
+from regency._runtime.endpoint import Endpoint, send
+from regency._runtime.endpoint_def import Actor, concurrent_endpoint, endpoint
+from regency._runtime.errors import ActorError, SupervisionError
+from regency._runtime.future import Future
+from regency._runtime.meshes import ActorMesh, HostMesh, ProcMesh
+from regency._runtime.ports import Channel, Port, PortReceiver
+from regency._runtime.singletons import get_or_spawn_controller
+from regency._runtime.value_mesh import ValueMesh
+from regency.actor._functions import (
+    context,
+    current_actor_name,
+    current_rank,
+    current_size,
+    shutdown_context,
+    this_host,
+    this_proc,
+)
+from regency.shape import Extent, Point
+
+__all__ = [
+    "Accumulator",
+    "Actor",
+    "ActorError",
+    "ActorMesh",
+    "Channel",
+    "Context",
+    "Endpoint",
+    "Extent",
+    "Future",
+    "HostMesh",
+    "Point",
+    "Port",
+    "PortReceiver",
+    "ProcMesh",
+    "SupervisionError",
+    "ValueMesh",
+    "concurrent_endpoint",
+    "context",
+    "current_actor_name",
+    "current_rank",
+    "current_size",
+    "endpoint",
+    "get_or_spawn_controller",
+    "send",
+    "shutdown_context",
+    "this_host",
+    "this_proc",
+]
+
+
+def _publish(names: list[str], namespace: dict[str, Any]) -> None:
+    for name in names:
+        obj = namespace[name]
+        if getattr(obj, "__module__", "").startswith("regency._runtime"):
+            try:
+                obj.__module__ = __name__
+            except (AttributeError, TypeError):
+                pass
+
+
+_publish(__all__, globals())

@@ -1,0 +1,47 @@
+"""Free functions of the actor API: where am I, what is my rank, and shutdown."""
+
+from __future__ import annotations
+
+from regency._runtime import context as _context
+from regency._runtime import controller, state
+from regency._runtime.context import Context
+from regency._runtime.future import Future
+from regency._runtime.meshes import HostMesh, ProcMesh, current_context, this_host_mesh, this_proc_mesh
+from regency.shape import Point
+
+
+def context() -> Context:
+    """The running actor's context; outside actors, the root client's (starting it if needed)."""
+    return current_context()
+
+
+def current_rank() -> Point:
+    """This actor's position within the slice the current message was cast to."""
+    return current_context().message_rank
+
+
+def current_size() -> dict[str, int]:
+    """Sizes of the dimensions the current message was cast over."""
+    return dict(current_context().message_rank.extent)
+
+
+def current_actor_name() -> str:
+    """The running actor's id as a string."""
+    return str(current_context().actor_instance.actor_id)
+
+
+def this_host() -> HostMesh:
+    """The host the current code runs on, as a one-host mesh able to ``spawn_procs``."""
+    return this_host_mesh()
+
+
+def this_proc() -> ProcMesh:
+    """The current process as a one-proc mesh; actors spawned on it run in this process."""
+    return this_proc_mesh()
+
+
+def shutdown_context() -> Future[None]:
+    """Stop every proc and actor this controller started and close its runtime (idempotent)."""
+    if _context.current_or_none() is None and state.existing() is not None:
+        controller.shutdown()
+    return Future._resolved(None)

@@ -1,0 +1,110 @@
+"""Runtime settings: ``configure(**kw)``, ``configured(**kw)`` and ``REGENCY_*`` environment variables.
+
+Precedence, highest first: values set with :func:`configure`, environment variables
+(``REGENCY_<KEY>`` in upper case), then defaults. Spawned processes inherit the controller's
+effective settings.
+
+=======================  ===========  ===============================================================
+key                      default      meaning
+=======================  ===========  ===============================================================
+``cast_fanout``          16           children per node of the casting tree
+``max_frame_bytes``      10 GiB       largest message a process sends or accepts
+``connect_timeout``      30.0         seconds to keep dialing a proc that is starting
+``spawn_timeout``        60.0         seconds for a spawned proc to come up
+``orphan_timeout``       10.0         seconds a proc outlives a controller it cannot see
+``stop_timeout``         10.0         seconds a stopping proc gets before it is killed
+=======================  ===========  ===============================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+_DEFAULTS: dict[str, Any] = {
+    "cast_fanout": 16,
+    "max_frame_bytes": 10 * 1024**3,
+    "connect_timeout": 30.0,
+    "spawn_timeout": 60.0,
+    "orphan_timeout": 10.0,
+    "stop_timeout": 10.0,
+}
+_runtime: dict[str, Any] = {}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    default = _DEFAULTS[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"config {key!r} takes a {type(default).__name__}, got {value!r}")
+    try:
+        coerced = type(default)(value)
+    except ValueError as exc:
+        raise TypeError(f"config {key!r} takes a {type(default).__name__}, got {value!r}") from exc
+    if coerced <= 0:
+        raise ValueError(f"config {key!r} must be positive, got {value!r}")
+    return coerced
+
+
+def _check_keys(kw: dict[str, Any]) -> None:
+    unknown = sorted(set(kw) - set(_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {unknown}; known keys: {sorted(_DEFAULTS)}")
+
+
+def configure(**kw: Any) -> None:
+    """Set runtime values, e.g. ``configure(cast_fanout=2)``.
+
+    Unknown keys raise ``ValueError``; values of the wrong type raise ``TypeError``.
+    """
+    _check_keys(kw)
+    for key, value in kw.items():
+        _runtime[key] = _coerce(key, value)
+
+
+@contextlib.contextmanager
+def configured(**kw: Any) -> Iterator[dict[str, Any]]:
+    """Apply ``kw`` inside a ``with`` block and restore the previous values afterwards."""
+    saved = dict(_runtime)
+    configure(**kw)
+    try:
+        yield get_global_config()
+    finally:
+        _runtime.clear()
+        _runtime.update(saved)
+
+
+def get(key: str) -> Any:
+    """The effective value of one key."""
+    if key in _runtime:
+        return _runtime[key]
+    env = os.environ.get(f"REGENCY_{key.upper()}")
+    if env is not None:
+        return _coerce(key, env)
+    return _DEFAULTS[key]
+
+
+def get_global_config() -> dict[str, Any]:
+    """Every key's effective value (runtime over environment over defaults)."""
+    return {key: get(key) for key in _DEFAULTS}
+
+
+def get_runtime_config() -> dict[str, Any]:
+    """Only the values set with :func:`configure`."""
+    return dict(_runtime)
+
+
+def clear_runtime_config() -> None:
+    """Forget every value set with :func:`configure`."""
+    _runtime.clear()
+
+
+__all__ = [
+    "clear_runtime_config",
+    "configure",
+    "configured",
+    "get",
+    "get_global_config",
+    "get_runtime_config",
+]
