@@ -1,0 +1,82 @@
+"""Benchmark regency, torchmonarch 0.7 and Ray 2.60 side by side and write RESULTS.md.
+
+Steps: make the peer venvs (``setup_peers.sh``, skipped when present); run each system's
+benchmark program in its own interpreter under ``harness.py``; save the raw results to
+``benchmarks/results/peers-<date>.json`` and the table to ``benchmarks/RESULTS.md``.
+A system that cannot run (regency not importable yet, say) gets dashes and its error.
+
+Usage: .venv/bin/python benchmarks/run_peers.py [--quick] [--figures a,b] [--systems a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from benchlib import BENCH_DIR, display_path
+from harness import add_run_args, peer_specs, run_system, selected_figures
+from report import machine, render_results_md, render_table
+
+
+def parse_args() -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_run_args(parser)
+    parser.add_argument(
+        "--systems",
+        default="regency,monarch,ray",
+        help="comma-separated subset of regency, monarch, ray",
+    )
+    parser.add_argument("--skip-setup", action="store_true", help="do not run setup_peers.sh")
+    parser.add_argument("--results-md", type=Path, default=BENCH_DIR / "RESULTS.md")
+    parser.add_argument(
+        "--json", type=Path, help="raw results (default: benchmarks/results/peers-<date>.json)"
+    )
+    return parser.parse_args()
+
+
+def main() -> int:
+    """Set up, run every system, write the JSON and the Markdown."""
+    args = parse_args()
+    start = time.monotonic()
+    if not args.skip_setup:
+        subprocess.run(["bash", str(BENCH_DIR / "setup_peers.sh")], check=True)
+    figures = selected_figures(args)
+    wanted = args.systems.split(",")
+    specs = [s for s in peer_specs(args.regency_python) if s.key in wanted]
+    results = []
+    for spec in specs:
+        print(f"run_peers: {spec.label} ...", file=sys.stderr, flush=True)
+        results.append(run_system(spec, figures, args.quick))
+    now = datetime.now(timezone.utc)
+    doc = {
+        "date": now.strftime("%Y-%m-%d %H:%M"),
+        "command": shlex.join([display_path(Path(sys.executable)), *sys.argv]),
+        "quick": args.quick,
+        "total_s": time.monotonic() - start,
+        "machine": machine(),
+        "systems": [dataclasses.asdict(r) for r in results],
+    }
+    out_json = args.json or BENCH_DIR / "results" / f"peers-{now:%Y-%m-%d}.json"
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(doc, indent=2) + "\n")
+    args.results_md.write_text(render_results_md(doc, results))
+    print(render_table(results))
+    print(
+        f"run_peers: wrote {args.results_md} and {out_json} in {doc['total_s']:.0f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
