@@ -9,6 +9,7 @@ from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
 from regency._runtime.pending import Pending
+from regency._runtime.waiting import wait_pending
 
 R = TypeVar("R")
 _UNSET: Any = object()
@@ -78,7 +79,7 @@ class Future(Generic[R]):
                     UserWarning,
                     stacklevel=2,
                 )
-            if not self._pending.wait(timeout):
+            if not wait_pending(self._pending, timeout):
                 raise TimeoutError(f"no result within {timeout} s (the remote work goes on)")
         return self._outcome()
 

@@ -21,6 +21,7 @@ from regency._runtime.errors import ActorError, SupervisionError
 from regency._runtime.identity import InstanceBase, new_uid
 from regency._runtime.mailbox import Delivery
 from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.waiting import thread_eventfd, wait_until, waker
 from regency._transport.transport import PeerUnreachable
 from regency.shape import Extent, Point
 
@@ -90,6 +91,7 @@ class ActorInstance(InstanceBase):
         self._endpoints: dict[str, tuple[Callable[..., Any], EndpointSpec]] = {}
         self._proc_mesh: ProcMesh | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._wake: Callable[[], None] | None = None
         self._thread = threading.Thread(
             target=self._main, name=f"regency-actor-{request.name}", daemon=True
         )
@@ -128,7 +130,7 @@ class ActorInstance(InstanceBase):
             self._serve_failed()
             return
         if not is_async:
-            self.runtime.mailbox(self.mesh_id).attach(self._queue.put)
+            self.runtime.mailbox(self.mesh_id).attach(self._post_sync)
             self._serve_sync(cls, args, kwargs)
             return
         loop = _new_loop()
@@ -170,14 +172,33 @@ class ActorInstance(InstanceBase):
         if not self._construct(cls, args, kwargs):
             self._serve_failed()
             return
-        get = self._queue.get
+        q = self._queue
         handle = self._handle_sync
+        idle = self._idle_until
         while True:
-            item = get()
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                idle()
+                item = q.get()
             if type(item) is tuple and item and item[0] is _STOP:
                 item[1]()
                 return
             handle(item)
+
+    def _post_sync(self, item: Any) -> None:
+        self._queue.put(item)
+        if self._wake is not None:
+            self._wake()
+
+    def _idle_until(self) -> None:
+        """Wait for the next message reading the sockets on this thread (one wake-up, not two)."""
+        fd = thread_eventfd()
+        self._wake = waker(fd)
+        try:
+            wait_until(lambda: not self._queue.empty(), fd, None)
+        finally:
+            self._wake = None
 
     def _serve_failed(self) -> None:
         self.runtime.mailbox(self.mesh_id).attach(self._queue.put)

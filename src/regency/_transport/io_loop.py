@@ -28,6 +28,9 @@ class IOLoop:
     def __init__(self, name: str = "regency-io") -> None:
         self._epoll = select.epoll()
         self._handlers: dict[int, Handler] = {}
+        self._stealable: dict[int, Handler] = {}
+        self._stolen: dict[int, int] = {}
+        self._steal_lock = threading.Lock()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._wake_fd, select.EPOLLIN)
         self._calls: deque[Callable[[], None]] = deque()
@@ -41,16 +44,93 @@ class IOLoop:
         """Whether the calling thread is the loop thread."""
         return threading.current_thread() is self._thread
 
-    def register(self, fd: int, handler: Handler, events: int = select.EPOLLIN) -> None:
-        """Call ``handler(events)`` on the loop thread whenever ``fd`` is ready."""
-        self._handlers[fd] = handler
-        self._epoll.register(fd, events)
+    def register(
+        self, fd: int, handler: Handler, events: int = select.EPOLLIN, stealable: bool = False
+    ) -> None:
+        """Call ``handler(events)`` on the loop thread whenever ``fd`` is ready.
+
+        A ``stealable`` handler must be safe to call from any thread: a thread waiting in
+        :meth:`wait_reading` may run it instead of the loop thread.
+        """
+        with self._steal_lock:
+            self._stolen.pop(fd, None)
+            self._handlers[fd] = handler
+            if stealable:
+                self._stealable[fd] = handler
+            self._epoll.register(fd, events)
 
     def unregister(self, fd: int) -> None:
         """Stop watching ``fd`` (it stays open)."""
-        if self._handlers.pop(fd, None) is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._epoll.unregister(fd)
+        with self._steal_lock:
+            self._stealable.pop(fd, None)
+            stolen = self._stolen.pop(fd, None)
+            if self._handlers.pop(fd, None) is not None and stolen is None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._epoll.unregister(fd)
+
+    def wait_reading(
+        self, until: Callable[[], bool], wake_fd: int, timeout: float | None
+    ) -> bool | None:
+        """Wait for ``until()`` on the calling thread while reading the connections directly.
+
+        The calling thread takes the stealable descriptors out of the loop's epoll set and
+        polls them itself, so a reply wakes it straight away instead of waking the loop thread
+        which would then wake it. ``wake_fd`` (an eventfd) is written by whoever makes
+        ``until()`` true from another thread. Returns whether ``until()`` became true, or
+        ``None`` when reading inline is not possible (the caller then waits the plain way).
+        """
+        if self.in_loop():
+            return None
+        with self._steal_lock:
+            fds = list(self._stealable.items())
+            if not fds or len(fds) > 64:
+                return None
+            for fd, _ in fds:
+                count = self._stolen.get(fd, 0)
+                if count == 0:
+                    with contextlib.suppress(OSError, ValueError):
+                        self._epoll.unregister(fd)
+                self._stolen[fd] = count + 1
+        poller = select.poll()
+        poller.register(wake_fd, select.POLLIN)
+        for fd, _ in fds:
+            poller.register(fd, select.POLLIN)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not until():
+                wait_ms = -1
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    wait_ms = int(left * 1000) + 1
+                for fd, mask in poller.poll(wait_ms):
+                    if fd == wake_fd:
+                        with contextlib.suppress(BlockingIOError):
+                            os.eventfd_read(wake_fd)
+                        continue
+                    handler = self._stealable.get(fd)
+                    if handler is None or mask & select.POLLNVAL:
+                        poller.unregister(fd)
+                        continue
+                    handler(mask)
+            return True
+        finally:
+            self._give_back(fds)
+
+    def _give_back(self, fds: list[tuple[int, Handler]]) -> None:
+        with self._steal_lock:
+            for fd, handler in fds:
+                count = self._stolen.get(fd)
+                if count is None:
+                    continue
+                if count > 1:
+                    self._stolen[fd] = count - 1
+                    continue
+                del self._stolen[fd]
+                if self._stealable.get(fd) is handler:
+                    with contextlib.suppress(OSError, ValueError):
+                        self._epoll.register(fd, select.EPOLLIN)
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the loop thread as soon as possible."""

@@ -219,23 +219,37 @@ class Transport:
         with self._lock:
             self._conns.add(conn)
 
-        def readable(_: int) -> None:
-            try:
-                frames = reader.read(conn.sock)
-            except FrameError as exc:
-                log.warning("closing connection from %s: %s", peer, exc)
-                conn.close(f"protocol error: {exc}")
-                return
-            except OSError as exc:
-                conn.close(f"read failed: {exc}")
-                return
-            if frames is None:
-                conn.close("peer closed the connection")
-                return
-            for frame in frames:
-                self._on_frame(conn, frame)
+        read_lock = threading.Lock()
 
-        self.loop.register(conn.fileno(), readable)
+        def readable(_: int) -> None:
+            # Any thread may run this (see IOLoop.wait_reading); the lock keeps both the byte
+            # stream and the dispatch of its frames in order.
+            with read_lock:
+                if conn.closed is not None:
+                    return
+                try:
+                    frames = reader.read(conn.sock)
+                except FrameError as exc:
+                    log.warning("closing connection from %s: %s", peer, exc)
+                    conn.close(f"protocol error: {exc}")
+                    return
+                except OSError as exc:
+                    conn.close(f"read failed: {exc}")
+                    return
+                if frames is None:
+                    conn.close("peer closed the connection")
+                    return
+                for frame in frames:
+                    try:
+                        self._on_frame(conn, frame)
+                    except FrameError as exc:
+                        log.warning("closing connection from %s: %s", peer, exc)
+                        conn.close(f"protocol error: {exc}")
+                        return
+                    except Exception:
+                        log.exception("dropping a frame from %s that could not be routed", peer)
+
+        self.loop.register(conn.fileno(), readable, stealable=True)
         return conn
 
     def _connection_closed(self, conn: Connection, reason: str) -> None:
