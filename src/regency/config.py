@@ -1,19 +1,19 @@
-"""Runtime settings: ``configure(**kw)``, ``configured(**kw)`` and ``REGENCY_*`` environment variables.
+"""Runtime settings: ``configure(**kw)``, ``configured(**kw)`` and ``REGENCY_*`` variables.
 
 Precedence, highest first: values set with :func:`configure`, environment variables
 (``REGENCY_<KEY>`` in upper case), then defaults. Spawned processes inherit the controller's
 effective settings.
 
-=======================  ===========  ===============================================================
+=======================  ===========  ==========================================================
 key                      default      meaning
-=======================  ===========  ===============================================================
+=======================  ===========  ==========================================================
 ``cast_fanout``          16           children per node of the casting tree
 ``max_frame_bytes``      10 GiB       largest message a process sends or accepts
 ``connect_timeout``      30.0         seconds to keep dialing a proc that is starting
 ``spawn_timeout``        60.0         seconds for a spawned proc to come up
 ``orphan_timeout``       10.0         seconds a proc outlives a controller it cannot see
 ``stop_timeout``         10.0         seconds a stopping proc gets before it is killed
-=======================  ===========  ===============================================================
+=======================  ===========  ==========================================================
 """
 
 from __future__ import annotations

@@ -74,7 +74,9 @@ def _wrap_large(value: Any) -> Any:
     return value
 
 
-def wrap_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def wrap_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Mark large top-level ``bytes`` arguments for out-of-band transfer."""
     if any(type(a) is bytes for a in args) or any(type(v) is bytes for v in kwargs.values()):
         return tuple(_wrap_large(a) for a in args), {k: _wrap_large(v) for k, v in kwargs.items()}

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
-    from regency._runtime.instance import ActorInstance
+    from regency._runtime.identity import InstanceBase
 
 _EMPTY_POINT = Point(0, Extent([], []))
 
@@ -18,12 +18,12 @@ class Context:
 
     __slots__ = ("_instance", "_message_rank")
 
-    def __init__(self, instance: ActorInstance, message_rank: Point = _EMPTY_POINT) -> None:
+    def __init__(self, instance: InstanceBase, message_rank: Point = _EMPTY_POINT) -> None:
         self._instance = instance
         self._message_rank = message_rank
 
     @property
-    def actor_instance(self) -> ActorInstance:
+    def actor_instance(self) -> InstanceBase:
         """The running actor (the root client, ``<root>``, in the controller's own code)."""
         return self._instance
 

@@ -29,16 +29,12 @@ def bootstrap_controller() -> None:
     job_id = os.urandom(4).hex()
     secret = os.urandom(32)
     runtime = ProcRuntime(f"unix:@regency-{job_id}-controller", secret, job_id)
-    state.install(
-        runtime, ClientInstance(runtime, is_root=True), runtime.address, runtime.address
-    )
+    state.install(runtime, ClientInstance(runtime, is_root=True), runtime.address, runtime.address)
     _proc_agent = ProcAgent(runtime)
     _host_agent = HostAgent(runtime)
     runtime.services[wire.SERVICE_PROC] = Service("regency-proc-agent", _proc_agent.handle)
     runtime.services[wire.SERVICE_HOST] = Service("regency-host-agent", _host_agent.handle)
-    runtime.services[SERVICE_SINGLETONS] = Service(
-        "regency-singletons", SingletonRegistry().handle
-    )
+    runtime.services[SERVICE_SINGLETONS] = Service("regency-singletons", SingletonRegistry().handle)
     atexit.register(shutdown)
 
 

@@ -15,7 +15,7 @@ from regency._runtime.future import Future
 from regency._runtime.ports import GatherReply, OnceReply, Port, StreamReply
 from regency._runtime.proc import PortRef
 from regency._runtime.value_mesh import ValueMesh
-from regency._transport.transport import PeerUnreachable
+from regency._transport.transport import PeerUnreachableError
 
 if TYPE_CHECKING:
     from regency._runtime.endpoint_def import EndpointSpec
@@ -111,9 +111,7 @@ class Endpoint(Generic[R]):
         else:
             raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
         addrs = [self._mesh._procs[b].addr for b in bases]
-        self._cast(
-            args, kwargs, port.ref if port is not None else None, bases, addrs, False, ranks
-        )
+        self._cast(args, kwargs, port.ref if port is not None else None, bases, addrs, False, ranks)
 
     # -- mechanics -----------------------------------------------------------------------------
 
@@ -130,7 +128,9 @@ class Endpoint(Generic[R]):
         return state.runtime().open_port(handler, watch=handler._watch)
 
     def _describe_loss(self, addr: str, reason: str) -> SupervisionError:
-        ranks = [i for i, b in enumerate(self._mesh._shape.ranks()) if self._mesh._procs[b].addr == addr]
+        ranks = [
+            i for i, b in enumerate(self._mesh._shape.ranks()) if self._mesh._procs[b].addr == addr
+        ]
         return SupervisionError(
             f"Endpoint call {self._mesh._name}.{self._name}() failed, failure on mesh "
             f"{self._mesh._name} at rank {ranks[0] if ranks else '?'} with event: the process "
@@ -176,16 +176,16 @@ class Endpoint(Generic[R]):
         fanout = int(config.get("cast_fanout"))
         try:
             if len(addrs) <= fanout:
-                for addr, rank in zip(addrs, ranks):
+                for addr, rank in zip(addrs, ranks, strict=True):
                     rt.send_actor(addr, mesh_id, uid, sender.next_seq(addr, mesh_id), rank, parts)
                 return
             dests = [
                 casting.Dest(addr, sender.next_seq(addr, mesh_id), rank)
-                for addr, rank in zip(addrs, ranks)
+                for addr, rank in zip(addrs, ranks, strict=True)
             ]
             for group in casting.plan(dests, fanout):
                 rt.send_cast(group, mesh_id, uid, reply, gather, parts)
-        except PeerUnreachable as exc:
+        except PeerUnreachableError as exc:
             if reply is None:
                 raise SupervisionError(
                     f"Endpoint call {self._mesh._name}.{self._name}() failed: {exc}",

@@ -43,8 +43,10 @@ class ActorError(Exception):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_actor_error, (_portable(self.exception), self.message,
-                                       self.exception_formatted))
+        return (
+            _rebuild_actor_error,
+            (_portable(self.exception), self.message, self.exception_formatted),
+        )
 
 
 def _rebuild_actor_error(

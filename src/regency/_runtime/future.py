@@ -25,6 +25,9 @@ class Future(Generic[R]):
     """
 
     __slots__ = ("_pending", "_transform", "_value")
+    _pending: Pending
+    _transform: Callable[[Any], Any] | None
+    _value: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("Future cannot be constructed directly; regency operations return one")
@@ -99,7 +102,7 @@ class Future(Generic[R]):
 
     def done(self) -> bool:
         """Whether the outcome is known."""
-        return self._pending.done
+        return bool(self._pending.done)
 
     def as_asyncio(self) -> asyncio.Future[R]:
         """An ``asyncio.Future`` on the running loop that completes with this future."""

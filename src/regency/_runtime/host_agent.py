@@ -22,7 +22,7 @@ from regency import config
 from regency._runtime import state, wire
 from regency._runtime.proc import ProcRuntime
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
-from regency._transport.transport import PeerUnreachable
+from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.host")
 
@@ -136,17 +136,19 @@ class HostAgent:
             waiting.append(child)
             try:
                 self.runtime.send_control(addr, wire.SERVICE_PROC, ("stop_proc", request.reason))
-            except PeerUnreachable:
+            except PeerUnreachableError:
                 with contextlib.suppress(ProcessLookupError):
                     child.popen.kill()
         deadline = time.monotonic() + timeout
         for child in waiting:
             if not child.exited.wait(max(0.0, deadline - time.monotonic())):
-                log.warning("proc %s did not stop within %.0f s; killing it", child.info.addr, timeout)
+                log.warning(
+                    "proc %s did not stop within %.0f s; killing it", child.info.addr, timeout
+                )
                 with contextlib.suppress(ProcessLookupError):
                     child.popen.kill()
                 child.exited.wait(5)
-        with contextlib.suppress(PeerUnreachable):
+        with contextlib.suppress(PeerUnreachableError):
             self.runtime.send_port(request.done, 0, 0, [pickle.dumps(None, protocol=5)])
 
     def shutdown(self, timeout: float) -> None:
@@ -159,7 +161,7 @@ class HostAgent:
                 self.runtime.send_control(
                     child.info.addr, wire.SERVICE_PROC, ("stop_proc", "controller shutting down")
                 )
-            except PeerUnreachable:
+            except PeerUnreachableError:
                 with contextlib.suppress(ProcessLookupError):
                     child.popen.kill()
         deadline = time.monotonic() + timeout

@@ -4,10 +4,10 @@ handles one message at a time, and replies to the ports its messages name."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import pickle
 import queue
-import sys
 import threading
 import traceback
 from collections import deque
@@ -15,14 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from regency._runtime import codec, context, state, wire
+from regency._runtime import codec, context, wire
 from regency._runtime.endpoint_def import EndpointSpec, endpoints_of
 from regency._runtime.errors import ActorError, SupervisionError
 from regency._runtime.identity import InstanceBase, new_uid
 from regency._runtime.mailbox import Delivery
 from regency._runtime.proc import Part, PortRef, ProcRuntime
 from regency._runtime.waiting import thread_eventfd, wait_until, waker
-from regency._transport.transport import PeerUnreachable
+from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
@@ -161,12 +161,10 @@ class ActorInstance(InstanceBase):
         self._report_failure(f"the actor's __init__ raised {type(exc).__name__}: {exc}\n{text}")
 
     def _send_status(self, error: str | None) -> None:
-        try:
+        with contextlib.suppress(PeerUnreachableError):
             self.runtime.send_port(
                 self.request.status, self.request.rank, 0, [pickle.dumps(error, protocol=5)]
             )
-        except PeerUnreachable:
-            pass
 
     def _serve_sync(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self._construct(cls, args, kwargs):
@@ -209,9 +207,7 @@ class ActorInstance(InstanceBase):
                 return
             self._reject(item)
 
-    async def _serve_async(
-        self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> bool:
+    async def _serve_async(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         if not self._construct(cls, args, kwargs):
             return False
         loop = asyncio.get_running_loop()
@@ -284,7 +280,7 @@ class ActorInstance(InstanceBase):
         if spec.explicit_port:
             from regency._runtime.ports import Port
 
-            port = Port(reply, point.rank) if reply is not None else _NullPort()
+            port: Any = Port(reply, point.rank) if reply is not None else _NullPort()
             args = (port, *args)
         return fn, spec, method, reply, point, args, kwargs
 
@@ -352,20 +348,24 @@ class ActorInstance(InstanceBase):
             parts = codec.dumps(codec.wrap_value(value))
         except Exception as exc:
             self._reply_error(
-                reply, rank, ActorError(exc, f"Actor call {self.name} returned a value that cannot be pickled.")
+                reply,
+                rank,
+                ActorError(exc, f"Actor call {self.name} returned a value that cannot be pickled."),
             )
             return
         try:
             self.runtime.send_port(reply, rank, 0, parts)
-        except PeerUnreachable:
+        except PeerUnreachableError:
             log.debug("reply to %s dropped: the caller is gone", reply.addr)
         except ValueError as exc:  # frame over the size limit
-            self._reply_error(reply, rank, ActorError(exc, f"Actor call {self.name} reply too large."))
+            self._reply_error(
+                reply, rank, ActorError(exc, f"Actor call {self.name} reply too large.")
+            )
 
     def _reply_error(self, reply: PortRef, rank: int, error: BaseException) -> None:
         try:
             self.runtime.send_port(reply, rank, wire.FLAG_ERROR, codec.dumps(error))
-        except PeerUnreachable:
+        except PeerUnreachableError:
             log.debug("error reply to %s dropped: the caller is gone", reply.addr)
 
     def _on_error(

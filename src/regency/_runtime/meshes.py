@@ -31,7 +31,18 @@ from regency.shape import Extent, Shape
 T = TypeVar("T")
 
 _RESERVED = frozenset(
-    {"stop", "slice", "initialized", "size", "sizes", "extent", "flatten", "rename", "split", "shape"}
+    {
+        "stop",
+        "slice",
+        "initialized",
+        "size",
+        "sizes",
+        "extent",
+        "flatten",
+        "rename",
+        "split",
+        "shape",
+    }
 )
 
 
@@ -197,7 +208,9 @@ class ProcMesh(MeshTrait):
                 )
         clash = sorted(set(specs) & _RESERVED)
         if clash:
-            raise ValueError(f"{Class.__qualname__} endpoint(s) {clash} collide with ActorMesh attributes")
+            raise ValueError(
+                f"{Class.__qualname__} endpoint(s) {clash} collide with ActorMesh attributes"
+            )
         return self._spawn_owned(name, Class, args, kwargs)  # type: ignore[return-value]
 
     def _spawn_owned(
@@ -334,15 +347,21 @@ class ActorMesh(MeshTrait, Generic[T]):
         return Future._from_pending(tracker.pending)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_actor_mesh_ref, (self._class, self._name, self._shape, self._procs,
-                                  self._mesh_id, self._proc_mesh))
+        return (
+            _actor_mesh_ref,
+            (self._class, self._name, self._shape, self._procs, self._mesh_id, self._proc_mesh),
+        )
 
     def __repr__(self) -> str:
         return f"ActorMesh({self._class.__qualname__} {self._name}, {self._shape})"
 
 
 def _actor_mesh_ref(
-    cls: type, name: str, shape: Shape, procs: Sequence[ProcInfo], mesh_id: int,
+    cls: type,
+    name: str,
+    shape: Shape,
+    procs: Sequence[ProcInfo],
+    mesh_id: int,
     proc_mesh: ProcMesh | None,
 ) -> ActorMesh[Any]:
     return ActorMesh(cls, name, shape, procs, mesh_id, proc_mesh, owned=False)

@@ -13,7 +13,7 @@ from regency._runtime.errors import SupervisionError
 from regency._runtime.future import Future
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
-from regency._transport.transport import PeerUnreachable
+from regency._transport.transport import PeerUnreachableError
 
 T = TypeVar("T")
 
@@ -49,7 +49,7 @@ class Port(Generic[T]):
     def _post(self, flags: int, parts: list[Part]) -> None:
         try:
             state.runtime().send_port(self._ref, self._rank, flags, parts)
-        except PeerUnreachable:
+        except PeerUnreachableError:
             if self.return_undeliverable:
                 raise
 

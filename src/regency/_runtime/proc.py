@@ -22,7 +22,7 @@ from regency._runtime.mailbox import Mailbox
 from regency._runtime.service import Service
 from regency._transport import frames
 from regency._transport.connection import Connection
-from regency._transport.transport import PeerUnreachable, Transport
+from regency._transport.transport import PeerUnreachableError, Transport
 
 log = logging.getLogger("regency.proc")
 
@@ -102,10 +102,10 @@ class ProcRuntime:
     # -- sending -------------------------------------------------------------------------------
 
     def check_alive(self, addr: str) -> None:
-        """Raise :class:`PeerUnreachable` if ``addr`` is known to be gone."""
+        """Raise :class:`PeerUnreachableError` if ``addr`` is known to be gone."""
         reason = self.dead.get(addr)
         if reason is not None:
-            raise PeerUnreachable(f"{addr} is gone: {reason}")
+            raise PeerUnreachableError(f"{addr} is gone: {reason}")
 
     def send_actor(
         self,
@@ -187,7 +187,7 @@ class ProcRuntime:
         if addr == self.address:
             target = self.services.get(service)
             if target is None:
-                raise PeerUnreachable(f"no service {service} in this process")
+                raise PeerUnreachableError(f"no service {service} in this process")
             target.post(request)
             return
         self.check_alive(addr)
@@ -226,9 +226,7 @@ class ProcRuntime:
                 handler.deliver(frame.rank, frame.flags, frame.parts)
             return
         if kind == wire.KIND_ACTOR:
-            self._deliver_local(
-                frame.dest, frame.sender, frame.seq, frame.rank, frame.parts, None
-            )
+            self._deliver_local(frame.dest, frame.sender, frame.seq, frame.rank, frame.parts, None)
             return
         if kind == wire.KIND_CAST:
             if not frame.parts:
@@ -272,10 +270,8 @@ class ProcRuntime:
         forwarded = list(parts)
         for group in groups:
             try:
-                self.send_cast(
-                    group, mesh_id, sender, local_reply, gather, forwarded, wait=False
-                )
-            except PeerUnreachable as exc:
+                self.send_cast(group, mesh_id, sender, local_reply, gather, forwarded, wait=False)
+            except PeerUnreachableError as exc:
                 log.warning("cast could not reach %s: %s", group.head.addr, exc)
 
     # -- failures ------------------------------------------------------------------------------

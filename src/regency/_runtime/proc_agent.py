@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import threading
@@ -11,7 +12,7 @@ from typing import Any
 from regency import config
 from regency._runtime.instance import ActorInstance, SpawnActor
 from regency._runtime.proc import PortRef, ProcRuntime
-from regency._transport.transport import PeerUnreachable
+from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.proc")
 
@@ -54,10 +55,8 @@ class ProcAgent:
             log.warning("proc agent got an unknown request %r", verb)
 
     def _answer(self, port: PortRef, rank: int, value: Any) -> None:
-        try:
+        with contextlib.suppress(PeerUnreachableError):
             self.runtime.send_port(port, rank, 0, [pickle.dumps(value, protocol=5)])
-        except PeerUnreachable:
-            pass
 
     def _stop_actor(self, mesh_id: int, done: Callable[[], None]) -> None:
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -13,7 +14,7 @@ from regency._runtime.errors import SupervisionError
 from regency._runtime.future import Future
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
-from regency._transport.transport import PeerUnreachable
+from regency._transport.transport import PeerUnreachableError
 
 SERVICE_SINGLETONS = 5
 
@@ -58,10 +59,8 @@ class SingletonRegistry:
         except Exception as exc:
             parts = codec.dumps(exc)
             flags = wire.FLAG_ERROR
-        try:
+        with contextlib.suppress(PeerUnreachableError):
             runtime.send_port(reply, 0, flags, parts)
-        except PeerUnreachable:
-            pass
 
 
 def get_or_spawn_controller(name: str, Class: type, *args: Any, **kwargs: Any) -> Future[Any]:  # noqa: N803
@@ -77,6 +76,6 @@ def get_or_spawn_controller(name: str, Class: type, *args: Any, **kwargs: Any) -
     payload = cloudpickle.dumps((Class, args, kwargs))
     try:
         runtime.send_control(state.root_address(), SERVICE_SINGLETONS, (name, payload, ref))
-    except PeerUnreachable as exc:
+    except PeerUnreachableError as exc:
         handler.peer_lost(state.root_address(), str(exc))
     return Future._from_pending(handler.pending)

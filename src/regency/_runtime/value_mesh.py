@@ -31,7 +31,9 @@ class ValueMesh(MeshTrait, Generic[R]):
 
     def __init__(self, shape: Shape, values: Sequence[R]) -> None:
         if len(values) != len(shape):
-            raise ValueError(f"ValueMesh of shape {shape} needs {len(shape)} values, got {len(values)}")
+            raise ValueError(
+                f"ValueMesh of shape {shape} needs {len(shape)} values, got {len(values)}"
+            )
         base = Shape.from_extent(shape.extent)
         self._init(base, list(values))
 

@@ -48,7 +48,7 @@ def dial(address: str, timeout: float) -> socket.socket:
     """Connect to ``address`` (blocking, bounded by ``timeout``)."""
     if address.startswith("unix:"):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        target: object = _unix_name(address)
+        target: str | tuple[str, int] = _unix_name(address)
     elif address.startswith("tcp://"):
         host, port = _split_tcp(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 Buffer = bytes | bytearray | memoryview
 
 
-class ConnectionClosed(ConnectionError):
+class ConnectionClosedError(ConnectionError):
     """The connection is closed; nothing more can be sent on it."""
 
 
@@ -66,12 +66,12 @@ class Connection:
     def send(self, buffers: Sequence[Buffer], wait: bool = True) -> None:
         """Send the buffers of one or more frames, in order with every other send.
 
-        Raises :class:`ConnectionClosed` if the connection is (or becomes) closed.
+        Raises :class:`ConnectionClosedError` if the connection is (or becomes) closed.
         """
         item: _Pending | None = None
         with self._lock:
             if self.closed is not None:
-                raise ConnectionClosed(f"connection to {self.peer} is closed: {self.closed}")
+                raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
             if not self._backlog:
                 total = 0
                 for b in buffers:
@@ -82,7 +82,7 @@ class Connection:
                     sent = 0
                 except OSError as exc:
                     self._close_locked(f"send failed: {exc}")
-                    raise ConnectionClosed(f"connection to {self.peer} failed: {exc}") from exc
+                    raise ConnectionClosedError(f"connection to {self.peer} failed: {exc}") from exc
                 if sent == total:
                     return
                 rest = _advance(buffers, sent)
@@ -100,7 +100,7 @@ class Connection:
         if item.done is not None:
             item.done.wait()
             if not item.ok:
-                raise ConnectionClosed(f"connection to {self.peer} closed: {self.closed}")
+                raise ConnectionClosedError(f"connection to {self.peer} closed: {self.closed}")
 
     def _write_loop(self) -> None:
         poller = select.poll()

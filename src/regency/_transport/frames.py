@@ -27,7 +27,7 @@ class FrameError(Exception):
     """A peer sent bytes that are not a valid frame (the connection is closed)."""
 
 
-class FrameTooLarge(ValueError):
+class FrameTooLargeError(ValueError):
     """A frame exceeds the configured size limit."""
 
 
@@ -61,15 +61,15 @@ def encode(
 ) -> list[bytes | bytearray | memoryview]:
     """Return the buffers of one frame (header first), ready for ``sendmsg``.
 
-    Raises :class:`FrameTooLarge` when the frame would exceed ``limit`` bytes.
+    Raises :class:`FrameTooLargeError` when the frame would exceed ``limit`` bytes.
     """
     nparts = len(parts)
     if nparts > MAX_PARTS:
-        raise FrameTooLarge(f"a frame holds at most {MAX_PARTS} parts, got {nparts}")
+        raise FrameTooLargeError(f"a frame holds at most {MAX_PARTS} parts, got {nparts}")
     sizes = [_nbytes(p) for p in parts]
     body_len = HEADER.size - LENGTH_PREFIX + 8 * nparts + sum(sizes)
     if body_len + LENGTH_PREFIX > limit:
-        raise FrameTooLarge(
+        raise FrameTooLargeError(
             f"message of {body_len + LENGTH_PREFIX} bytes exceeds the frame size limit of "
             f"{limit} bytes (raise it with regency.config.configure(max_frame_bytes=...))"
         )

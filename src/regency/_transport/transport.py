@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from regency._transport import address as addr
 from regency._transport.auth import AuthenticationError, ListenerHandshake, dialer_handshake
-from regency._transport.connection import Buffer, Connection, ConnectionClosed
+from regency._transport.connection import Buffer, Connection, ConnectionClosedError
 from regency._transport.frames import Frame, FrameError
 from regency._transport.io_loop import IOLoop
 from regency._transport.reader import FrameReader
@@ -34,20 +34,34 @@ _HANDSHAKE_TIMEOUT = 10.0
 _RETRYABLE = {errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN, errno.ECONNRESET}
 
 
-class PeerUnreachable(ConnectionError):
+class PeerUnreachableError(ConnectionError):
     """A peer process could not be reached, or its connection was lost."""
+
+
+class _Queued:
+    """Frame buffers waiting for a connection, and whether they made it."""
+
+    __slots__ = ("buffers", "done", "sent")
+
+    def __init__(self, buffers: list[Buffer], done: threading.Event | None) -> None:
+        self.buffers = buffers
+        self.done = done
+        self.sent = False
+
+    def finish(self, sent: bool) -> None:
+        self.sent = sent
+        if self.done is not None:
+            self.done.set()
 
 
 class _Peer:
     """Where frames to one peer go: a queue while dialing, then a connection."""
 
-    __slots__ = ("conn", "cond", "failed", "queue")
+    __slots__ = ("conn", "queue")
 
-    def __init__(self, lock: threading.Lock) -> None:
+    def __init__(self) -> None:
         self.conn: Connection | None = None
-        self.failed: str | None = None
-        self.queue: list[tuple[list[Buffer], threading.Event | None]] = []
-        self.cond = threading.Condition(lock)
+        self.queue: list[_Queued] = []
 
 
 class Transport:
@@ -82,20 +96,49 @@ class Transport:
     # -- sending -------------------------------------------------------------------------------
 
     def send(self, peer: str, buffers: Sequence[Buffer], wait: bool = True) -> None:
-        """Send one frame's buffers to ``peer``; raises :class:`PeerUnreachable` if it is lost."""
+        """Send one frame's buffers to ``peer``; :class:`PeerUnreachableError` if it is lost.
+
+        With ``wait`` the call returns once the bytes are in the kernel (the caller may then
+        reuse its buffers); without it, buffers that cannot go out at once are copied.
+        """
         entry = self._peers.get(peer)
-        if entry is not None and entry.conn is not None:
-            try:
-                entry.conn.send(buffers, wait)
-            except ConnectionClosed as exc:
-                raise PeerUnreachable(str(exc)) from exc
-            return
-        done = self._enqueue(peer, list(buffers), wait)
-        if done is not None:
-            done.wait()
-            failed = self._lost.get(peer)
-            if failed is not None and not getattr(done, "regency_sent", False):
-                raise PeerUnreachable(f"cannot reach {peer}: {failed}")
+        conn = entry.conn if entry is not None else None
+        if conn is None:
+            conn, item = self._connection_or_queue(peer, buffers, wait)
+            if item is not None:
+                if item.done is not None:
+                    item.done.wait()
+                    if not item.sent:
+                        reason = self._lost.get(peer, "connection failed")
+                        raise PeerUnreachableError(f"cannot reach {peer}: {reason}")
+                return
+        assert conn is not None
+        try:
+            conn.send(buffers, wait)
+        except ConnectionClosedError as exc:
+            raise PeerUnreachableError(str(exc)) from exc
+
+    def _connection_or_queue(
+        self, peer: str, buffers: Sequence[Buffer], wait: bool
+    ) -> tuple[Connection | None, _Queued | None]:
+        """The peer's connection, or (while dialing) the queue entry the frame was put in."""
+        with self._lock:
+            reason = self._lost.get(peer)
+            if reason is not None:
+                raise PeerUnreachableError(f"cannot reach {peer}: {reason}")
+            entry = self._peers.get(peer)
+            if entry is None:
+                entry = self._peers[peer] = _Peer()
+                threading.Thread(
+                    target=self._dial, args=(peer, entry), name="regency-dial", daemon=True
+                ).start()
+            if entry.conn is not None:
+                return entry.conn, None
+            # Without wait the caller may reuse its memory once we return: keep a copy.
+            kept: list[Buffer] = list(buffers) if wait else [bytes(b) for b in buffers]
+            item = _Queued(kept, threading.Event() if wait else None)
+            entry.queue.append(item)
+            return None, item
 
     def mark_lost(self, peer: str, reason: str) -> None:
         """Declare ``peer`` gone (e.g. its process exited): stop dialing it, fail queued sends."""
@@ -104,55 +147,17 @@ class Transport:
                 return
             self._lost[peer] = reason
             entry = self._peers.pop(peer, None)
-        if entry is None:
-            return
-        if entry.conn is not None:
+            queue = entry.queue if entry is not None else []
+            if entry is not None:
+                entry.queue = []
+        if entry is not None and entry.conn is not None:
             entry.conn.close(reason)
-        with self._lock:
-            queue, entry.queue = entry.queue, []
-        for _, done in queue:
-            if done is not None:
-                done.set()
+        for item in queue:
+            item.finish(sent=False)
 
     def lost_reason(self, peer: str) -> str | None:
         """Why ``peer`` is lost, or ``None`` if it is not known to be."""
         return self._lost.get(peer)
-
-    def _enqueue(self, peer: str, buffers: list[Buffer], wait: bool) -> threading.Event | None:
-        with self._lock:
-            reason = self._lost.get(peer)
-            if reason is not None:
-                raise PeerUnreachable(f"cannot reach {peer}: {reason}")
-            entry = self._peers.get(peer)
-            if entry is None:
-                entry = _Peer(self._lock)
-                self._peers[peer] = entry
-                threading.Thread(
-                    target=self._dial, args=(peer, entry), name="regency-dial", daemon=True
-                ).start()
-            elif entry.conn is not None:
-                conn = entry.conn
-                entry = None
-        if entry is None:
-            try:
-                conn.send(buffers, wait)
-            except ConnectionClosed as exc:
-                raise PeerUnreachable(str(exc)) from exc
-            return None
-        done = threading.Event() if wait else None
-        # Copy buffers we do not wait on: the caller may reuse its memory once we return.
-        queued = buffers if wait else [bytes(b) for b in buffers]
-        with self._lock:
-            if entry.conn is not None:
-                conn = entry.conn
-            else:
-                entry.queue.append((queued, done))
-                return done
-        try:
-            conn.send(buffers, wait)
-        except ConnectionClosed as exc:
-            raise PeerUnreachable(str(exc)) from exc
-        return None
 
     def _dial(self, peer: str, entry: _Peer) -> None:
         deadline = time.monotonic() + self.connect_timeout
@@ -187,18 +192,21 @@ class Transport:
             self._fail_peer(peer, entry, self._lost.get(peer, reason))
             return
         conn = self._adopt(sock, peer)
-        with self._lock:
-            queue, entry.queue = entry.queue, []
-            try:
-                for buffers, _ in queue:
-                    conn.send(buffers, wait=False)
-            except ConnectionClosed:
-                pass
-            entry.conn = conn
-        for _, done in queue:
-            if done is not None:
-                done.regency_sent = True  # type: ignore[attr-defined]
-                done.set()
+        # Flush what queued up while dialing, outside the lock (a big frame may take a while);
+        # frames queued meanwhile go out in a later round, so order is kept.
+        while True:
+            with self._lock:
+                batch, entry.queue = entry.queue, []
+                if not batch:
+                    entry.conn = conn
+                    return
+            for item in batch:
+                try:
+                    conn.send(item.buffers, wait=item.done is not None)
+                except ConnectionClosedError:
+                    item.finish(sent=False)
+                else:
+                    item.finish(sent=True)
 
     def _fail_peer(self, peer: str, entry: _Peer, reason: str) -> None:
         with self._lock:
@@ -206,9 +214,8 @@ class Transport:
             if self._peers.get(peer) is entry:
                 del self._peers[peer]
             queue, entry.queue = entry.queue, []
-        for _, done in queue:
-            if done is not None:
-                done.set()
+        for item in queue:
+            item.finish(sent=False)
         self._on_peer_lost(peer, reason)
 
     # -- receiving -----------------------------------------------------------------------------
@@ -323,7 +330,7 @@ class Transport:
             with self._lock:
                 entry = self._peers.get(peer)
                 if entry is None:
-                    entry = _Peer(self._lock)
+                    entry = _Peer()
                     entry.conn = conn
                     self._peers[peer] = entry
                     self._lost.pop(peer, None)

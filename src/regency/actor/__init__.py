@@ -16,6 +16,7 @@ Define actors, spawn them on meshes of processes, and message them::
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from regency._runtime.accumulator import Accumulator
@@ -74,10 +75,8 @@ def _publish(names: list[str], namespace: dict[str, Any]) -> None:
     for name in names:
         obj = namespace[name]
         if getattr(obj, "__module__", "").startswith("regency._runtime"):
-            try:
+            with contextlib.suppress(AttributeError, TypeError):
                 obj.__module__ = __name__
-            except (AttributeError, TypeError):
-                pass
 
 
 _publish(__all__, globals())

@@ -6,7 +6,13 @@ from regency._runtime import context as _context
 from regency._runtime import controller, state
 from regency._runtime.context import Context
 from regency._runtime.future import Future
-from regency._runtime.meshes import HostMesh, ProcMesh, current_context, this_host_mesh, this_proc_mesh
+from regency._runtime.meshes import (
+    HostMesh,
+    ProcMesh,
+    current_context,
+    this_host_mesh,
+    this_proc_mesh,
+)
 from regency.shape import Point
 
 
@@ -16,7 +22,7 @@ def context() -> Context:
 
 
 def current_rank() -> Point:
-    """This actor's position within the slice the current message was cast to."""
+    """Return the running actor's position within the slice the message was cast to."""
     return current_context().message_rank
 
 
