@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
 import pickle
 import random
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from regency import config
 from regency._runtime import casting, codec, context, state, wire
 from regency._runtime.errors import SupervisionError
 from regency._runtime.future import Future
@@ -18,7 +16,7 @@ from regency._runtime.value_mesh import ValueMesh
 from regency._transport.transport import PeerUnreachableError
 
 if TYPE_CHECKING:
-    from regency._runtime.endpoint_def import EndpointSpec
+    from regency._runtime.endpoint_def import ArgumentCheck, EndpointSpec
     from regency._runtime.identity import InstanceBase
     from regency._runtime.meshes import ActorMesh
 
@@ -34,15 +32,15 @@ def current_instance() -> InstanceBase:
 class Endpoint(Generic[R]):
     """A method of an actor mesh, reached as ``mesh.method``; pick an adverb to send."""
 
-    __slots__ = ("_mesh", "_name", "_signature", "_spec")
+    __slots__ = ("_checker", "_mesh", "_name", "_spec")
 
     def __init__(
-        self, mesh: ActorMesh[Any], name: str, spec: EndpointSpec, signature: inspect.Signature
+        self, mesh: ActorMesh[Any], name: str, spec: EndpointSpec, checker: ArgumentCheck
     ) -> None:
         self._mesh = mesh
         self._name = name
         self._spec = spec
-        self._signature = signature
+        self._checker = checker
 
     # -- adverbs -------------------------------------------------------------------------------
 
@@ -51,13 +49,12 @@ class Endpoint(Generic[R]):
 
         If any rank raised, the future raises that rank's ``ActorError``.
         """
-        shape = self._mesh._shape
-        bases = shape.ranks()
-        addrs = [self._mesh._procs[b].addr for b in bases]
-        handler = GatherReply(len(bases), _unique(addrs), self._describe_loss)
+        self._check_arguments(args, kwargs)
+        route = self._mesh._route()
+        handler = GatherReply(len(route.bases), route.unique, self._describe_loss)
         reply = self._open(handler)
-        handler.port = reply.port
-        self._cast(args, kwargs, reply, bases, addrs, gather=True)
+        self._cast(args, kwargs, reply, route.addrs, route.ranks, gather=True)
+        shape = self._mesh._shape
 
         def build(entries: list[casting.Entry]) -> ValueMesh[R]:
             entries.sort(key=lambda e: e[0])
@@ -81,19 +78,18 @@ class Endpoint(Generic[R]):
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Send to every actor; yield one future per rank, completing in arrival order."""
-        bases = self._mesh._shape.ranks()
-        addrs = [self._mesh._procs[b].addr for b in bases]
-        handler = StreamReply(len(bases), _unique(addrs), self._describe_loss)
+        self._check_arguments(args, kwargs)
+        route = self._mesh._route()
+        handler = StreamReply(len(route.bases), route.unique, self._describe_loss)
         reply = self._open(handler)
-        handler.port = reply.port
-        self._cast(args, kwargs, reply, bases, addrs, gather=False)
+        self._cast(args, kwargs, reply, route.addrs, route.ranks, gather=False)
         return iter([Future._from_pending(p) for p in handler.pendings])
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor without waiting; an exception there kills that actor."""
-        bases = self._mesh._shape.ranks()
-        addrs = [self._mesh._procs[b].addr for b in bases]
-        self._cast(args, kwargs, None, bases, addrs, gather=False)
+        self._check_arguments(args, kwargs)
+        route = self._mesh._route()
+        self._cast(args, kwargs, None, route.addrs, route.ranks, gather=False)
 
     def _send(
         self,
@@ -102,35 +98,34 @@ class Endpoint(Generic[R]):
         port: Port[Any] | None,
         selection: Literal["all", "choose"],
     ) -> None:
-        bases = self._mesh._shape.ranks()
+        self._check_arguments(args, kwargs)
+        route = self._mesh._route()
+        addrs, ranks = route.addrs, route.ranks
         if selection == "choose":
-            pick = random.randrange(len(bases))
-            bases, ranks = [bases[pick]], [pick]
-        elif selection == "all":
-            ranks = list(range(len(bases)))
-        else:
+            pick = random.randrange(len(addrs))
+            addrs, ranks = [addrs[pick]], [pick]
+        elif selection != "all":
             raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
-        addrs = [self._mesh._procs[b].addr for b in bases]
-        self._cast(args, kwargs, port.ref if port is not None else None, bases, addrs, False, ranks)
+        self._cast(args, kwargs, port.ref if port is not None else None, addrs, ranks, False)
 
     # -- mechanics -----------------------------------------------------------------------------
 
     def _one(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
-        base = self._mesh._shape.ranks()[index]
-        addr = self._mesh._procs[base].addr
+        self._check_arguments(args, kwargs)
+        addr = self._mesh._route().addrs[index]
         handler = OnceReply((addr,), self._describe_loss)
         reply = self._open(handler)
-        handler.port = reply.port
-        self._cast(args, kwargs, reply, [base], [addr], False, [index])
+        self._cast(args, kwargs, reply, (addr,), (index,), False)
         return Future._from_pending(handler.pending)
 
     def _open(self, handler: Any) -> PortRef:
-        return state.runtime().open_port(handler, watch=handler._watch)
+        ref = state.runtime().open_port(handler, watch=handler._watch)
+        handler.port = ref.port
+        return ref
 
     def _describe_loss(self, addr: str, reason: str) -> SupervisionError:
-        ranks = [
-            i for i, b in enumerate(self._mesh._shape.ranks()) if self._mesh._procs[b].addr == addr
-        ]
+        route = self._mesh._route()
+        ranks = [i for i, a in enumerate(route.addrs) if a == addr]
         return SupervisionError(
             f"Endpoint call {self._mesh._name}.{self._name}() failed, failure on mesh "
             f"{self._mesh._name} at rank {ranks[0] if ranks else '?'} with event: the process "
@@ -143,47 +138,40 @@ class Endpoint(Generic[R]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         reply: PortRef | None,
-        bases: Sequence[int],
         addrs: Sequence[str],
+        ranks: Sequence[int],
         gather: bool,
-        ranks: Sequence[int] | None = None,
     ) -> None:
-        self._check_arguments(args, kwargs)
         rt = state.runtime()
-        shape = self._mesh._shape
-        if ranks is None:
-            ranks = range(len(bases))
-        for addr in addrs:
-            reason = rt.dead.get(addr)
-            if reason is not None:
-                error = self._describe_loss(addr, reason)
-                if reply is not None:
-                    handler = rt.ports.get(reply.port)
-                    if handler is not None:
-                        handler.peer_lost(addr, reason)
-                    return
-                raise error
-        ext = shape.extent
-        if len(bases) == 1 and ranks is not None and len(ranks) == 1 and len(shape) != 1:
-            labels, sizes = tuple(ext.labels), tuple(ext.sizes)
-        else:
-            labels, sizes = tuple(ext.labels), tuple(ext.sizes)
-        envelope = pickle.dumps((self._name, reply, labels, sizes), protocol=5)
+        dead = rt.dead
+        if dead:
+            for addr in addrs:
+                reason = dead.get(addr)
+                if reason is None:
+                    continue
+                if reply is None:
+                    raise self._describe_loss(addr, reason)
+                handler = rt.ports.get(reply.port)
+                if handler is not None:
+                    handler.peer_lost(addr, reason)
+                return
+        route = self._mesh._route()
+        envelope = pickle.dumps((self._name, reply, route.labels, route.sizes), protocol=5)
         parts = [envelope, *codec.dumps(codec.wrap_arguments(args, kwargs))]
         sender = current_instance()
         mesh_id = self._mesh._mesh_id
         uid = sender.uid
-        fanout = int(config.get("cast_fanout"))
+        next_seq = sender.next_seq
         try:
-            if len(addrs) <= fanout:
+            if len(addrs) <= route.fanout:
                 for addr, rank in zip(addrs, ranks, strict=True):
-                    rt.send_actor(addr, mesh_id, uid, sender.next_seq(addr, mesh_id), rank, parts)
+                    rt.send_actor(addr, mesh_id, uid, next_seq(addr, mesh_id), rank, parts)
                 return
             dests = [
-                casting.Dest(addr, sender.next_seq(addr, mesh_id), rank)
+                casting.Dest(addr, next_seq(addr, mesh_id), rank)
                 for addr, rank in zip(addrs, ranks, strict=True)
             ]
-            for group in casting.plan(dests, fanout):
+            for group in casting.plan(dests, route.fanout):
                 rt.send_cast(group, mesh_id, uid, reply, gather, parts)
         except PeerUnreachableError as exc:
             if reply is None:
@@ -194,10 +182,8 @@ class Endpoint(Generic[R]):
             # The port's watch on that process fails the future with the reason.
 
     def _check_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        params = self._signature
-        skip = 2 if self._spec.explicit_port else 1
         try:
-            params.bind(*((None,) * skip), *args, **kwargs)
+            self._checker.check(args, kwargs)
         except TypeError as exc:
             raise TypeError(f"{self._mesh._name}.{self._name}(): {exc}") from None
 

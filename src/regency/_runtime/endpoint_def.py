@@ -24,6 +24,40 @@ class EndpointSpec:
     instrument: bool
 
 
+class ArgumentCheck:
+    """Validates call arguments against an endpoint's signature, cheaply in the common case."""
+
+    __slots__ = ("_max_positional", "_min_positional", "_signature", "_skip")
+
+    def __init__(self, signature: inspect.Signature, skip: int) -> None:
+        self._signature = signature
+        self._skip = skip
+        params = list(signature.parameters.values())[skip:]
+        positional = [
+            p
+            for p in params
+            if p.kind
+            in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        ]
+        required_kw_only = any(
+            p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty
+            for p in params
+        )
+        varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+        self._min_positional = (
+            -1
+            if required_kw_only
+            else sum(1 for p in positional if p.default is inspect.Parameter.empty)
+        )
+        self._max_positional = 1 << 30 if varargs else len(positional)
+
+    def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raise ``TypeError`` if ``args``/``kwargs`` do not fit the signature."""
+        if not kwargs and 0 <= self._min_positional <= len(args) <= self._max_positional:
+            return
+        self._signature.bind(*((None,) * self._skip), *args, **kwargs)
+
+
 class EndpointProperty(Generic[R]):
     """Descriptor produced by ``@endpoint``; on an actor instance it is the plain method."""
 

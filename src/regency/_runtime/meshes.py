@@ -11,13 +11,14 @@ import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import cloudpickle
 
+from regency import config
 from regency._runtime import context, state, wire
 from regency._runtime.endpoint import Endpoint, current_instance
-from regency._runtime.endpoint_def import Actor, endpoints_of
+from regency._runtime.endpoint_def import Actor, ArgumentCheck, EndpointSpec, endpoints_of
 from regency._runtime.errors import ActorError
 from regency._runtime.future import Future
 from regency._runtime.identity import new_uid
@@ -285,6 +286,18 @@ class ProcMesh(MeshTrait):
             self.stop().get()
 
 
+class Route(NamedTuple):
+    """A mesh view's destinations: base ranks, proc addresses, and the cast extent."""
+
+    bases: list[int]
+    addrs: list[str]
+    ranks: list[int]
+    unique: list[str]
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    fanout: int
+
+
 class ActorMesh(MeshTrait, Generic[T]):
     """A mesh of actors of one class. Reach endpoints as attributes: ``mesh.method.call()``."""
 
@@ -306,9 +319,26 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._proc_mesh = proc_mesh
         self._owned = owned
         self._status: Future[None] = Future._resolved(None)
-        self._endpoint_specs = {
-            n: (p.spec, inspect.signature(p.method)) for n, p in endpoints_of(cls).items()
-        }
+        self._endpoint_specs = _endpoint_table(cls)
+
+    def _route(self) -> Route:
+        """Where this view's messages go (computed once per view)."""
+        route: Route | None = self.__dict__.get("_cached_route")
+        if route is None:
+            bases = self._shape.ranks()
+            addrs = [self._procs[b].addr for b in bases]
+            extent = self._shape.extent
+            route = Route(
+                bases,
+                addrs,
+                list(range(len(addrs))),
+                _unique(addrs),
+                tuple(extent.labels),
+                tuple(extent.sizes),
+                int(config.get("cast_fanout")),
+            )
+            self.__dict__["_cached_route"] = route
+        return route
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
         mesh = ActorMesh[T](
@@ -320,8 +350,8 @@ class ActorMesh(MeshTrait, Generic[T]):
     def __getattr__(self, name: str) -> Any:
         specs = self.__dict__.get("_endpoint_specs")
         if specs is not None and name in specs:
-            spec, signature = specs[name]
-            return Endpoint(self, name, spec, signature)
+            spec, checker = specs[name]
+            return Endpoint(self, name, spec, checker)
         cls = self.__dict__.get("_class")
         if cls is not None and callable(getattr(cls, name, None)) and not name.startswith("_"):
             raise RuntimeError(
@@ -354,6 +384,24 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     def __repr__(self) -> str:
         return f"ActorMesh({self._class.__qualname__} {self._name}, {self._shape})"
+
+
+_TABLES: dict[type, dict[str, tuple[EndpointSpec, ArgumentCheck]]] = {}
+
+
+def _endpoint_table(cls: type) -> dict[str, tuple[EndpointSpec, ArgumentCheck]]:
+    """Each endpoint's spec and argument checker, computed once per class."""
+    table = _TABLES.get(cls)
+    if table is None:
+        table = {
+            name: (
+                prop.spec,
+                ArgumentCheck(prop.signature, 2 if prop.spec.explicit_port else 1),
+            )
+            for name, prop in endpoints_of(cls).items()
+        }
+        _TABLES[cls] = table
+    return table
 
 
 def _actor_mesh_ref(

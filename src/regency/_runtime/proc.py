@@ -13,8 +13,7 @@ import logging
 import pickle
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from regency import config
 from regency._runtime import casting, wire
@@ -29,8 +28,7 @@ log = logging.getLogger("regency.proc")
 Part = bytes | bytearray | memoryview
 
 
-@dataclass(frozen=True, slots=True)
-class PortRef:
+class PortRef(NamedTuple):
     """Where a port lives: the owning process's address and the port's id there."""
 
     addr: str
