@@ -76,7 +76,7 @@ def main() -> None:
             bootstrap_error = "".join(traceback.format_exception(exc))
 
     agent = ProcAgent(runtime, on_stop_proc=lambda _: stop.set(), bootstrap_error=bootstrap_error)
-    runtime.services[wire.SERVICE_PROC] = Service("regency-proc-agent", agent.handle)
+    runtime.add_service(wire.SERVICE_PROC, Service("regency-proc-agent", agent.handle))
     stop.wait()
     runtime.close()
     sys.stdout.flush()

@@ -17,7 +17,7 @@ from regency._runtime.instance import ClientInstance
 from regency._runtime.proc import ProcRuntime
 from regency._runtime.proc_agent import ProcAgent
 from regency._runtime.service import Service
-from regency._runtime.singletons import SERVICE_SINGLETONS, SingletonRegistry
+from regency._runtime.singletons import SingletonRegistry
 
 _host_agent: HostAgent | None = None
 _proc_agent: ProcAgent | None = None
@@ -32,9 +32,11 @@ def bootstrap_controller() -> None:
     state.install(runtime, ClientInstance(runtime, is_root=True), runtime.address, runtime.address)
     _proc_agent = ProcAgent(runtime)
     _host_agent = HostAgent(runtime)
-    runtime.services[wire.SERVICE_PROC] = Service("regency-proc-agent", _proc_agent.handle)
-    runtime.services[wire.SERVICE_HOST] = Service("regency-host-agent", _host_agent.handle)
-    runtime.services[SERVICE_SINGLETONS] = Service("regency-singletons", SingletonRegistry().handle)
+    runtime.add_service(wire.SERVICE_PROC, Service("regency-proc-agent", _proc_agent.handle))
+    runtime.add_service(wire.SERVICE_HOST, Service("regency-host-agent", _host_agent.handle))
+    runtime.add_service(
+        wire.SERVICE_SINGLETONS, Service("regency-singletons", SingletonRegistry().handle)
+    )
     atexit.register(shutdown)
 
 

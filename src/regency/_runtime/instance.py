@@ -88,6 +88,7 @@ class ActorInstance(InstanceBase):
         self.actor: Any = None
         self.failed: str | None = None
         self.stopped = False
+        self.stop_reason = ""
         self._endpoints: dict[str, tuple[Callable[..., Any], EndpointSpec]] = {}
         self._proc_mesh: ProcMesh | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -113,8 +114,9 @@ class ActorInstance(InstanceBase):
         """Start the actor's thread; its constructor runs there before any message."""
         self._thread.start()
 
-    def stop(self, done: Callable[[], None]) -> None:
+    def stop(self, done: Callable[[], None], reason: str = "stopped by client") -> None:
         """Finish queued messages, then stop; ``done`` runs on the actor thread at the end."""
+        self.stop_reason = reason
         self.runtime.mailbox(self.mesh_id).post(0, 0, (_STOP, done))
 
     def _main(self) -> None:
@@ -180,7 +182,7 @@ class ActorInstance(InstanceBase):
                 idle()
                 item = q.get()
             if type(item) is tuple and item and item[0] is _STOP:
-                item[1]()
+                self._finish_stop(item[1])
                 return
             handle(item)
 
@@ -203,7 +205,7 @@ class ActorInstance(InstanceBase):
         while True:
             item = self._queue.get()
             if type(item) is tuple and item and item[0] is _STOP:
-                item[1]()
+                self._finish_stop(item[1])
                 return
             self._reject(item)
 
@@ -229,7 +231,7 @@ class ActorInstance(InstanceBase):
                 if type(item) is tuple and item and item[0] is _STOP:
                     for task in tasks:
                         task.cancel()
-                    item[1]()
+                    self._finish_stop(item[1])
                     return True
                 await self._handle_async(item, tasks)
             scheduled[0] = False
@@ -250,17 +252,30 @@ class ActorInstance(InstanceBase):
         return method, reply, Point(rank, Extent(labels, sizes)), parts[1:]
 
     def _reject(self, item: Delivery) -> None:
+        """Answer a message the actor will never run (it failed or stopped)."""
+        if type(item) is tuple and item and item[0] is _STOP:
+            item[1]()
+            return
         method, reply, point, _ = self._open(item)
-        if reply is not None:
-            self._reply_error(
-                reply,
-                point.rank,
-                SupervisionError(
-                    f"Endpoint call {self.name}.{method}() failed, The actor {self} and all its "
-                    f"descendants have failed: {self.failed}",
-                    f"{self.name}.{method}",
-                ),
+        if reply is None:
+            return
+        if self.failed is not None:
+            text = (
+                f"Endpoint call {self.name}.{method}() failed, The actor {self} and all its "
+                f"descendants have failed: {self.failed}"
             )
+        else:
+            text = (
+                f"Endpoint call {self.name}.{method}() failed, actor mesh {self.name} is "
+                f"stopped: {self.stop_reason}"
+            )
+        self._reply_error(reply, point.rank, SupervisionError(text, f"{self.name}.{method}"))
+
+    def _finish_stop(self, done: Callable[[], None]) -> None:
+        """After the last message: answer later ones with an error, then report done."""
+        self.stopped = True
+        self.runtime.mailbox(self.mesh_id).attach(self._reject)
+        done()
 
     def _prepare(self, item: Delivery) -> tuple[Any, ...] | None:
         """Decode a message; returns None (after replying) when it cannot run."""

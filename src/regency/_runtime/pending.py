@@ -34,6 +34,10 @@ class Pending:
 
     # -- filling (any thread) ------------------------------------------------------------------
 
+    def set_decoder(self, decode: Callable[[Any], Any]) -> None:
+        """Transform the decoded raw value with ``decode`` (set before filling)."""
+        self._decode = decode
+
     def _finish(self) -> bool:
         with _STATE:
             callbacks = self._callbacks

@@ -66,18 +66,20 @@ class _Queue:
     def __init__(self, once: bool) -> None:
         self._lock = threading.Lock()
         self._ready: deque[tuple[int, int, Sequence[Part]]] = deque()
-        self._waiting: deque[Pending] = deque()
+        self._waiting: deque[tuple[Pending, bool]] = deque()
         self._once = once
         self.port = -1
 
     def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
         with self._lock:
             if self._waiting:
-                waiter = self._waiting.popleft()
+                waiter, ranked = self._waiting.popleft()
             else:
                 self._ready.append((rank, flags, parts))
                 waiter = None
         if waiter is not None:
+            if ranked:
+                waiter.set_decoder(_with_rank(rank))
             waiter.set_raw(parts, bool(flags & wire.FLAG_ERROR))
         if self._once:
             rt = state.existing()
@@ -95,7 +97,7 @@ class _Queue:
                 pending.set_raw(parts, bool(flags & wire.FLAG_ERROR))
             else:
                 pending = Pending()
-                self._waiting.append(pending)
+                self._waiting.append((pending, ranked))
         return Future._from_pending(pending)
 
 

@@ -67,6 +67,7 @@ class ProcRuntime:
         self.ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(16)
         self.services: dict[int, Service] = {}
+        self._early_control: dict[int, list[Any]] = {}
         self._watchers: dict[str, set[int]] = {}
         self.dead: dict[str, str] = {}
         self._lost_listeners: list[Callable[[str, str], None]] = []
@@ -183,15 +184,38 @@ class ProcRuntime:
         """Send a control request to a service of the process at ``addr``."""
         body = pickle.dumps(request, protocol=5) if addr != self.address else None
         if addr == self.address:
-            target = self.services.get(service)
-            if target is None:
-                raise PeerUnreachableError(f"no service {service} in this process")
-            target.post(request)
+            self._post_control(service, request, addr)
             return
         self.check_alive(addr)
         assert body is not None
         buffers = frames.encode(wire.KIND_CONTROL, service, [body], limit=self.frame_limit)
         self.transport.send(addr, buffers)
+
+    # -- services ------------------------------------------------------------------------------
+
+    def add_service(self, service_id: int, service: Service) -> None:
+        """Register a service and hand it the requests that arrived before it existed."""
+        with self._lock:
+            self.services[service_id] = service
+            early = self._early_control.pop(service_id, [])
+        for request in early:
+            service.post(request)
+
+    def _post_control(self, service_id: int, request: Any, peer: str) -> None:
+        service = self.services.get(service_id)
+        if service is None:
+            with self._lock:
+                service = self.services.get(service_id)
+                if service is None:
+                    if service_id not in wire.SERVICES:
+                        log.warning(
+                            "control request for unknown service %d from %s", service_id, peer
+                        )
+                        return
+                    # A peer may reach a proc that is still starting its services: keep it.
+                    self._early_control.setdefault(service_id, []).append(request)
+                    return
+        service.post(request)
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -234,16 +258,12 @@ class ProcRuntime:
             )
             return
         if kind == wire.KIND_CONTROL:
-            service = self.services.get(frame.dest)
-            if service is None:
-                log.warning("control request for unknown service %d from %s", frame.dest, conn.peer)
-                return
             try:
                 request = pickle.loads(frame.parts[0])
             except Exception as exc:
                 log.warning("dropping undecodable control request from %s: %s", conn.peer, exc)
                 return
-            service.post(request)
+            self._post_control(frame.dest, request, conn.peer)
             return
         log.warning("closing connection from %s: unknown frame kind %d", conn.peer, kind)
         conn.close(f"unknown frame kind {kind}")

@@ -45,8 +45,8 @@ class ProcAgent:
             _, port, rank = request
             self._answer(port, rank, self.bootstrap_error)
         elif verb == "stop_actor":
-            _, mesh_id, _reason, port = request
-            self._stop_actor(mesh_id, lambda: self._answer(port, 0, None))
+            _, mesh_id, reason, port = request
+            self._stop_actor(mesh_id, reason, lambda: self._answer(port, 0, None))
         elif verb == "stop_proc":
             self.stop_all(float(config.get("stop_timeout")))
             if self._on_stop_proc is not None:
@@ -58,14 +58,13 @@ class ProcAgent:
         with contextlib.suppress(PeerUnreachableError):
             self.runtime.send_port(port, rank, 0, [pickle.dumps(value, protocol=5)])
 
-    def _stop_actor(self, mesh_id: int, done: Callable[[], None]) -> None:
+    def _stop_actor(self, mesh_id: int, reason: str, done: Callable[[], None]) -> None:
         with self._lock:
             instance = self.instances.pop(mesh_id, None)
         if instance is None:
             done()
             return
-        instance.stopped = True
-        instance.stop(done)
+        instance.stop(done, reason)
 
     def stop_all(self, timeout: float) -> None:
         """Stop every hosted actor, waiting up to ``timeout`` seconds in all."""
@@ -75,8 +74,7 @@ class ProcAgent:
         events = []
         for instance in instances:
             event = threading.Event()
-            instance.stopped = True
-            instance.stop(event.set)
+            instance.stop(event.set, "proc stopping")
             events.append(event)
         for event in events:
             event.wait(timeout)

@@ -16,8 +16,6 @@ from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
 from regency._transport.transport import PeerUnreachableError
 
-SERVICE_SINGLETONS = 5
-
 
 class _Reply:
     def __init__(self) -> None:
@@ -75,7 +73,7 @@ def get_or_spawn_controller(name: str, Class: type, *args: Any, **kwargs: Any) -
     handler.port = ref.port
     payload = cloudpickle.dumps((Class, args, kwargs))
     try:
-        runtime.send_control(state.root_address(), SERVICE_SINGLETONS, (name, payload, ref))
+        runtime.send_control(state.root_address(), wire.SERVICE_SINGLETONS, (name, payload, ref))
     except PeerUnreachableError as exc:
         handler.peer_lost(state.root_address(), str(exc))
     return Future._from_pending(handler.pending)

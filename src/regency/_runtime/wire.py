@@ -18,3 +18,5 @@ FLAG_GATHER: Final = 2  # the value is several replies merged on the way back
 SERVICE_PROC: Final = 1  # every proc: spawn/stop actors, stop the proc
 SERVICE_HOST: Final = 2  # a host agent: spawn/stop procs on its machine
 SERVICE_SUPERVISION: Final = 3  # failure reports for actors owned in this proc
+SERVICE_SINGLETONS: Final = 5  # the root's registry of get_or_spawn_controller singletons
+SERVICES: Final = frozenset({SERVICE_PROC, SERVICE_HOST, SERVICE_SUPERVISION, SERVICE_SINGLETONS})
