@@ -12,12 +12,15 @@ import pytest
 from regency import config
 from regency.actor import (
     Actor,
+    ActorError,
     ActorMesh,
+    Channel,
     Future,
     ProcMesh,
     context,
     current_rank,
     endpoint,
+    send,
     this_host,
 )
 
@@ -62,6 +65,16 @@ class Node(Actor):
     @endpoint
     def history(self) -> list[int]:
         return self.log
+
+    @endpoint
+    def fail_on(self, rank: int) -> int:
+        if self.rank == rank:
+            raise ValueError(f"rank {rank} fails in the tree")
+        return self.rank
+
+    @endpoint
+    def blob(self, size: int) -> bytes:
+        return bytes([self.rank]) * size
 
     @endpoint
     def cast_from_here(self, mesh: ActorMesh[Node]) -> tuple[list[int], list[int]]:
@@ -182,3 +195,24 @@ def test_an_actor_casts_through_the_tree(procs8: ProcMesh, nodes: ActorMesh[Node
         assert values == [10] * N
     finally:
         caster.stop().get(timeout=T)
+
+
+def test_an_error_deep_in_the_tree_fails_the_call(nodes: ActorMesh[Node]) -> None:
+    with pytest.raises(ActorError, match="rank 6 fails in the tree"):
+        nodes.fail_on.call(6).get(timeout=T)
+    assert list(nodes.fail_on.call(-1).get(timeout=T).values()) == list(range(N))
+
+
+def test_large_replies_merge_up_the_tree(nodes: ActorMesh[Node]) -> None:
+    size = 300 * 1024  # above the out-of-band threshold: each reply carries a buffer part
+    blobs = list(nodes.blob.call(size).get(timeout=T).values())
+    assert [len(b) for b in blobs] == [size] * N
+    assert [b == bytes([r]) * size for r, b in enumerate(blobs)] == [True] * N
+
+
+def test_send_to_a_port_through_the_tree(nodes: ActorMesh[Node]) -> None:
+    port, receiver = Channel[int].open_ranked()
+    send(nodes.rank_of, (), {}, port=port)
+    # Every rank replies on its own message, stamped with its rank.
+    first = [receiver.recv().get(timeout=T) for _ in range(N)]
+    assert sorted(first) == [(r, r) for r in range(N)]

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
 from collections.abc import Iterator
 
 import pytest
 
 from regency.actor import (
+    Accumulator,
     Actor,
     ActorError,
     ActorMesh,
@@ -74,6 +76,15 @@ class Gate(Actor):
     async def open(self) -> None:
         self.opened.set()
 
+    @concurrent_endpoint
+    async def fail_concurrently(self, msg: str) -> None:
+        await asyncio.sleep(0)
+        raise LookupError(msg)
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
 
 @pytest.fixture(scope="module")
 def faulty(procs4: ProcMesh) -> Iterator[ActorMesh[Faulty]]:
@@ -126,6 +137,27 @@ def test_stream_fails_only_the_failing_reply(faulty: ActorMesh[Faulty]) -> None:
     assert sorted(values) == [0, 2, 3]
     assert len(errors) == 1
     assert "rank 1 refuses" in str(errors[0])
+
+
+def test_accumulator_raises_when_a_reply_is_an_error(faulty: ActorMesh[Faulty]) -> None:
+    acc = Accumulator(faulty.fail_on, 0, operator.add)
+    with pytest.raises(ActorError, match="rank 2 refuses"):
+        acc.accumulate(2).get(timeout=T)
+    assert acc.accumulate(-1).get(timeout=T) == 6
+
+
+def test_concurrent_endpoint_error_reaches_the_caller(gate: ActorMesh[Gate]) -> None:
+    with pytest.raises(ActorError, match="LookupError: concurrent boom"):
+        gate.fail_concurrently.call_one("concurrent boom").get(timeout=T)
+    assert gate.ping.call_one().get(timeout=T) == "pong"
+
+
+def test_exception_with_timeout_on_a_pending_future(gate: ActorMesh[Gate]) -> None:
+    fut = gate.wait.call_one()
+    with pytest.raises(TimeoutError):
+        fut.exception(timeout=0.05)
+    gate.open.call_one().get(timeout=T)
+    assert fut.exception(timeout=T) is None
 
 
 def test_get_with_timeout_does_not_consume_the_future(gate: ActorMesh[Gate]) -> None:
@@ -208,13 +240,16 @@ def test_await_without_a_loop_is_an_error(faulty: ActorMesh[Faulty]) -> None:
     assert fut.get(timeout=T) == [0, 1, 2]
 
 
-def test_future_get_inside_a_running_loop_warns(faulty: ActorMesh[Faulty]) -> None:
-    async def main() -> list[int]:
-        fut = faulty.slice(gpus=1).fresh_list.call_one()
-        with pytest.warns(UserWarning, match="active event loop"):
-            return fut.get(timeout=T)
+def test_future_get_inside_a_running_loop_warns(gate: ActorMesh[Gate]) -> None:
+    fut = gate.wait.call_one()  # stays pending until the gate opens
 
-    assert asyncio.run(main()) == [1, 1, 2]
+    async def main() -> None:
+        with pytest.warns(UserWarning, match="active event loop"), pytest.raises(TimeoutError):
+            fut.get(timeout=0.05)
+
+    asyncio.run(main())
+    gate.open.call_one().get(timeout=T)
+    assert fut.get(timeout=T) == "opened"
 
 
 def test_future_cannot_be_constructed() -> None:
