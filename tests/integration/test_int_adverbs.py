@@ -213,6 +213,15 @@ def test_broadcast_then_call_sees_the_increment(ranked: ActorMesh[Ranked]) -> No
         assert list(ranked.value.call().get(timeout=T).values()) == [5 + i] * 4
 
 
+def test_thousands_of_calls_in_flight_complete_in_order(ranked: ActorMesh[Ranked]) -> None:
+    one = ranked.slice(gpus=3)
+    futures = [one.incr.call_one() for _ in range(2000)]
+    assert [f.get(timeout=T) for f in futures] == list(range(1, 2001))
+    casts = [ranked.incr.call() for _ in range(200)]
+    got = [list(f.get(timeout=T).values()) for f in casts]
+    assert got == [[i, i, i, 2000 + i] for i in range(1, 201)]
+
+
 def test_accumulator_folds_every_reply(ranked: ActorMesh[Ranked]) -> None:
     total = Accumulator(ranked.scaled, 0, operator.add).accumulate(10, offset=1).get(timeout=T)
     assert total == 1 + 11 + 21 + 31

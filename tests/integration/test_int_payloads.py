@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import random
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from regency.actor import Actor, ActorMesh, ProcMesh, endpoint
+from regency.actor import Actor, ActorError, ActorMesh, ProcMesh, endpoint
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,10 +28,39 @@ def _sha(data: Any) -> str:
     return hashlib.sha256(memoryview(data).cast("B")).hexdigest()
 
 
+class ExplodesOnPickle:
+    def __getstate__(self) -> Any:
+        raise RuntimeError("refuses to be pickled")
+
+
+class ExplodesOnUnpickle:
+    def __getstate__(self) -> Any:
+        return {"x": 1}
+
+    def __setstate__(self, state: Any) -> None:
+        raise RuntimeError("refuses to be unpickled")
+
+
 class Echo(Actor):
+    def __init__(self) -> None:
+        self.count = 0
+
     @endpoint
     def echo(self, value: Any) -> Any:
+        self.count += 1
         return value
+
+    @endpoint
+    def received(self) -> int:
+        return self.count
+
+    @endpoint
+    def apply(self, fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    @endpoint
+    def unpicklable_result(self) -> Any:
+        return threading.Lock()
 
     @endpoint
     def bytes_digest(self, data: bytes) -> tuple[str, int, str]:
@@ -146,6 +176,39 @@ def test_bytearray_mutated_after_call_one_returns_does_not_change_what_was_sent(
     buf[:] = bytes(len(buf))
     back = fut.get(timeout=T)
     assert _sha(back) == expected
+
+
+def test_closures_and_lambdas_travel_by_value(echo: ActorMesh[Echo]) -> None:
+    offset = 41
+
+    def add_offset(x: int) -> int:
+        return x + offset
+
+    assert echo.apply.call_one(add_offset, 1).get(timeout=T) == 42
+    assert echo.apply.call_one(lambda a, b: a * b, 6, 7).get(timeout=T) == 42
+
+
+def test_argument_that_cannot_be_pickled_fails_at_the_call_site(echo: ActorMesh[Echo]) -> None:
+    before = echo.received.call_one().get(timeout=T)
+    with pytest.raises(RuntimeError, match="refuses to be pickled"):
+        echo.echo.call_one(ExplodesOnPickle())
+    # Nothing was sent and nothing is stuck behind the failed send.
+    assert echo.echo.call_one("after").get(timeout=T) == "after"
+    assert echo.received.call_one().get(timeout=T) == before + 1
+
+
+def test_argument_that_cannot_be_unpickled_remotely_is_an_actor_error(
+    echo: ActorMesh[Echo],
+) -> None:
+    with pytest.raises(ActorError, match="refuses to be unpickled"):
+        echo.echo.call_one(ExplodesOnUnpickle()).get(timeout=T)
+    assert echo.echo.call_one("still alive").get(timeout=T) == "still alive"
+
+
+def test_result_that_cannot_be_pickled_is_an_actor_error(echo: ActorMesh[Echo]) -> None:
+    with pytest.raises(ActorError):
+        echo.unpicklable_result.call_one().get(timeout=T)
+    assert echo.echo.call_one("still alive").get(timeout=T) == "still alive"
 
 
 @pytest.mark.slow
