@@ -19,6 +19,7 @@ key                      default      meaning
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -36,15 +37,19 @@ _runtime: dict[str, Any] = {}
 
 def _coerce(key: str, value: Any) -> Any:
     default = _DEFAULTS[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise TypeError(f"config {key!r} takes a {type(default).__name__}, got {value!r}")
-    try:
-        coerced = type(default)(value)
-    except ValueError as exc:
-        raise TypeError(f"config {key!r} takes a {type(default).__name__}, got {value!r}") from exc
-    if coerced <= 0:
-        raise ValueError(f"config {key!r} must be positive, got {value!r}")
-    return coerced
+    kind = type(default)
+    if isinstance(value, str):
+        try:
+            value = kind(value)
+        except ValueError:
+            raise TypeError(f"config {key!r} takes a {kind.__name__}, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"config {key!r} takes a {kind.__name__}, got {value!r}")
+    if kind is int and not isinstance(value, int):
+        raise TypeError(f"config {key!r} takes an int, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"config {key!r} must be a positive, finite number, got {value!r}")
+    return kind(value)
 
 
 def _check_keys(kw: dict[str, Any]) -> None:

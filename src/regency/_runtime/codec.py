@@ -20,20 +20,20 @@ Part = bytes | bytearray | memoryview
 OUT_OF_BAND_MIN = 64 * 1024
 
 
-class _LargeBytes:
-    """Marks a large ``bytes`` value so it travels out of band (pickle never offers bytes)."""
+class _Large:
+    """Marks a large ``bytes``/``bytearray`` value so it travels out of band.
+
+    The C pickler writes these types in-band without consulting any hook, so large top-level
+    arguments and return values are wrapped before pickling.
+    """
 
     __slots__ = ("data",)
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | bytearray) -> None:
         self.data = data
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        return (_bytes_from_buffer, (pickle.PickleBuffer(self.data),))
-
-
-def _bytes_from_buffer(buf: Any) -> bytes:
-    return bytes(buf)
+        return (type(self.data), (pickle.PickleBuffer(self.data),))
 
 
 def _tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...]) -> Any:
@@ -69,23 +69,21 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
 
 
 def _wrap_large(value: Any) -> Any:
-    if type(value) is bytes and len(value) >= OUT_OF_BAND_MIN:
-        return _LargeBytes(value)
+    if type(value) in _WRAPPED and len(value) >= OUT_OF_BAND_MIN:
+        return _Large(value)
     return value
+
+
+_WRAPPED = (bytes, bytearray)
 
 
 def wrap_arguments(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Mark large top-level ``bytes`` arguments for out-of-band transfer."""
-    if any(type(a) is bytes for a in args) or any(type(v) is bytes for v in kwargs.values()):
+    """Mark large top-level ``bytes``/``bytearray`` arguments for out-of-band transfer."""
+    if any(type(a) in _WRAPPED for a in args) or any(type(v) in _WRAPPED for v in kwargs.values()):
         return tuple(_wrap_large(a) for a in args), {k: _wrap_large(v) for k, v in kwargs.items()}
     return args, kwargs
-
-
-def wrap_value(value: Any) -> Any:
-    """Mark a large ``bytes`` return value for out-of-band transfer."""
-    return _wrap_large(value)
 
 
 def dumps(obj: Any) -> list[Part]:
@@ -100,7 +98,7 @@ def dumps(obj: Any) -> list[Part]:
         return False
 
     out = io.BytesIO()
-    _Pickler(out, protocol=5, buffer_callback=take).dump(obj)
+    _Pickler(out, protocol=5, buffer_callback=take).dump(_wrap_large(obj))
     return [out.getbuffer(), *buffers]
 
 

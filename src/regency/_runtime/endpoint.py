@@ -13,6 +13,7 @@ from regency._runtime.future import Future
 from regency._runtime.ports import GatherReply, OnceReply, Port, StreamReply
 from regency._runtime.proc import PortRef
 from regency._runtime.value_mesh import ValueMesh
+from regency._transport import frames
 from regency._transport.transport import PeerUnreachableError
 
 if TYPE_CHECKING:
@@ -158,6 +159,9 @@ class Endpoint(Generic[R]):
         route = self._mesh._route()
         envelope = pickle.dumps((self._name, reply, route.labels, route.sizes), protocol=5)
         parts = [envelope, *codec.dumps(codec.wrap_arguments(args, kwargs))]
+        # Refuse oversize messages before taking sequence numbers: a gap would stall the
+        # receiver's ordering of every later message from this sender.
+        frames.check_size(parts, rt.frame_limit)
         sender = current_instance()
         mesh_id = self._mesh._mesh_id
         uid = sender.uid

@@ -80,7 +80,7 @@ class HostAgent:
             "parent_pid": os.getpid(),
             "sys_path": list(sys.path),
             "cwd": os.getcwd(),
-            "config": config.get_global_config(),
+            "config": request.settings,
             "bootstrap": request.bootstrap,
             "rank": info.rank,
         }
@@ -101,6 +101,7 @@ class HostAgent:
         os.close(read_fd)
         with os.fdopen(write_fd, "wb") as pipe:
             pickle.dump(boot, pipe, protocol=5)
+        self.runtime.local_children.add(info.addr)
         pidfd = os.pidfd_open(popen.pid)
         child = _Child(info, popen, pidfd)
         with self._lock:
@@ -123,6 +124,7 @@ class HostAgent:
             self._children.pop(child.info.addr, None)
         child.exited.set()
         self.runtime.mark_dead(child.info.addr, f"the process {reason}")
+        self.runtime.local_children.discard(child.info.addr)
 
     def _stop(self, request: StopProcs) -> None:
         timeout = float(config.get("stop_timeout"))

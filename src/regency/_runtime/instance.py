@@ -184,7 +184,11 @@ class ActorInstance(InstanceBase):
             if type(item) is tuple and item and item[0] is _STOP:
                 self._finish_stop(item[1])
                 return
-            handle(item)
+            try:
+                handle(item)
+            except Exception:
+                # Only a malformed message gets here (endpoint errors are handled inside).
+                log.exception("actor %s dropped a malformed message", self.name)
 
     def _post_sync(self, item: Any) -> None:
         self._queue.put(item)
@@ -207,7 +211,10 @@ class ActorInstance(InstanceBase):
             if type(item) is tuple and item and item[0] is _STOP:
                 self._finish_stop(item[1])
                 return
-            self._reject(item)
+            try:
+                self._reject(item)
+            except Exception:
+                log.exception("actor %s dropped a malformed message", self.name)
 
     async def _serve_async(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         if not self._construct(cls, args, kwargs):
@@ -233,7 +240,10 @@ class ActorInstance(InstanceBase):
                         task.cancel()
                     self._finish_stop(item[1])
                     return True
-                await self._handle_async(item, tasks)
+                try:
+                    await self._handle_async(item, tasks)
+                except Exception:
+                    log.exception("actor %s dropped a malformed message", self.name)
             scheduled[0] = False
             if inbox:
                 continue
@@ -360,7 +370,7 @@ class ActorInstance(InstanceBase):
 
     def _reply_value(self, reply: PortRef, rank: int, value: Any) -> None:
         try:
-            parts = codec.dumps(codec.wrap_value(value))
+            parts = codec.dumps(value)
         except Exception as exc:
             self._reply_error(
                 reply,

@@ -151,7 +151,7 @@ class HostMesh(MeshTrait):
             rt.send_control(
                 agent,
                 wire.SERVICE_HOST,
-                SpawnProcs(tuple(infos), payload, mesh_name, None),
+                SpawnProcs(tuple(infos), payload, mesh_name, None, config.get_global_config()),
             )
         hosts = HostMesh(self._shape, self._hosts, owned=False)
         return ProcMesh(shape, procs, mesh_name, hosts, owned=True)

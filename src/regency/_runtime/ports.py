@@ -40,7 +40,7 @@ class Port(Generic[T]):
 
     def send(self, obj: T) -> None:
         """Deliver ``obj`` to the receiver."""
-        self._post(0, codec.dumps(codec.wrap_value(obj)))
+        self._post(0, codec.dumps(obj))
 
     def exception(self, exc: BaseException) -> None:
         """Deliver an error: the receiver's ``recv()`` raises it."""

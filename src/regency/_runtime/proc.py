@@ -27,6 +27,8 @@ log = logging.getLogger("regency.proc")
 
 Part = bytes | bytearray | memoryview
 
+_EXIT_REPORT_GRACE = 1.0
+
 
 class PortRef(NamedTuple):
     """Where a port lives: the owning process's address and the port's id there."""
@@ -68,6 +70,7 @@ class ProcRuntime:
         self._port_ids = itertools.count(16)
         self.services: dict[int, Service] = {}
         self._early_control: dict[int, list[Any]] = {}
+        self.local_children: set[str] = set()
         self._watchers: dict[str, set[int]] = {}
         self.dead: dict[str, str] = {}
         self._lost_listeners: list[Callable[[str, str], None]] = []
@@ -312,6 +315,13 @@ class ProcRuntime:
                 log.exception("lost-peer listener failed")
 
     def _on_peer_lost(self, addr: str, reason: str) -> None:
+        if addr in self.local_children:
+            # Our host agent will report how the process ended in a moment (it watches the
+            # pid); only if the process lives on is the lost connection itself the news.
+            self.loop.call_later(
+                _EXIT_REPORT_GRACE, lambda: self.mark_dead(addr, f"connection lost ({reason})")
+            )
+            return
         self.mark_dead(addr, f"connection lost ({reason})")
 
     def _fail_watchers(self, addr: str, reason: str) -> None:

@@ -25,6 +25,7 @@ class SpawnProcs:
     bootstrap: bytes | None  # cloudpickled callable run in each proc before any actor
     mesh_name: str
     events: PortRef | None  # receives a message when one of these procs exits
+    settings: dict[str, object]  # the spawner's regency.config values when it asked
 
 
 @dataclass(frozen=True, slots=True)

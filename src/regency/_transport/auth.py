@@ -23,6 +23,7 @@ MAC = 32
 _ADDR_LEN = struct.Struct("<H")
 HELLO_LEN = len(MAGIC) + NONCE
 REPLY_HEAD = MAC + NONCE + _ADDR_LEN.size
+MAX_ADDRESS = 1024
 
 
 class AuthenticationError(ConnectionError):
@@ -61,12 +62,13 @@ def dialer_handshake(sock: socket.socket, secret: bytes, my_address: str) -> Non
 class ListenerHandshake:
     """The listening side of the handshake, fed incrementally by the I/O loop."""
 
-    __slots__ = ("_buf", "_nonce", "_secret", "peer_address")
+    __slots__ = ("_buf", "_nonce", "_secret", "_verified", "peer_address")
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
         self._nonce = os.urandom(NONCE)
         self._buf = bytearray()
+        self._verified = False
         self.peer_address: str | None = None
 
     def hello(self) -> bytes:
@@ -80,16 +82,24 @@ class ListenerHandshake:
         dialer's proof is wrong.
         """
         self._buf += data
+        if len(self._buf) < MAC + NONCE:
+            return None
+        if not self._verified:
+            # Check the proof as soon as it is complete, before waiting for anything else.
+            proof = bytes(self._buf[:MAC])
+            nonce_d = bytes(self._buf[MAC : MAC + NONCE])
+            if not hmac.compare_digest(proof, _mac(self._secret, b"dial", self._nonce, nonce_d)):
+                raise AuthenticationError("peer failed authentication (wrong secret)")
+            self._verified = True
         if len(self._buf) < REPLY_HEAD:
             return None
         (addr_len,) = _ADDR_LEN.unpack_from(self._buf, MAC + NONCE)
+        if addr_len > MAX_ADDRESS:
+            raise AuthenticationError(f"peer announced a {addr_len}-byte address")
         if len(self._buf) < REPLY_HEAD + addr_len:
             return None
         if len(self._buf) > REPLY_HEAD + addr_len:
             raise AuthenticationError("peer sent data before the handshake completed")
-        proof = bytes(self._buf[:MAC])
         nonce_d = bytes(self._buf[MAC : MAC + NONCE])
-        if not hmac.compare_digest(proof, _mac(self._secret, b"dial", self._nonce, nonce_d)):
-            raise AuthenticationError("peer failed authentication (wrong secret)")
         self.peer_address = self._buf[REPLY_HEAD:].decode(errors="replace")
         return _mac(self._secret, b"listen", nonce_d, self._nonce)
