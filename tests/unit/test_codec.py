@@ -1,0 +1,158 @@
+"""Message bodies: pickle protocol 5, large buffers out of band, code by value with cloudpickle."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from regency._runtime import codec
+
+pytestmark = pytest.mark.timeout(60)
+
+OOB = codec.OUT_OF_BAND_MIN
+
+
+def round_trip(obj: object) -> tuple[object, list[codec.Part]]:
+    parts = codec.dumps(obj)
+    # What a receiver gets: read-only views over received bytes.
+    received = [memoryview(bytes(p)) for p in parts]
+    return codec.loads(received), parts
+
+
+def test_out_of_band_threshold_is_64_kib() -> None:
+    assert OOB == 64 * 1024
+
+
+@pytest.mark.parametrize("shape", [(1024, 1024), (OOB,), (3, 5, 8192)])
+def test_numpy_arrays_travel_out_of_band(shape: tuple[int, ...]) -> None:
+    array = np.arange(np.prod(shape), dtype=np.uint8).reshape(shape)
+    back, parts = round_trip(array)
+    assert len(parts) == 2, "the array's memory should be its own part"
+    assert len(parts[0]) < 1024, f"the body should stay small, got {len(parts[0])} bytes"
+    assert memoryview(parts[1]).nbytes == array.nbytes
+    assert isinstance(back, np.ndarray)
+    assert back.dtype == array.dtype
+    np.testing.assert_array_equal(back, array)
+
+
+def test_out_of_band_part_is_not_a_copy() -> None:
+    array = np.zeros(1 << 20, dtype=np.float32)
+    parts = codec.dumps(array)
+    view = memoryview(parts[1])
+    array[0] = 42.0  # the part must see writes made before the bytes leave
+    assert np.frombuffer(view, dtype=np.float32)[0] == 42.0
+
+
+def test_small_array_stays_in_band() -> None:
+    array = np.ones(OOB // 8 - 64, dtype=np.float64)
+    back, parts = round_trip(array)
+    assert len(parts) == 1
+    np.testing.assert_array_equal(back, array)
+
+
+@pytest.mark.parametrize("order", ["F", "sliced"])
+def test_non_c_contiguous_arrays_round_trip(order: str) -> None:
+    base = np.arange(512 * 512, dtype=np.int32).reshape(512, 512)
+    array = np.asfortranarray(base) if order == "F" else base[::2, ::3]
+    back, _ = round_trip(array)
+    np.testing.assert_array_equal(back, array)
+
+
+def test_several_arrays_in_one_message() -> None:
+    message = {
+        "a": np.ones(OOB, dtype=np.uint8),
+        "b": [np.zeros(2 * OOB, dtype=np.int8), np.full(OOB, 3, dtype=np.int8)],
+    }
+    back, parts = round_trip(message)
+    assert len(parts) == 4
+    assert isinstance(back, dict)
+    np.testing.assert_array_equal(back["a"], message["a"])
+    np.testing.assert_array_equal(back["b"][1], message["b"][1])
+
+
+@pytest.mark.parametrize(("size", "nparts"), [(OOB - 1, 1), (OOB, 2), (4 << 20, 2)])
+def test_large_bytes_arguments_travel_out_of_band(size: int, nparts: int) -> None:
+    data = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    args, kwargs = codec.wrap_arguments((data, 1), {"blob": data})
+    back, parts = round_trip((args, kwargs))
+    assert len(parts) == 1 + 2 * (nparts - 1)
+    assert len(parts[0]) < 1024 or nparts == 1
+    (back_args, back_kwargs) = back  # type: ignore[misc]
+    assert back_args == (data, 1)
+    assert back_kwargs == {"blob": data}
+    assert type(back_args[0]) is bytes
+    assert type(back_kwargs["blob"]) is bytes
+
+
+def test_large_bytes_return_value_travels_out_of_band() -> None:
+    data = b"r" * (1 << 20)
+    back, parts = round_trip(data)
+    assert len(parts) == 2
+    assert back == data
+    assert type(back) is bytes
+
+
+def test_large_bytearray_travels_out_of_band() -> None:
+    # The codec's docstring lists bytearrays with numpy arrays as buffers that are not copied.
+    data = bytearray(b"q" * (1 << 20))
+    back, parts = round_trip(data)
+    assert len(parts) == 2
+    assert back == data
+    assert isinstance(back, bytearray)
+
+
+def test_lambda_and_closure_by_value() -> None:
+    offset = 17
+    back, _ = round_trip(lambda x: x + offset)
+    assert callable(back)
+    assert back(1) == 18
+
+
+def test_local_class_by_value() -> None:
+    class Local:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+        def doubled(self) -> int:
+            return 2 * self.value
+
+    back, _ = round_trip(Local(21))
+    assert back.doubled() == 42  # type: ignore[attr-defined]
+    assert type(back).__name__ == "Local"
+
+
+def test_main_module_code_travels_to_another_process(tmp_path: pytest.TempPathFactory) -> None:
+    # Code defined in a script's __main__ cannot be imported elsewhere; it must go by value.
+    script = (
+        "import sys\n"
+        "from regency._runtime import codec\n"
+        "def square(x):\n"
+        "    return x * x\n"
+        "class Point:\n"
+        "    def __init__(self, x): self.x = x\n"
+        "parts = codec.dumps((square, Point(3)))\n"
+        "sys.stdout.buffer.write(b''.join(bytes(p) for p in parts))\n"
+    )
+    body = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, check=True, timeout=30
+    ).stdout
+    fn, point = codec.loads([body])
+    assert fn(7) == 49
+    assert point.x == 3
+
+
+def test_plain_pickle_can_read_bodies_without_buffers() -> None:
+    parts = codec.dumps({"k": [1, 2.5, "s", None]})
+    assert pickle.loads(parts[0]) == {"k": [1, 2.5, "s", None]}
+
+
+def test_torch_tensor_out_of_band() -> None:
+    torch = pytest.importorskip("torch")
+    tensor = torch.arange(1 << 18, dtype=torch.float32).reshape(512, 512)
+    back, parts = round_trip(tensor)
+    assert len(parts) == 2
+    assert torch.equal(back, tensor)
