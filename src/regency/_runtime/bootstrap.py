@@ -19,6 +19,11 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel kill this process when its parent exits (and exit if it already has)."""
+    _die_with_parent(parent_pid)
+
+
 def _die_with_parent(parent_pid: int) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -36,11 +41,19 @@ def _read_settings(fd: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Run one proc."""
+    """Run one proc started as ``python -m regency._runtime.bootstrap FD``."""
     settings = _read_settings(int(sys.argv[1]))
     _die_with_parent(settings["parent_pid"])
+    serve(settings)
+
+
+def serve(settings: dict[str, Any]) -> None:
+    """Serve as the proc ``settings`` describes until asked to stop."""
     sys.path[:] = settings["sys_path"]
     os.chdir(settings["cwd"])
+    if settings.get("env") is not None:
+        os.environ.clear()
+        os.environ.update(settings["env"])
 
     from regency import config
 

@@ -37,6 +37,7 @@ def bootstrap_controller() -> None:
     runtime.add_service(
         wire.SERVICE_SINGLETONS, Service("regency-singletons", SingletonRegistry().handle)
     )
+    runtime.services[wire.SERVICE_HOST].post("warm")
     atexit.register(shutdown)
 
 

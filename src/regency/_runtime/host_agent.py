@@ -1,7 +1,8 @@
 """The host agent: starts procs on its machine, watches them, and stops them.
 
-It learns of a child's exit the moment it happens (a pidfd in the I/O loop), marks the proc dead
-in this process's router (failing every call waiting on it) and tells the requester.
+It learns of a child's exit the moment it happens (the zygote's report or a pidfd in the I/O
+loop), marks the proc dead in this process's router (failing every call waiting on it) and
+records the cause.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import logging
 import os
 import pickle
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -20,6 +20,7 @@ from typing import Any
 
 from regency import config
 from regency._runtime import state, wire
+from regency._runtime.launcher import Launcher
 from regency._runtime.proc import ProcRuntime
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
 from regency._transport.transport import PeerUnreachableError
@@ -30,11 +31,13 @@ log = logging.getLogger("regency.host")
 @dataclass
 class _Child:
     info: ProcInfo
-    popen: subprocess.Popen[bytes]
-    pidfd: int
+    pid: int
     stopping: str | None = None
     exited: threading.Event = field(default_factory=threading.Event)
-    reason: str = ""
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
 
 
 def describe_status(status: int) -> str:
@@ -55,7 +58,10 @@ class HostAgent:
     def __init__(self, runtime: ProcRuntime) -> None:
         self.runtime = runtime
         self._children: dict[str, _Child] = {}
+        self._by_pid: dict[int, _Child] = {}
+        self._early_exits: dict[int, int] = {}
         self._lock = threading.Lock()
+        self.launcher = Launcher(runtime.loop, self._exited)
 
     def handle(self, request: Any) -> None:
         """Service entry point (runs on the host agent's own thread)."""
@@ -66,12 +72,13 @@ class HostAgent:
             threading.Thread(
                 target=self._stop, args=(request,), name="regency-stop", daemon=True
             ).start()
+        elif request == "warm":
+            self.launcher.start_zygote()
         else:
             log.warning("host agent got an unknown request %r", type(request).__name__)
 
     def _spawn(self, info: ProcInfo, request: SpawnProcs) -> None:
-        read_fd, write_fd = os.pipe()
-        boot = {
+        settings = {
             "address": info.addr,
             "secret": self.runtime.secret,
             "job_id": self.runtime.job_id,
@@ -84,93 +91,68 @@ class HostAgent:
             "bootstrap": request.bootstrap,
             "rank": info.rank,
         }
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.runtime.local_children.add(info.addr)
         try:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "regency._runtime.bootstrap", str(read_fd)],
-                pass_fds=(read_fd,),
-                env=env,
-                close_fds=True,
-            )
+            pid = self.launcher.launch(settings)
         except OSError as exc:
-            os.close(read_fd)
-            os.close(write_fd)
             self.runtime.mark_dead(info.addr, f"could not start the process: {exc}")
             return
-        os.close(read_fd)
-        with os.fdopen(write_fd, "wb") as pipe:
-            pickle.dump(boot, pipe, protocol=5)
-        self.runtime.local_children.add(info.addr)
-        pidfd = os.pidfd_open(popen.pid)
-        child = _Child(info, popen, pidfd)
+        child = _Child(info, pid)
         with self._lock:
             self._children[info.addr] = child
-        self.runtime.loop.register(pidfd, lambda _: self._reap(child))
+            self._by_pid[pid] = child
+            early = self._early_exits.pop(pid, None)
+        if early is not None:
+            self._exited(pid, early)
 
-    def _reap(self, child: _Child) -> None:
-        self.runtime.loop.unregister(child.pidfd)
-        os.close(child.pidfd)
-        try:
-            _, status = os.waitpid(child.popen.pid, 0)
-            child.popen.returncode = os.waitstatus_to_exitcode(status)
-            reason = describe_status(status)
-        except ChildProcessError:
-            reason = "exited"
+    def _exited(self, pid: int, status: int) -> None:
+        with self._lock:
+            child = self._by_pid.pop(pid, None)
+            if child is None:  # exited before _spawn recorded it
+                self._early_exits[pid] = status
+                return
+            self._children.pop(child.info.addr, None)
+        reason = describe_status(status)
         if child.stopping is not None:
             reason = f"stopped ({child.stopping})"
-        child.reason = reason
-        with self._lock:
-            self._children.pop(child.info.addr, None)
         child.exited.set()
         self.runtime.mark_dead(child.info.addr, f"the process {reason}")
         self.runtime.local_children.discard(child.info.addr)
 
     def _stop(self, request: StopProcs) -> None:
-        timeout = float(config.get("stop_timeout"))
+        self._stop_children(
+            [a for a in request.addrs if a in self._children],
+            request.reason,
+            float(config.get("stop_timeout")),
+        )
+        with contextlib.suppress(PeerUnreachableError):
+            self.runtime.send_port(request.done, 0, 0, [pickle.dumps(None, protocol=5)])
+
+    def _stop_children(self, addrs: list[str], reason: str, timeout: float) -> None:
         waiting = []
-        for addr in request.addrs:
+        for addr in addrs:
             with self._lock:
                 child = self._children.get(addr)
             if child is None:
                 continue
-            child.stopping = request.reason
+            child.stopping = reason
             waiting.append(child)
             try:
-                self.runtime.send_control(addr, wire.SERVICE_PROC, ("stop_proc", request.reason))
+                self.runtime.send_control(addr, wire.SERVICE_PROC, ("stop_proc", reason))
             except PeerUnreachableError:
-                with contextlib.suppress(ProcessLookupError):
-                    child.popen.kill()
+                child.kill()
         deadline = time.monotonic() + timeout
         for child in waiting:
             if not child.exited.wait(max(0.0, deadline - time.monotonic())):
                 log.warning(
                     "proc %s did not stop within %.0f s; killing it", child.info.addr, timeout
                 )
-                with contextlib.suppress(ProcessLookupError):
-                    child.popen.kill()
+                child.kill()
                 child.exited.wait(5)
-        with contextlib.suppress(PeerUnreachableError):
-            self.runtime.send_port(request.done, 0, 0, [pickle.dumps(None, protocol=5)])
 
     def shutdown(self, timeout: float) -> None:
-        """Stop every child: ask politely, then kill what is left after ``timeout``."""
+        """Stop every child (politely, then by force after ``timeout``) and the zygote."""
         with self._lock:
-            children = list(self._children.values())
-        for child in children:
-            child.stopping = "controller shutting down"
-            try:
-                self.runtime.send_control(
-                    child.info.addr, wire.SERVICE_PROC, ("stop_proc", "controller shutting down")
-                )
-            except PeerUnreachableError:
-                with contextlib.suppress(ProcessLookupError):
-                    child.popen.kill()
-        deadline = time.monotonic() + timeout
-        for child in children:
-            if not child.exited.wait(max(0.0, deadline - time.monotonic())):
-                with contextlib.suppress(ProcessLookupError):
-                    child.popen.kill()
-        for child in children:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.popen.wait(timeout=5)
+            addrs = list(self._children)
+        self._stop_children(addrs, "controller shutting down", timeout)
+        self.launcher.close()

@@ -1,0 +1,131 @@
+"""A warm template process that forks procs: ``python -m regency._runtime.zygote``.
+
+Starting a proc from a fresh interpreter costs about 100 ms of imports; forking this process,
+which has already imported the runtime, costs a few milliseconds. The zygote is single-threaded
+(so forking it is safe). It reads spawn requests from its control socket, forks a child per
+request, answers with the child's pid, and reports each child's wait status when it exits.
+
+Control socket messages (pickled, length-prefixed both ways):
+    host agent -> zygote : settings dict (one proc), with the spawner's current stdin, stdout
+                           and stderr attached (so procs inherit them as a cold start would)
+    zygote -> host agent : ("spawned", token, pid) | ("exited", pid, wait_status)
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import signal
+import socket
+import struct
+import sys
+from typing import Any
+
+# Imported so that forked procs start with them loaded.
+import regency._runtime.instance
+import regency._runtime.proc
+import regency._runtime.proc_agent  # noqa: F401
+from regency._runtime import bootstrap
+
+_LEN = struct.Struct("<I")
+
+
+def send_message(sock: socket.socket, message: Any, fds: list[int] | None = None) -> None:
+    """Write one length-prefixed pickled message, optionally passing file descriptors."""
+    body = pickle.dumps(message, protocol=5)
+    data = _LEN.pack(len(body)) + body
+    if fds:
+        sent = socket.send_fds(sock, [data], fds)
+        data = data[sent:]
+    sock.sendall(data)
+
+
+class MessageReader:
+    """Cuts length-prefixed pickled messages out of a byte stream."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        """Add bytes; return the complete messages."""
+        self._buf += data
+        out = []
+        while len(self._buf) >= _LEN.size:
+            (size,) = _LEN.unpack_from(self._buf)
+            if len(self._buf) < _LEN.size + size:
+                break
+            out.append(pickle.loads(bytes(self._buf[_LEN.size : _LEN.size + size])))
+            del self._buf[: _LEN.size + size]
+        return out
+
+
+def _reap(control: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        send_message(control, ("exited", pid, status))
+
+
+def main() -> None:
+    """Serve spawn requests until the control socket closes."""
+    control = socket.socket(fileno=int(sys.argv[1]))
+    bootstrap.die_with_parent(int(sys.argv[2]))
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    reader = MessageReader()
+    stdio: list[int] = []  # the spawner's stdin/stdout/stderr, passed with each request
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is control:
+                data, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
+                if not data:
+                    return
+                stdio.extend(fds)
+                for settings in reader.feed(data):
+                    settings["parent_pid"] = os.getpid()
+                    mine, stdio[:] = stdio[:3], stdio[3:]
+                    pid = os.fork()
+                    if pid == 0:
+                        _become_proc(control, selector, wake_r, wake_w, settings, mine)
+                    for fd in mine:
+                        os.close(fd)
+                    send_message(control, ("spawned", settings["token"], pid))
+            else:
+                os.read(wake_r, 4096)
+                _reap(control)
+
+
+def _become_proc(
+    control: socket.socket,
+    selector: selectors.BaseSelector,
+    wake_r: int,
+    wake_w: int,
+    settings: dict[str, Any],
+    stdio: list[int],
+) -> None:
+    for target, fd in enumerate(stdio):
+        os.dup2(fd, target)
+        os.close(fd)
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    selector.close()
+    control.close()
+    os.close(wake_r)
+    os.close(wake_w)
+    bootstrap.die_with_parent(settings["parent_pid"])
+    bootstrap.serve(settings)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""``Transport`` end to end inside this process: two real listeners on real sockets."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from regency._transport import auth, frames
+from regency._transport import transport as transport_module
+from regency._transport.connection import Connection
+from regency._transport.frames import Frame
+from regency._transport.transport import PeerUnreachableError, Transport
+
+pytestmark = pytest.mark.timeout(60)
+
+LIMIT = 1 << 30
+
+
+class Endpoint:
+    """A transport plus queues of what it received and which peers it lost."""
+
+    def __init__(self, secret: bytes, limit: int = LIMIT, connect_timeout: float = 5.0) -> None:
+        self.frames: queue.SimpleQueue[tuple[str, Frame]] = queue.SimpleQueue()
+        self.lost: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        self.transport = Transport(
+            f"unix:@regency-unit-{os.urandom(6).hex()}",
+            secret,
+            self._on_frame,
+            lambda peer, reason: self.lost.put((peer, reason)),
+            frame_limit=limit,
+            connect_timeout=connect_timeout,
+        )
+        self.address = self.transport.address
+
+    def _on_frame(self, conn: Connection, frame: Frame) -> None:
+        # Copy: the parts may be views of a buffer the reader reuses.
+        frame.parts = [memoryview(bytes(p)) for p in frame.parts]
+        self.frames.put((conn.peer, frame))
+
+    def send(self, peer: str, *parts: bytes, seq: int = 0, wait: bool = True) -> None:
+        self.transport.send(peer, frames.encode(1, 5, list(parts), seq=seq, limit=LIMIT), wait)
+
+    def close(self) -> None:
+        self.transport.close()
+        self.transport.loop.stop()
+
+
+@pytest.fixture
+def make() -> Iterator[Callable[..., Endpoint]]:
+    made: list[Endpoint] = []
+
+    def factory(secret: bytes, **kw: float) -> Endpoint:
+        endpoint = Endpoint(secret, **kw)  # type: ignore[arg-type]
+        made.append(endpoint)
+        return endpoint
+
+    yield factory
+    for endpoint in made:
+        endpoint.close()
+
+
+SECRET = os.urandom(32)
+
+
+def test_frames_flow_both_ways_in_order(make: Callable[..., Endpoint]) -> None:
+    a, b = make(SECRET), make(SECRET)
+    for i in range(1, 1001):
+        a.send(b.address, b"to b %d" % i, seq=i, wait=i % 2 == 0)
+    for i in range(1, 1001):
+        peer, frame = b.frames.get(timeout=10)
+        assert peer == a.address, "the listener learns the dialer's address from the handshake"
+        assert frame.seq == i
+        assert bytes(frame.parts[0]) == b"to b %d" % i
+    b.send(a.address, b"back")  # over the connection a opened, or a new one
+    peer, frame = a.frames.get(timeout=10)
+    assert (peer, bytes(frame.parts[0])) == (b.address, b"back")
+
+
+def test_large_frame(make: Callable[..., Endpoint]) -> None:
+    a, b = make(SECRET), make(SECRET)
+    payload = os.urandom(16 << 20)
+    a.send(b.address, b"envelope", payload)
+    _, frame = b.frames.get(timeout=30)
+    assert bytes(frame.parts[1]) == payload
+
+
+def test_wrong_secret_fails_the_sender_and_is_logged(
+    make: Callable[..., Endpoint], caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = make(SECRET), make(os.urandom(32))
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(PeerUnreachableError, match="authentication"):
+        a.send(b.address, b"hello")
+    peer, reason = a.lost.get(timeout=5)
+    assert peer == b.address
+    assert "authentication" in reason
+    assert b.frames.empty()
+    deadline = time.monotonic() + 5
+    while "rejected a connection" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "rejected a connection" in caplog.text
+    # The listener is still fine: a peer with the right secret gets through.
+    c = make(b.transport.secret)
+    c.send(b.address, b"right secret")
+    assert bytes(b.frames.get(timeout=10)[1].parts[0]) == b"right secret"
+
+
+def test_silent_client_is_dropped_after_the_handshake_timeout(
+    make: Callable[..., Endpoint],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(transport_module, "_HANDSHAKE_TIMEOUT", 0.3)
+    caplog.set_level(logging.WARNING)
+    b = make(SECRET)
+    name = b.address[len("unix:@") :]
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.settimeout(5)
+    silent.connect("\0" + name)
+    try:
+        start = time.monotonic()
+        hello = silent.recv(64)
+        assert hello.startswith(auth.MAGIC)
+        assert silent.recv(64) == b"", "a silent client should be hung up on"
+        assert time.monotonic() - start < 3
+    finally:
+        silent.close()
+    assert "handshake timed out" in caplog.text
+
+
+def test_frame_over_the_receivers_limit_drops_the_connection(
+    make: Callable[..., Endpoint],
+) -> None:
+    a, b = make(SECRET), make(SECRET, limit=4096)
+    a.send(b.address, b"small")
+    assert bytes(b.frames.get(timeout=10)[1].parts[0]) == b"small"
+    a.send(b.address, b"x" * 10_000)  # a's own limit allows it; b's does not
+    peer, _ = a.lost.get(timeout=10)
+    assert peer == b.address
+    assert b.frames.empty()
+
+
+def test_unreachable_peer(make: Callable[..., Endpoint]) -> None:
+    a = make(SECRET, connect_timeout=0.3)
+    nowhere = f"unix:@regency-unit-nobody-{os.urandom(6).hex()}"
+    start = time.monotonic()
+    with pytest.raises(PeerUnreachableError):
+        a.send(nowhere, b"hello")
+    assert time.monotonic() - start < 5
+    peer, _ = a.lost.get(timeout=5)
+    assert peer == nowhere
+    with pytest.raises(PeerUnreachableError):  # and it stays lost
+        a.send(nowhere, b"again")
+
+
+def test_peer_marked_lost_fails_sends_at_once(make: Callable[..., Endpoint]) -> None:
+    a, b = make(SECRET), make(SECRET)
+    a.send(b.address, b"first")
+    b.frames.get(timeout=10)
+    a.transport.mark_lost(b.address, "its process exited")
+    with pytest.raises(PeerUnreachableError, match="its process exited"):
+        a.send(b.address, b"second")
+
+
+def test_raw_client_sending_garbage_after_the_handshake(make: Callable[..., Endpoint]) -> None:
+    b = make(SECRET)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect("\0" + b.address[len("unix:@") :])
+    try:
+        auth.dialer_handshake(sock, SECRET, "unix:@regency-unit-raw")
+        sock.sendall(struct.pack("<Q", 2**62) + b"\0" * 40)
+        assert sock.recv(64) == b"", "a frame over the limit must close the connection"
+    finally:
+        sock.close()
+    peer, reason = b.lost.get(timeout=5)
+    assert peer == "unix:@regency-unit-raw"
+    assert "limit" in reason
