@@ -86,8 +86,32 @@ def wrap_arguments(
     return args, kwargs
 
 
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
+def _is_plain(obj: Any) -> bool:
+    """Scalars, and tuples/dicts of scalars one level deep: nothing cloudpickle would change."""
+    kind = type(obj)
+    if kind in _PLAIN:
+        return True
+    if kind is tuple:
+        return all(type(x) in _PLAIN or _is_plain_container(x) for x in obj)
+    return False
+
+
+def _is_plain_container(obj: Any) -> bool:
+    kind = type(obj)
+    if kind is tuple:
+        return all(type(x) in _PLAIN for x in obj)
+    if kind is dict:
+        return all(type(k) is str and type(v) in _PLAIN for k, v in obj.items())
+    return False
+
+
 def dumps(obj: Any) -> list[Part]:
     """Pickle ``obj``; return the body followed by its out-of-band buffers."""
+    if _is_plain(obj):  # the common small message: skip building a cloudpickle pickler
+        return [pickle.dumps(obj, protocol=5)]
     buffers: list[Part] = []
 
     def take(buf: pickle.PickleBuffer) -> bool:

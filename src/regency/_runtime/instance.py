@@ -93,6 +93,7 @@ class ActorInstance(InstanceBase):
         self._proc_mesh: ProcMesh | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._wake: Callable[[], None] | None = None
+        self._points: dict[tuple[int, tuple[str, ...], tuple[int, ...]], Point] = {}
         self._thread = threading.Thread(
             target=self._main, name=f"regency-actor-{request.name}", daemon=True
         )
@@ -247,6 +248,7 @@ class ActorInstance(InstanceBase):
             scheduled[0] = False
             if inbox:
                 continue
+            self.runtime.flush()
             wake.clear()
             if inbox:
                 continue
@@ -259,7 +261,13 @@ class ActorInstance(InstanceBase):
         method, reply, labels, sizes = pickle.loads(parts[0])
         if reply_override is not None:
             reply = reply_override
-        return method, reply, Point(rank, Extent(labels, sizes)), parts[1:]
+        key = (rank, labels, sizes)
+        point = self._points.get(key)
+        if point is None:
+            if len(self._points) > 4096:
+                self._points.clear()
+            point = self._points[key] = Point(rank, Extent(labels, sizes))
+        return method, reply, point, parts[1:]
 
     def _reject(self, item: Delivery) -> None:
         """Answer a message the actor will never run (it failed or stopped)."""

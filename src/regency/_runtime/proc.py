@@ -28,6 +28,14 @@ log = logging.getLogger("regency.proc")
 Part = bytes | bytearray | memoryview
 
 _EXIT_REPORT_GRACE = 1.0
+# Frames of at most this many parts are envelope + pickle body: our own bytes, safe to hold.
+_OWN_PARTS = 2
+_COALESCE_MAX = 16 * 1024
+
+
+def buffers_size(buffers: Sequence[Part]) -> int:
+    """Total bytes of some buffers."""
+    return sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers)
 
 
 class PortRef(NamedTuple):
@@ -132,7 +140,18 @@ class ProcRuntime:
             seq=seq,
             limit=self.frame_limit,
         )
-        self.transport.send(addr, buffers)
+        self._send(addr, buffers, parts)
+
+    def _send(self, addr: str, buffers: list[Part], parts: Sequence[Part]) -> None:
+        """Send a frame; small ones made only of our own pickles may be coalesced."""
+        if len(parts) <= _OWN_PARTS and buffers_size(buffers) <= _COALESCE_MAX:
+            self.transport.post(addr, buffers)
+        else:
+            self.transport.send(addr, buffers)
+
+    def flush(self) -> None:
+        """Send the frames waiting to be coalesced (call before blocking)."""
+        self.transport.flush()
 
     def send_cast(
         self,
@@ -181,7 +200,10 @@ class ProcRuntime:
         buffers = frames.encode(
             wire.KIND_PORT, ref.port, list(parts), rank=rank, flags=flags, limit=self.frame_limit
         )
-        self.transport.send(ref.addr, buffers, wait)
+        if wait:
+            self._send(ref.addr, buffers, parts)
+        else:
+            self.transport.send(ref.addr, buffers, wait)
 
     def send_control(self, addr: str, service: int, request: Any) -> None:
         """Send a control request to a service of the process at ``addr``."""

@@ -44,6 +44,7 @@ def wait_until(until: Callable[[], bool], fd: int, timeout: float | None) -> boo
     runtime = state.existing()
     if runtime is None:
         return None
+    runtime.flush()
     return runtime.loop.wait_reading(until, fd, timeout)
 
 
@@ -56,5 +57,8 @@ def wait_pending(pending: Pending, timeout: float | None) -> bool:
     pending.add_done_callback(lambda _: wake())
     result = wait_until(lambda: pending.done, fd, timeout)
     if result is None:
+        runtime = state.existing()
+        if runtime is not None:
+            runtime.flush()
         return pending.wait(timeout)
     return result

@@ -12,10 +12,15 @@ import contextlib
 import select
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
 Buffer = bytes | bytearray | memoryview
+
+BURST_WINDOW = 100e-6  # posts closer together than this are coalesced
+OUTBOX_BUFFERS = 512  # flush at once beyond this many buffers (IOV_MAX is 1024)...
+OUTBOX_BYTES = 256 * 1024  # ...or this many bytes
 
 
 class ConnectionClosedError(ConnectionError):
@@ -58,6 +63,10 @@ class Connection:
         self._wakeup = threading.Condition(self._lock)
         self._writer: threading.Thread | None = None
         self.closed: str | None = None
+        self._outbox: list[Buffer] = []
+        self._outbox_bytes = 0
+        self._flush_scheduled = False
+        self._last_post = 0.0
 
     def fileno(self) -> int:
         """The socket's file descriptor."""
@@ -72,6 +81,8 @@ class Connection:
         with self._lock:
             if self.closed is not None:
                 raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
+            if self._outbox:
+                buffers = [*self._take_outbox(), *buffers]
             if not self._backlog:
                 total = 0
                 for b in buffers:
@@ -101,6 +112,52 @@ class Connection:
             item.done.wait()
             if not item.ok:
                 raise ConnectionClosedError(f"connection to {self.peer} closed: {self.closed}")
+
+    def post(self, buffers: Sequence[Buffer]) -> bool:
+        """Send small, self-owned frame buffers, coalescing them with others during bursts.
+
+        The first frame after a quiet spell goes out at once. Frames that follow within
+        ``BURST_WINDOW`` wait in an outbox and go out together (one ``sendmsg`` for many frames,
+        one wake-up of the receiver) when the outbox is large, when :meth:`flush` is called, or
+        on any direct :meth:`send`. Returns True when the caller must arrange a later
+        :meth:`flush` (the outbox just became non-empty).
+        """
+        now = time.monotonic()
+        with self._lock:
+            if self.closed is not None:
+                raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
+            burst = now - self._last_post < BURST_WINDOW
+            self._last_post = now
+            if not burst and not self._outbox and not self._backlog:
+                immediate = True
+            else:
+                immediate = False
+                self._outbox.extend(buffers)
+                for b in buffers:
+                    self._outbox_bytes += b.nbytes if isinstance(b, memoryview) else len(b)
+                if len(self._outbox) < OUTBOX_BUFFERS and self._outbox_bytes < OUTBOX_BYTES:
+                    schedule = not self._flush_scheduled
+                    self._flush_scheduled = True
+                    return schedule
+        if immediate:
+            self.send(buffers, wait=False)
+        else:
+            self.flush()
+        return False
+
+    def flush(self) -> None:
+        """Send whatever :meth:`post` left in the outbox."""
+        with self._lock:
+            self._flush_scheduled = False
+            if not self._outbox or self.closed is not None:
+                return
+        self.send((), wait=False)
+
+    def _take_outbox(self) -> list[Buffer]:
+        outbox, self._outbox = self._outbox, []
+        self._outbox_bytes = 0
+        self._flush_scheduled = False
+        return outbox
 
     def _write_loop(self) -> None:
         poller = select.poll()

@@ -88,6 +88,9 @@ class Transport:
         self._peers: dict[str, _Peer] = {}
         self._lost: dict[str, str] = {}
         self._conns: set[Connection] = set()
+        self._dirty: set[Connection] = set()
+        self._dirty_lock = threading.Lock()
+        self._flush_pending = False
         self._closing = False
         self._listener, self.address = addr.listen(listen_address)
         self._listener.setblocking(False)
@@ -117,6 +120,40 @@ class Transport:
             conn.send(buffers, wait)
         except ConnectionClosedError as exc:
             raise PeerUnreachableError(str(exc)) from exc
+
+    def post(self, peer: str, buffers: Sequence[Buffer]) -> None:
+        """Send a small frame whose buffers the caller will not touch again, coalescing bursts.
+
+        Frames posted in a burst go out together on the next flush: when the outbox fills,
+        when a thread is about to wait (:meth:`flush`), or shortly after on the I/O thread.
+        """
+        entry = self._peers.get(peer)
+        conn = entry.conn if entry is not None else None
+        if conn is None:
+            self.send(peer, buffers, wait=False)
+            return
+        try:
+            schedule = conn.post(buffers)
+        except ConnectionClosedError as exc:
+            raise PeerUnreachableError(str(exc)) from exc
+        if schedule:
+            with self._dirty_lock:
+                self._dirty.add(conn)
+                first = not self._flush_pending
+                self._flush_pending = True
+            if first:
+                self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Send every frame waiting in an outbox."""
+        if not self._flush_pending:
+            return
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+            self._flush_pending = False
+        for conn in dirty:
+            with contextlib.suppress(ConnectionClosedError):
+                conn.flush()
 
     def _connection_or_queue(
         self, peer: str, buffers: Sequence[Buffer], wait: bool
