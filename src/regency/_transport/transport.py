@@ -31,6 +31,9 @@ FrameHandler = Callable[[Connection, Frame], None]
 LostHandler = Callable[[str, str], None]
 
 _HANDSHAKE_TIMEOUT = 10.0
+# How long the I/O thread lets a burst of posted frames gather before it flushes them (a
+# thread that blocks, or a full outbox, flushes sooner).
+FLUSH_DELAY = 300e-6
 _RETRYABLE = {errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN, errno.ECONNRESET}
 
 
@@ -142,7 +145,7 @@ class Transport:
                 first = not self._flush_pending
                 self._flush_pending = True
             if first:
-                self.loop.call_soon(self.flush)
+                self.loop.call_later(FLUSH_DELAY, self.flush)
 
     def flush(self) -> None:
         """Send every frame waiting in an outbox."""
