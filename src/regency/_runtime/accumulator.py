@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -40,10 +41,13 @@ class Accumulator(Generic[R, A]):
             pending.set_result(None)
             return Future._from_pending(pending, lambda _: identity)
         remaining = [len(futures)]
+        lock = threading.Lock()
 
         def one_done(_: Pending) -> None:
-            remaining[0] -= 1
-            if remaining[0] == 0:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
                 pending.set_result(None)
 
         for fut in futures:

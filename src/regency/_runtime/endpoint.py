@@ -168,8 +168,11 @@ class Endpoint(Generic[R]):
         next_seq = sender.next_seq
         try:
             if len(addrs) <= route.fanout:
-                for addr, rank in zip(addrs, ranks, strict=True):
-                    rt.send_actor(addr, mesh_id, uid, next_seq(addr, mesh_id), rank, parts)
+                targets = [
+                    (addr, next_seq(addr, mesh_id), rank)
+                    for addr, rank in zip(addrs, ranks, strict=True)
+                ]
+                rt.send_actor(targets, mesh_id, uid, parts)
                 return
             dests = [
                 casting.Dest(addr, next_seq(addr, mesh_id), rank)

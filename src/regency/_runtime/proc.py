@@ -119,28 +119,24 @@ class ProcRuntime:
 
     def send_actor(
         self,
-        addr: str,
+        targets: Sequence[tuple[str, int, int]],
         mesh_id: int,
         sender: int,
-        seq: int,
-        rank: int,
         parts: list[Part],
     ) -> None:
-        """Send one actor message (direct, not cast)."""
-        if addr == self.address:
-            self._deliver_local(mesh_id, sender, seq, rank, _own(parts), None)
-            return
-        self.check_alive(addr)
-        buffers = frames.encode(
-            wire.KIND_ACTOR,
-            mesh_id,
-            parts,
-            rank=rank,
-            sender=sender,
-            seq=seq,
-            limit=self.frame_limit,
-        )
-        self._send(addr, buffers, parts)
+        """Send one actor message directly to each ``(addr, seq, rank)`` in ``targets``."""
+        encoder = frames.Encoder(parts, self.frame_limit)
+        coalesce = len(parts) <= _OWN_PARTS and encoder.size <= _COALESCE_MAX
+        for addr, seq, rank in targets:
+            if addr == self.address:
+                self._deliver_local(mesh_id, sender, seq, rank, _own(parts), None)
+                continue
+            self.check_alive(addr)
+            buffers = encoder.frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
+            if coalesce:
+                self.transport.post(addr, buffers)
+            else:
+                self.transport.send(addr, buffers)
 
     def _send(self, addr: str, buffers: list[Part], parts: Sequence[Part]) -> None:
         """Send a frame; small ones made only of our own pickles may be coalesced."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from regency._runtime import state
 from regency._runtime.pending import Pending
+from regency._transport.io_loop import REPLY_SPIN_SECONDS
 
 _local = threading.local()
 
@@ -39,13 +40,15 @@ def waker(fd: int) -> Callable[[], None]:
     return wake
 
 
-def wait_until(until: Callable[[], bool], fd: int, timeout: float | None) -> bool | None:
+def wait_until(
+    until: Callable[[], bool], fd: int, timeout: float | None, spin: float = 0.0
+) -> bool | None:
     """Wait for ``until()`` while reading inline; ``None`` if inline reading is not possible."""
     runtime = state.existing()
     if runtime is None:
         return None
     runtime.flush()
-    return runtime.loop.wait_reading(until, fd, timeout)
+    return runtime.loop.wait_reading(until, fd, timeout, spin)
 
 
 def wait_pending(pending: Pending, timeout: float | None) -> bool:
@@ -55,7 +58,7 @@ def wait_pending(pending: Pending, timeout: float | None) -> bool:
     fd = thread_eventfd()
     wake = waker(fd)
     pending.add_done_callback(lambda _: wake())
-    result = wait_until(lambda: pending.done, fd, timeout)
+    result = wait_until(lambda: pending.done, fd, timeout, REPLY_SPIN_SECONDS)
     if result is None:
         runtime = state.existing()
         if runtime is not None:

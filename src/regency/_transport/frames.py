@@ -73,19 +73,44 @@ def encode(
 
     Raises :class:`FrameTooLargeError` when the frame would exceed ``limit`` bytes.
     """
-    nparts = len(parts)
-    if nparts > MAX_PARTS:
-        raise FrameTooLargeError(f"a frame holds at most {MAX_PARTS} parts, got {nparts}")
-    sizes = [_nbytes(p) for p in parts]
-    body_len = HEADER.size - LENGTH_PREFIX + 8 * nparts + sum(sizes)
-    if body_len + LENGTH_PREFIX > limit:
-        raise FrameTooLargeError(
-            f"message of {body_len + LENGTH_PREFIX} bytes exceeds the frame size limit of "
-            f"{limit} bytes (raise it with regency.config.configure(max_frame_bytes=...))"
-        )
-    head = HEADER.pack(body_len, kind, nparts, flags, rank, dest, sender, seq)
-    table = struct.pack(f"<{nparts}Q", *sizes)
-    return [head + table, *parts]
+    return Encoder(parts, limit).frame(kind, dest, flags=flags, rank=rank, sender=sender, seq=seq)
+
+
+class Encoder:
+    """Frames of the same parts for several destinations: only the header differs.
+
+    Sizes, the size check and the part table are computed once (a cast sends one message to
+    many actors).
+    """
+
+    __slots__ = ("body_len", "nparts", "parts", "table")
+
+    def __init__(self, parts: list[bytes | bytearray | memoryview], limit: int) -> None:
+        nparts = len(parts)
+        if nparts > MAX_PARTS:
+            raise FrameTooLargeError(f"a frame holds at most {MAX_PARTS} parts, got {nparts}")
+        sizes = [_nbytes(p) for p in parts]
+        self.body_len = HEADER.size - LENGTH_PREFIX + 8 * nparts + sum(sizes)
+        if self.body_len + LENGTH_PREFIX > limit:
+            raise FrameTooLargeError(
+                f"message of {self.body_len + LENGTH_PREFIX} bytes exceeds the frame size limit "
+                f"of {limit} bytes (raise it with regency.config.configure(max_frame_bytes=...))"
+            )
+        self.nparts = nparts
+        self.parts = parts
+        self.table = struct.pack(f"<{nparts}Q", *sizes)
+
+    @property
+    def size(self) -> int:
+        """Bytes in one encoded frame."""
+        return self.body_len + LENGTH_PREFIX
+
+    def frame(
+        self, kind: int, dest: int, *, flags: int = 0, rank: int = 0, sender: int = 0, seq: int = 0
+    ) -> list[bytes | bytearray | memoryview]:
+        """The buffers of one frame for these header fields."""
+        head = HEADER.pack(self.body_len, kind, self.nparts, flags, rank, dest, sender, seq)
+        return [head + self.table, *self.parts]
 
 
 def decode_body(first: memoryview, body: memoryview) -> Frame:

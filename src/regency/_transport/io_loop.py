@@ -17,9 +17,10 @@ log = logging.getLogger("regency.io")
 
 Handler = Callable[[int], None]
 
-# After handling traffic, keep polling without sleeping this long: while messages stream in,
-# the reader stays awake and senders do not pay for waking it (costly on VMs).
-SPIN_SECONDS = 50e-6
+# A thread waiting for a reply polls without sleeping this long first: a quick reply then
+# neither wakes it nor pays for waking it (costly on VMs). Idle readers do not spin: with many
+# procs per core, spinning steals the CPU the others need.
+REPLY_SPIN_SECONDS = 50e-6
 _RECHECK_MS = 100
 
 
@@ -74,15 +75,16 @@ class IOLoop:
                     self._epoll.unregister(fd)
 
     def wait_reading(
-        self, until: Callable[[], bool], wake_fd: int, timeout: float | None
+        self, until: Callable[[], bool], wake_fd: int, timeout: float | None, spin: float = 0.0
     ) -> bool | None:
         """Wait for ``until()`` on the calling thread while reading the connections directly.
 
         The calling thread takes the stealable descriptors out of the loop's epoll set and
         polls them itself, so a reply wakes it straight away instead of waking the loop thread
         which would then wake it. ``wake_fd`` (an eventfd) is written by whoever makes
-        ``until()`` true from another thread. Returns whether ``until()`` became true, or
-        ``None`` when reading inline is not possible (the caller then waits the plain way).
+        ``until()`` true from another thread. For ``spin`` seconds it polls without sleeping.
+        Returns whether ``until()`` became true, or ``None`` when reading inline is not
+        possible (the caller then waits the plain way).
         """
         if self.in_loop():
             return None
@@ -101,7 +103,7 @@ class IOLoop:
         for fd, _ in fds:
             poller.register(fd, select.POLLIN)
         deadline = None if timeout is None else time.monotonic() + timeout
-        spin_until = time.monotonic() + SPIN_SECONDS
+        spin_until = time.monotonic() + spin
         try:
             while not until():
                 wait_ms = -1
@@ -170,19 +172,14 @@ class IOLoop:
     def _run(self) -> None:
         handlers = self._handlers
         wake_fd = self._wake_fd
-        hot_until = 0.0
         while not self._stopping:
             timeout = -1.0
             if self._timers:
                 timeout = max(0.0, self._timers[0][0] - time.monotonic())
             try:
-                events = self._epoll.poll(0) if time.monotonic() < hot_until else None
-                if not events:
-                    events = self._epoll.poll(timeout)
+                events = self._epoll.poll(timeout)
             except InterruptedError:
                 continue
-            if events:
-                hot_until = time.monotonic() + SPIN_SECONDS
             for fd, mask in events:
                 if fd == wake_fd:
                     with contextlib.suppress(BlockingIOError):
