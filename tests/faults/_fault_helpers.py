@@ -163,7 +163,11 @@ def handshake(sock: socket.socket, secret: bytes, my_address: str) -> bool:
     nonce_d = os.urandom(NONCE)
     addr = my_address.encode()
     sock.sendall(
-        mac(secret, b"dial", nonce_l, nonce_d) + nonce_d + struct.pack("<H", len(addr)) + addr
+        mac(secret, b"dial", nonce_l, nonce_d)
+        + nonce_d
+        + struct.pack("<H", len(addr))
+        + addr
+        + mac(secret, b"addr", nonce_l + nonce_d, addr)
     )
     answer = recv_exact(sock, MAC)
     if len(answer) < MAC:

@@ -136,7 +136,17 @@ def _dialer_reply(secret: bytes, hello: bytes, address: bytes = b"unix:@me") -> 
     nonce_l = hello[len(auth.MAGIC) :]
     nonce_d = os.urandom(auth.NONCE)
     proof = auth._mac(secret, b"dial", nonce_l, nonce_d)
-    return proof + nonce_d + struct.pack("<H", len(address)) + address
+    addr_proof = auth._mac(secret, b"addr", nonce_l + nonce_d, address)
+    return proof + nonce_d + struct.pack("<H", len(address)) + address + addr_proof
+
+
+def test_a_rewritten_address_is_refused() -> None:
+    shake = ListenerHandshake(SECRET)
+    reply = bytearray(_dialer_reply(SECRET, shake.hello(), b"unix:@me"))
+    start = auth.REPLY_HEAD
+    reply[start : start + len(b"unix:@me")] = b"unix:@xx"
+    with pytest.raises(AuthenticationError, match="address"):
+        shake.feed(bytes(reply))
 
 
 def test_listener_accepts_the_reply_byte_by_byte() -> None:

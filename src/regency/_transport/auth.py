@@ -6,7 +6,11 @@ answer over the same connection.
 
     listener -> dialer : MAGIC | nonce_l(32)
     dialer   -> listener: mac("dial", nonce_l, nonce_d)(32) | nonce_d(32) | u16 len | address
+                          | mac("addr", nonce_l + nonce_d, address)(32)
     listener -> dialer : mac("listen", nonce_d, nonce_l)(32)
+
+The listener checks the first MAC as soon as it has arrived (garbage is refused at once); the
+last one binds the announced address to this handshake, so it cannot be rewritten in transit.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ def dialer_handshake(sock: socket.socket, secret: bytes, my_address: str) -> Non
     nonce_d = os.urandom(NONCE)
     addr = my_address.encode()
     proof = _mac(secret, b"dial", nonce_l, nonce_d)
-    sock.sendall(proof + nonce_d + _ADDR_LEN.pack(len(addr)) + addr)
+    addr_proof = _mac(secret, b"addr", nonce_l + nonce_d, addr)
+    sock.sendall(proof + nonce_d + _ADDR_LEN.pack(len(addr)) + addr + addr_proof)
     answer = _recv_exact(sock, MAC)
     if not hmac.compare_digest(answer, _mac(secret, b"listen", nonce_d, nonce_l)):
         raise AuthenticationError("peer failed authentication (it does not hold this job's secret)")
@@ -96,10 +101,16 @@ class ListenerHandshake:
         (addr_len,) = _ADDR_LEN.unpack_from(self._buf, MAC + NONCE)
         if addr_len > MAX_ADDRESS:
             raise AuthenticationError(f"peer announced a {addr_len}-byte address")
-        if len(self._buf) < REPLY_HEAD + addr_len:
+        total = REPLY_HEAD + addr_len + MAC
+        if len(self._buf) < total:
             return None
-        if len(self._buf) > REPLY_HEAD + addr_len:
+        if len(self._buf) > total:
             raise AuthenticationError("peer sent data before the handshake completed")
         nonce_d = bytes(self._buf[MAC : MAC + NONCE])
-        self.peer_address = self._buf[REPLY_HEAD:].decode(errors="replace")
+        addr = bytes(self._buf[REPLY_HEAD : REPLY_HEAD + addr_len])
+        addr_proof = bytes(self._buf[REPLY_HEAD + addr_len :])
+        expected = _mac(self._secret, b"addr", self._nonce + nonce_d, addr)
+        if not hmac.compare_digest(addr_proof, expected):
+            raise AuthenticationError("peer's announced address failed authentication")
+        self.peer_address = addr.decode(errors="replace")
         return _mac(self._secret, b"listen", nonce_d, self._nonce)
