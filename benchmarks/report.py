@@ -51,6 +51,40 @@ def render_table(results: Sequence[SystemResult]) -> str:
     return "\n".join(lines)
 
 
+# The core issue's targets: (metric key, peer label prefix, bound, "max" or "min" on the ratio).
+TARGETS = (
+    ("call_one_median_us", "Monarch", 0.2, "max"),
+    ("pipelined_calls_per_s", "Monarch", 8.0, "min"),
+    ("gather_16_ms", "Monarch", 0.25, "max"),
+    ("broadcasts_per_s", "Monarch", 10.0, "min"),
+    ("payload_numpy_128mib_gbps", "Ray", 1.0, "min"),
+    ("spawn_8_s", "Monarch", 0.5, "max"),
+)
+
+
+def render_targets(results: Sequence[SystemResult]) -> str:
+    """Return the table of the core issue's targets, as ratios measured in this run."""
+    base = results[0]
+    peers = {r.label.split()[0]: r for r in results[1:]}
+    labels = {m.key: m.label for m in METRICS}
+    lines = ["| figure | target | measured | met |", "|---|---|---|---|"]
+    for key, peer_name, bound, kind in TARGETS:
+        peer = peers.get(peer_name)
+        mine = base.metrics.get(key)
+        theirs = peer.metrics.get(key) if peer is not None else None
+        if mine is None or not theirs:
+            measured, met = "—", "not measured"
+        else:
+            value = mine / theirs
+            measured = f"{value:.2f}x {peer_name}"
+            met = "yes" if (value <= bound if kind == "max" else value >= bound) else "**no**"
+        sign = "≤" if kind == "max" else "≥"
+        lines.append(
+            f"| {labels.get(key, key)} | {sign} {bound:g}x {peer_name} | {measured} | {met} |"
+        )
+    return "\n".join(lines)
+
+
 def render_errors(results: Sequence[SystemResult]) -> str:
     """Return a bullet list of the failed figures, one bullet per system and distinct error."""
     items = []
@@ -146,6 +180,9 @@ def render_results_md(doc: dict[str, Any], results: Sequence[SystemResult]) -> s
         " (which adds `--figures` and `--progress` and enforces a timeout per figure):\n\n"
         + render_commands(results),
         "## Results\n\n" + LEGEND + "\n\n" + render_table(results),
+        "## Targets of the core issue\n\nRatios from this same run. The peers' figures move by "
+        "20-35% between runs on this machine (see benchmarks/README.md), so a ratio near its "
+        "bound can land on either side.\n\n" + render_targets(results),
         "## Failed or missing figures\n\n" + (render_errors(results) or "None."),
     ]
     return "\n\n".join(sections) + "\n"

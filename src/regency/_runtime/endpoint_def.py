@@ -118,6 +118,28 @@ def _make(
     return EndpointProperty(method, spec)
 
 
+def _decorate(
+    method: Callable[..., Any] | None,
+    propagate: Any,
+    explicit_response_port: bool,
+    instrument: bool,
+    *,
+    concurrent: bool,
+) -> Any:
+    """Apply the decorator directly (``@endpoint``) or return it (``@endpoint(...)``)."""
+
+    def wrap(fn: Callable[..., Any]) -> EndpointProperty[Any]:
+        return _make(
+            fn,
+            propagate=propagate,
+            explicit_response_port=explicit_response_port,
+            instrument=instrument,
+            concurrent=concurrent,
+        )
+
+    return wrap(method) if method is not None else wrap
+
+
 def endpoint(
     method: Callable[..., Any] | None = None,
     *,
@@ -133,16 +155,7 @@ def endpoint(
     ignored.
     """
 
-    def wrap(fn: Callable[..., Any]) -> EndpointProperty[Any]:
-        return _make(
-            fn,
-            propagate=propagate,
-            explicit_response_port=explicit_response_port,
-            instrument=instrument,
-            concurrent=False,
-        )
-
-    return wrap(method) if method is not None else wrap
+    return _decorate(method, propagate, explicit_response_port, instrument, concurrent=False)
 
 
 def concurrent_endpoint(
@@ -159,16 +172,7 @@ def concurrent_endpoint(
     explicit-port body that lets an exception escape kills the actor.
     """
 
-    def wrap(fn: Callable[..., Any]) -> EndpointProperty[Any]:
-        return _make(
-            fn,
-            propagate=propagate,
-            explicit_response_port=explicit_response_port,
-            instrument=instrument,
-            concurrent=True,
-        )
-
-    return wrap(method) if method is not None else wrap
+    return _decorate(method, propagate, explicit_response_port, instrument, concurrent=True)
 
 
 class Actor:
