@@ -190,7 +190,7 @@ def make_payload(kind: str, nbytes: int) -> Any:
     data = os.urandom(nbytes)
     if kind == "bytes":
         return data
-    import numpy as np  # noqa: PLC0415 - only this figure needs numpy
+    import numpy as np
 
     return np.frombuffer(data, dtype=np.uint8)
 
