@@ -10,9 +10,8 @@ key                      default      meaning
 ``cast_fanout``          16           children per node of the casting tree
 ``max_frame_bytes``      10 GiB       largest message a process sends or accepts
 ``connect_timeout``      30.0         seconds to keep dialing a proc that is starting
-``spawn_timeout``        60.0         seconds for a spawned proc to come up
-``orphan_timeout``       10.0         seconds a proc outlives a controller it cannot see
 ``stop_timeout``         10.0         seconds a stopping proc gets before it is killed
+``shm_arena_bytes``      1 GiB        shared memory a proc uses for large parts to same-host peers
 =======================  ===========  ==========================================================
 """
 
@@ -28,9 +27,8 @@ _DEFAULTS: dict[str, Any] = {
     "cast_fanout": 16,
     "max_frame_bytes": 10 * 1024**3,
     "connect_timeout": 30.0,
-    "spawn_timeout": 60.0,
-    "orphan_timeout": 10.0,
     "stop_timeout": 10.0,
+    "shm_arena_bytes": 1024**3,
 }
 _runtime: dict[str, Any] = {}
 

@@ -16,9 +16,8 @@ DEFAULTS = {
     "cast_fanout": 16,
     "max_frame_bytes": 10 * 1024**3,
     "connect_timeout": 30.0,
-    "spawn_timeout": 60.0,
-    "orphan_timeout": 10.0,
     "stop_timeout": 10.0,
+    "shm_arena_bytes": 1024**3,
 }
 
 

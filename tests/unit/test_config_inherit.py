@@ -38,22 +38,22 @@ def _settings(procs: ProcMesh) -> list[dict[str, Any]]:
 
 
 def test_configure_before_spawn_reaches_every_proc(spawned: list[ProcMesh]) -> None:
-    config.configure(stop_timeout=7.5, orphan_timeout=3)
+    config.configure(stop_timeout=7.5, connect_timeout=3)
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     spawned.append(procs)
     for seen in _settings(procs):
         assert seen["stop_timeout"] == 7.5
-        assert seen["orphan_timeout"] == 3.0
+        assert seen["connect_timeout"] == 3.0
 
 
 def test_environment_variable_reaches_every_proc(
     spawned: list[ProcMesh], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("REGENCY_SPAWN_TIMEOUT", "42")
+    monkeypatch.setenv("REGENCY_CONNECT_TIMEOUT", "42")
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     spawned.append(procs)
     (seen,) = _settings(procs)
-    assert seen["spawn_timeout"] == 42.0
+    assert seen["connect_timeout"] == 42.0
 
 
 def test_settings_are_taken_when_spawn_procs_is_called(spawned: list[ProcMesh]) -> None:
@@ -72,10 +72,10 @@ def test_settings_are_taken_when_spawn_procs_is_called(spawned: list[ProcMesh]) 
 def test_procs_do_not_read_their_own_environment_over_the_controllers(
     spawned: list[ProcMesh], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("REGENCY_ORPHAN_TIMEOUT", "9")
-    config.configure(orphan_timeout=4)
+    monkeypatch.setenv("REGENCY_CONNECT_TIMEOUT", "9")
+    config.configure(connect_timeout=4)
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     spawned.append(procs)
     (seen,) = _settings(procs)
-    assert seen["orphan_timeout"] == 4.0
-    assert os.environ["REGENCY_ORPHAN_TIMEOUT"] == "9"
+    assert seen["connect_timeout"] == 4.0
+    assert os.environ["REGENCY_CONNECT_TIMEOUT"] == "9"

@@ -190,6 +190,9 @@ class ActorInstance(InstanceBase):
             except Exception:
                 # Only a malformed message gets here (endpoint errors are handled inside).
                 log.exception("actor %s dropped a malformed message", self.name)
+            # Drop the message now, not when the next one arrives: its parts may map shared
+            # memory that the sender is waiting to reuse.
+            item = None
 
     def _post_sync(self, item: Any) -> None:
         self._queue.put(item)
@@ -245,6 +248,7 @@ class ActorInstance(InstanceBase):
                     await self._handle_async(item, tasks)
                 except Exception:
                     log.exception("actor %s dropped a malformed message", self.name)
+                item = None
             scheduled[0] = False
             if inbox:
                 continue

@@ -8,6 +8,7 @@ service threads, and cast frames are delivered locally and forwarded down the ca
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import pickle
@@ -16,7 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from regency import config
-from regency._runtime import casting, wire
+from regency._runtime import bulk, casting, wire
+from regency._runtime.bulk import Bulk
 from regency._runtime.mailbox import Mailbox
 from regency._runtime.service import Service
 from regency._transport import frames
@@ -79,6 +81,7 @@ class ProcRuntime:
         self.services: dict[int, Service] = {}
         self._early_control: dict[int, list[Any]] = {}
         self.local_children: set[str] = set()
+        self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
         self._watchers: dict[str, set[int]] = {}
         self.dead: dict[str, str] = {}
         self._lost_listeners: list[Callable[[str, str], None]] = []
@@ -132,6 +135,20 @@ class ProcRuntime:
                 self._deliver_local(mesh_id, sender, seq, rank, _own(parts), None)
                 continue
             self.check_alive(addr)
+            if encoder.size >= bulk.BULK_MIN:
+                framed, flags = self._frame_parts(addr, parts)
+                buffers = frames.encode(
+                    wire.KIND_ACTOR,
+                    mesh_id,
+                    framed,
+                    flags=flags,
+                    rank=rank,
+                    sender=sender,
+                    seq=seq,
+                    limit=self.frame_limit,
+                )
+                self.transport.send(addr, buffers)
+                continue
             buffers = encoder.frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
             if coalesce:
                 self.transport.post(addr, buffers)
@@ -144,6 +161,30 @@ class ProcRuntime:
             self.transport.post(addr, buffers)
         else:
             self.transport.send(addr, buffers)
+
+    def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
+        """The parts of a frame to ``addr``: large ones move to shared memory on this host."""
+        if addr.startswith("unix:"):
+            frames.check_size(list(parts), self.frame_limit)  # the limit is on the message
+            exported = self.bulk.export(addr, parts)
+            if exported is not None:
+                moved, descriptor = exported
+                return [*moved, descriptor], wire.FLAG_BULK
+        return list(parts), 0
+
+    def _bulk_release(self, peer: str, offset: int) -> None:
+        # Runs from a finalizer, on any thread and possibly inside a lock: only enqueue.
+        self.loop.call_soon(lambda: self._send_release(peer, offset))
+
+    def _send_release(self, peer: str, offset: int) -> None:
+        if peer in self.dead:
+            return
+        body = pickle.dumps(offset, protocol=5)
+        buffers = frames.encode(
+            wire.KIND_CONTROL, wire.SERVICE_BULK, [body], limit=self.frame_limit
+        )
+        with contextlib.suppress(PeerUnreachableError):
+            self.transport.send(peer, buffers, wait=False)
 
     def flush(self) -> None:
         """Send the frames waiting to be coalesced (call before blocking)."""
@@ -172,10 +213,12 @@ class ProcRuntime:
             self._on_cast(mesh_id, sender, head.seq, head.rank, routing, _own(parts))
             return
         self.check_alive(head.addr)
+        framed, flags = self._frame_parts(head.addr, [routing, *parts])
         buffers = frames.encode(
             wire.KIND_CAST,
             mesh_id,
-            [routing, *parts],
+            framed,
+            flags=flags,
             rank=head.rank,
             sender=sender,
             seq=head.seq,
@@ -193,8 +236,14 @@ class ProcRuntime:
                 handler.deliver(rank, flags, _own(parts))
             return
         self.check_alive(ref.addr)
+        framed, bulk_flags = self._frame_parts(ref.addr, parts)
         buffers = frames.encode(
-            wire.KIND_PORT, ref.port, list(parts), rank=rank, flags=flags, limit=self.frame_limit
+            wire.KIND_PORT,
+            ref.port,
+            framed,
+            rank=rank,
+            flags=flags | bulk_flags,
+            limit=self.frame_limit,
         )
         if wait:
             self._send(ref.addr, buffers, parts)
@@ -262,6 +311,11 @@ class ProcRuntime:
         self.mailbox(mesh_id).post(sender, seq, (parts, rank, reply))
 
     def _on_frame(self, conn: Connection, frame: frames.Frame) -> None:
+        if frame.flags & wire.FLAG_BULK:
+            if not frame.parts:
+                raise frames.FrameError("bulk frame without its descriptor part")
+            frame.parts = self.bulk.import_(conn.peer, frame.parts[:-1], frame.parts[-1])
+            frame.flags &= ~wire.FLAG_BULK
         kind = frame.kind
         if kind == wire.KIND_PORT:
             handler = self.ports.get(frame.dest)
@@ -283,6 +337,10 @@ class ProcRuntime:
                 request = pickle.loads(frame.parts[0])
             except Exception as exc:
                 log.warning("dropping undecodable control request from %s: %s", conn.peer, exc)
+                return
+            if frame.dest == wire.SERVICE_BULK:
+                if type(request) is int:
+                    self.bulk.released(request)
                 return
             self._post_control(frame.dest, request, conn.peer)
             return
@@ -325,6 +383,7 @@ class ProcRuntime:
             return
         self.dead[addr] = reason
         self.transport.mark_lost(addr, reason)
+        self.bulk.peer_lost(addr)
         self._fail_watchers(addr, reason)
         for fn in list(self._lost_listeners):
             try:

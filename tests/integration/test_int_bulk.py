@@ -1,0 +1,137 @@
+"""Large parts between procs of one host travel through the sender's shared-memory arena.
+
+These tests look inside the runtime (the arena's bookkeeping) because what they pin down is not
+visible in values: that the zero-copy path is taken, and that every region comes back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from regency import config
+from regency._runtime import state
+from regency.actor import Actor, ProcMesh, SupervisionError, endpoint, this_host
+
+pytestmark = pytest.mark.timeout(60)
+
+MIB = 1 << 20
+T = 30.0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()
+
+
+def arena_in_use() -> int:
+    arena = state.runtime().bulk._arena
+    return 0 if arena is None else len(arena._used)
+
+
+def backing(x: np.ndarray) -> str:
+    """The type of the memory under an array: "mmap" when it was mapped from an arena."""
+    base = x.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return type(base.obj).__name__ if isinstance(base, memoryview) else type(base).__name__
+
+
+class Sink(Actor):
+    @endpoint
+    def inspect(self, x: np.ndarray) -> tuple[str, int, int]:
+        return backing(x), x.nbytes, int(x[::4096].astype(np.int64).sum())
+
+    @endpoint
+    def make(self, n: int, value: int) -> np.ndarray:
+        return np.full(n, value, dtype=np.uint8)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def hold(self, x: np.ndarray) -> int:
+        self.held = x
+        return x.nbytes
+
+    @endpoint
+    def arena_in_use(self) -> int:
+        return arena_in_use()
+
+
+@pytest.fixture
+def small_arena() -> Iterator[ProcMesh]:
+    with config.configured(shm_arena_bytes=8 * MIB):
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        yield procs
+    finally:
+        procs.stop().get(timeout=T)
+
+
+def test_large_arrays_arrive_mapped_and_regions_are_reused(small_arena: ProcMesh) -> None:
+    sink = small_arena.spawn("sink", Sink)
+    rng = np.random.default_rng(7)
+    # 20 x 3 MiB through an 8 MiB arena only works if every region comes back.
+    for i in range(20):
+        data = rng.integers(0, 255, 3 * MIB, dtype=np.uint8)
+        backing, nbytes, checksum = sink.inspect.call_one(data).get(timeout=T)
+        assert (backing, nbytes) == ("mmap", data.nbytes), f"send {i} did not use the arena"
+        assert checksum == int(data[::4096].astype(np.int64).sum())
+        assert wait_until(lambda: arena_in_use() == 0), "the receiver never released its region"
+
+
+def test_large_replies_come_back_mapped_and_are_released(small_arena: ProcMesh) -> None:
+    sink = small_arena.spawn("sink", Sink)
+    for value in (1, 2, 3):
+        array = sink.make.call_one(5 * MIB, value).get(timeout=T)
+        assert backing(array) == "mmap"
+        assert array.nbytes == 5 * MIB
+        assert int(array[0]) == value
+        assert int(array[-1]) == value
+        del array
+        assert wait_until(lambda: sink.arena_in_use.call_one().get(timeout=T) == 0)
+
+
+def test_mutating_after_send_does_not_change_what_arrived(small_arena: ProcMesh) -> None:
+    sink = small_arena.spawn("sink", Sink)
+    data = np.zeros(4 * MIB, dtype=np.uint8)
+    assert sink.hold.call_one(data).get(timeout=T) == data.nbytes
+    data[:] = 9
+    assert sink.inspect.call_one(np.zeros(4 * MIB, dtype=np.uint8)).get(timeout=T)[2] == 0
+
+
+def test_regions_held_by_a_killed_proc_are_freed(small_arena: ProcMesh) -> None:
+    sink = small_arena.spawn("sink", Sink)
+    pid = sink.pid.call_one().get(timeout=T)
+    assert sink.hold.call_one(np.ones(3 * MIB, dtype=np.uint8)).get(timeout=T) == 3 * MIB
+    assert arena_in_use() == 1, "the receiver keeps the array, so its region stays taken"
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(SupervisionError):
+        sink.pid.call_one().get(timeout=T)
+    assert wait_until(lambda: arena_in_use() == 0)
+
+
+def test_a_full_arena_falls_back_to_the_socket(small_arena: ProcMesh) -> None:
+    # The proc's arena is 8 MiB (it took the setting at spawn): while we hold a 6 MiB reply,
+    # a 4 MiB reply cannot fit and must come through the socket instead.
+    sink = small_arena.spawn("sink", Sink)
+    held = sink.make.call_one(6 * MIB, 1).get(timeout=T)
+    assert backing(held) == "mmap"
+    second = sink.make.call_one(4 * MIB, 5).get(timeout=T)
+    assert backing(second) != "mmap"
+    assert second.nbytes == 4 * MIB
+    assert int(second[0]) == 5
+    assert int(second[-1]) == 5
+    del held
+    assert wait_until(lambda: sink.arena_in_use.call_one().get(timeout=T) == 0)
