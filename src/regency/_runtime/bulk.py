@@ -19,6 +19,7 @@ import logging
 import mmap
 import os
 import pickle
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from typing import Any
 log = logging.getLogger("regency.bulk")
 
 BULK_MIN = 1 << 20  # parts at least this large go through the arena
+_PARALLEL_COPY_MIN = 16 << 20
 _PAGE = mmap.ALLOCATIONGRANULARITY
 
 Part = bytes | bytearray | memoryview
@@ -65,9 +67,21 @@ class Arena:
         return None
 
     def write(self, offset: int, part: Part) -> None:
-        """Copy ``part`` into the arena at ``offset``."""
+        """Copy ``part`` into the arena at ``offset`` (large parts on two threads at once)."""
         view = memoryview(part).cast("B")
-        self._view[offset : offset + view.nbytes] = view
+        size = view.nbytes
+        numpy = sys.modules.get("numpy")
+        if numpy is None or size < _PARALLEL_COPY_MIN:
+            self._view[offset : offset + size] = view
+            return
+        # numpy releases the GIL while copying: two halves on two cores nearly double the rate.
+        src = numpy.frombuffer(view, dtype=numpy.uint8)
+        dst = numpy.frombuffer(self._view[offset : offset + size], dtype=numpy.uint8)
+        half = size // 2
+        helper = threading.Thread(target=numpy.copyto, args=(dst[half:], src[half:]))
+        helper.start()
+        numpy.copyto(dst[:half], src[:half])
+        helper.join()
 
     def free(self, offset: int) -> None:
         """Give a region back (the receiver released it)."""
