@@ -151,14 +151,15 @@ class ProcRuntime:
                 continue
             buffers = encoder.frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
             if coalesce:
-                self.transport.post(addr, buffers)
+                self.transport.post(addr, buffers, encoder.size)
             else:
                 self.transport.send(addr, buffers)
 
     def _send(self, addr: str, buffers: list[Part], parts: Sequence[Part]) -> None:
         """Send a frame; small ones made only of our own pickles may be coalesced."""
-        if len(parts) <= _OWN_PARTS and buffers_size(buffers) <= _COALESCE_MAX:
-            self.transport.post(addr, buffers)
+        size = buffers_size(buffers)
+        if len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
+            self.transport.post(addr, buffers, size)
         else:
             self.transport.send(addr, buffers)
 

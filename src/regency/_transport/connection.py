@@ -113,14 +113,14 @@ class Connection:
             if not item.ok:
                 raise ConnectionClosedError(f"connection to {self.peer} closed: {self.closed}")
 
-    def post(self, buffers: Sequence[Buffer]) -> bool:
+    def post(self, buffers: Sequence[Buffer], size: int) -> bool:
         """Send small, self-owned frame buffers, coalescing them with others during bursts.
 
         The first frame after a quiet spell goes out at once. Frames that follow within
         ``BURST_WINDOW`` wait in an outbox and go out together (one ``sendmsg`` for many frames,
         one wake-up of the receiver) when the outbox is large, when :meth:`flush` is called, or
         on any direct :meth:`send`. Returns True when the caller must arrange a later
-        :meth:`flush` (the outbox just became non-empty).
+        :meth:`flush` (the outbox just became non-empty). ``size`` is the frame's byte count.
         """
         now = time.monotonic()
         with self._lock:
@@ -133,8 +133,7 @@ class Connection:
             else:
                 immediate = False
                 self._outbox.extend(buffers)
-                for b in buffers:
-                    self._outbox_bytes += b.nbytes if isinstance(b, memoryview) else len(b)
+                self._outbox_bytes += size
                 if len(self._outbox) < OUTBOX_BUFFERS and self._outbox_bytes < OUTBOX_BYTES:
                     schedule = not self._flush_scheduled
                     self._flush_scheduled = True

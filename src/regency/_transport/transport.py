@@ -124,7 +124,7 @@ class Transport:
         except ConnectionClosedError as exc:
             raise PeerUnreachableError(str(exc)) from exc
 
-    def post(self, peer: str, buffers: Sequence[Buffer]) -> None:
+    def post(self, peer: str, buffers: Sequence[Buffer], size: int) -> None:
         """Send a small frame whose buffers the caller will not touch again, coalescing bursts.
 
         Frames posted in a burst go out together on the next flush: when the outbox fills,
@@ -136,7 +136,7 @@ class Transport:
             self.send(peer, buffers, wait=False)
             return
         try:
-            schedule = conn.post(buffers)
+            schedule = conn.post(buffers, size)
         except ConnectionClosedError as exc:
             raise PeerUnreachableError(str(exc)) from exc
         if schedule:
