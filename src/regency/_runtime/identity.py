@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from regency.shape import Point
 
@@ -62,6 +62,3 @@ class InstanceBase:
 
     def __repr__(self) -> str:
         return str(self)
-
-    def _describe(self) -> dict[str, Any]:
-        return {"name": self.name, "class": self.class_name, "rank": str(self.rank)}

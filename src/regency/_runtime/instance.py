@@ -45,7 +45,6 @@ class ClientInstance(InstanceBase):
         self.creator = None
         self.proc_id = runtime.address
         self.is_root = is_root
-        self._proc_mesh: ProcMesh | None = None
 
     @property
     def proc_mesh(self) -> ProcMesh:

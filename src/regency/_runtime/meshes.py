@@ -101,13 +101,12 @@ class HostInfo:
 class HostMesh(MeshTrait):
     """A mesh of machines; ``spawn_procs`` starts processes on each of them."""
 
-    def __init__(self, shape: Shape, hosts: Sequence[HostInfo], owned: bool = False) -> None:
+    def __init__(self, shape: Shape, hosts: Sequence[HostInfo]) -> None:
         self._shape = shape
         self._hosts = list(hosts)
-        self._owned = owned
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(shape, self._hosts, owned=False)
+        return HostMesh(shape, self._hosts)
 
     def spawn_procs(
         self,
@@ -153,11 +152,11 @@ class HostMesh(MeshTrait):
                 wire.SERVICE_HOST,
                 SpawnProcs(tuple(infos), payload, mesh_name, None, config.get_global_config()),
             )
-        hosts = HostMesh(self._shape, self._hosts, owned=False)
+        hosts = HostMesh(self._shape, self._hosts)
         return ProcMesh(shape, procs, mesh_name, hosts, owned=True)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (HostMesh, (self._shape, self._hosts, False))
+        return (HostMesh, (self._shape, self._hosts))
 
     def __repr__(self) -> str:
         return f"HostMesh({self._shape})"

@@ -13,7 +13,7 @@ import itertools
 import logging
 import pickle
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 from regency import config
@@ -84,7 +84,6 @@ class ProcRuntime:
         self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
         self._watchers: dict[str, set[int]] = {}
         self.dead: dict[str, str] = {}
-        self._lost_listeners: list[Callable[[str, str], None]] = []
 
     # -- ports ---------------------------------------------------------------------------------
 
@@ -374,10 +373,6 @@ class ProcRuntime:
 
     # -- failures ------------------------------------------------------------------------------
 
-    def add_lost_listener(self, fn: Callable[[str, str], None]) -> None:
-        """Call ``fn(addr, reason)`` whenever a peer process is found gone."""
-        self._lost_listeners.append(fn)
-
     def mark_dead(self, addr: str, reason: str) -> None:
         """Record that the process at ``addr`` is gone and fail everything waiting on it."""
         if addr in self.dead:
@@ -386,11 +381,6 @@ class ProcRuntime:
         self.transport.mark_lost(addr, reason)
         self.bulk.peer_lost(addr)
         self._fail_watchers(addr, reason)
-        for fn in list(self._lost_listeners):
-            try:
-                fn(addr, reason)
-            except Exception:
-                log.exception("lost-peer listener failed")
 
     def _on_peer_lost(self, addr: str, reason: str) -> None:
         if addr in self.local_children:

@@ -195,10 +195,6 @@ class Transport:
         for item in queue:
             item.finish(sent=False)
 
-    def lost_reason(self, peer: str) -> str | None:
-        """Why ``peer`` is lost, or ``None`` if it is not known to be."""
-        return self._lost.get(peer)
-
     def _dial(self, peer: str, entry: _Peer) -> None:
         deadline = time.monotonic() + self.connect_timeout
         delay = 0.002
