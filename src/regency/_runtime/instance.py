@@ -328,16 +328,12 @@ class ActorInstance(InstanceBase):
         token = context.set_current(context.Context(self, point))
         try:
             result = fn(self.actor, *args, **kwargs)
-        except Exception as exc:
-            self._on_error(method, None if spec.explicit_port else reply, point, exc, spec)
-            return
         except BaseException as exc:
-            self._die(method, reply, point, exc)
+            self._settle(spec, method, reply, point, None, exc)
             return
         finally:
             context.CURRENT.reset(token)
-        if reply is not None and not spec.explicit_port:
-            self._reply_value(reply, point.rank, result)
+        self._settle(spec, method, reply, point, result, None)
 
     async def _handle_async(self, item: Delivery, tasks: set[asyncio.Task[Any]]) -> None:
         prepared = self._prepare(item)
@@ -368,14 +364,28 @@ class ActorInstance(InstanceBase):
             result = await fn(self.actor, *args, **kwargs)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            self._on_error(method, None if spec.explicit_port else reply, point, exc, spec)
-            return
         except BaseException as exc:
-            self._die(method, reply, point, exc)
+            self._settle(spec, method, reply, point, None, exc)
             return
-        if reply is not None and not spec.explicit_port:
-            self._reply_value(reply, point.rank, result)
+        self._settle(spec, method, reply, point, result, None)
+
+    def _settle(
+        self,
+        spec: EndpointSpec,
+        method: str,
+        reply: PortRef | None,
+        point: Point,
+        result: Any,
+        error: BaseException | None,
+    ) -> None:
+        """Reply with an endpoint's outcome, or fail the actor when nobody can be told."""
+        if error is None:
+            if reply is not None and not spec.explicit_port:
+                self._reply_value(reply, point.rank, result)
+        elif isinstance(error, Exception):
+            self._on_error(method, None if spec.explicit_port else reply, point, error, spec)
+        else:
+            self._die(method, reply, point, error)
 
     # -- replies and failures ------------------------------------------------------------------
 
