@@ -90,22 +90,30 @@ _PLAIN = frozenset({int, float, str, bool, type(None)})
 
 
 def _is_plain(obj: Any) -> bool:
-    """Scalars, and tuples/dicts of scalars one level deep: nothing cloudpickle would change."""
+    """Scalars, and tuples/dicts of scalars one level deep: nothing cloudpickle would change.
+
+    Written with plain loops: it runs for every message.
+    """
     kind = type(obj)
     if kind in _PLAIN:
         return True
-    if kind is tuple:
-        return all(type(x) in _PLAIN or _is_plain_container(x) for x in obj)
-    return False
-
-
-def _is_plain_container(obj: Any) -> bool:
-    kind = type(obj)
-    if kind is tuple:
-        return all(type(x) in _PLAIN for x in obj)
-    if kind is dict:
-        return all(type(k) is str and type(v) in _PLAIN for k, v in obj.items())
-    return False
+    if kind is not tuple:
+        return False
+    for item in obj:
+        item_kind = type(item)
+        if item_kind in _PLAIN:
+            continue
+        if item_kind is tuple:
+            for x in item:
+                if type(x) not in _PLAIN:
+                    return False
+        elif item_kind is dict:
+            for key, value in item.items():
+                if type(key) is not str or type(value) not in _PLAIN:
+                    return False
+        else:
+            return False
+    return True
 
 
 def dumps(obj: Any) -> list[Part]:

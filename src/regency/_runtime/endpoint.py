@@ -157,7 +157,9 @@ class Endpoint(Generic[R]):
                     handler.peer_lost(addr, reason)
                 return
         route = self._mesh._route()
-        envelope = pickle.dumps((self._name, reply, route.labels, route.sizes), protocol=5)
+        # The reply port travels as a plain tuple: pickling a NamedTuple runs Python code.
+        port = tuple(reply) if reply is not None else None
+        envelope = pickle.dumps((self._name, port, route.labels, route.sizes), protocol=5)
         parts = [envelope, *codec.dumps(codec.wrap_arguments(args, kwargs))]
         # Refuse oversize messages before taking sequence numbers: a gap would stall the
         # receiver's ordering of every later message from this sender.

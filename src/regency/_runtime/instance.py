@@ -261,9 +261,11 @@ class ActorInstance(InstanceBase):
 
     def _open(self, item: Delivery) -> tuple[str, PortRef | None, Point, Sequence[Part]]:
         parts, rank, reply_override = item
-        method, reply, labels, sizes = pickle.loads(parts[0])
+        method, port, labels, sizes = pickle.loads(parts[0])
         if reply_override is not None:
             reply = reply_override
+        else:
+            reply = PortRef(*port) if port is not None else None
         key = (rank, labels, sizes)
         point = self._points.get(key)
         if point is None:

@@ -164,7 +164,7 @@ class ProcRuntime:
 
     def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
         """The parts of a frame to ``addr``: large ones move to shared memory on this host."""
-        if addr.startswith("unix:"):
+        if addr.startswith("unix:") and buffers_size(parts) >= bulk.BULK_MIN:
             frames.check_size(list(parts), self.frame_limit)  # the limit is on the message
             exported = self.bulk.export(addr, parts)
             if exported is not None:
