@@ -157,9 +157,17 @@ class Endpoint(Generic[R]):
                     handler.peer_lost(addr, reason)
                 return
         route = self._mesh._route()
-        # The reply port travels as a plain tuple: pickling a NamedTuple runs Python code.
-        port = tuple(reply) if reply is not None else None
-        envelope = pickle.dumps((self._name, port, route.labels, route.sizes), protocol=5)
+        if reply is None:
+            envelope = route.envelopes.get(self._name)
+            if envelope is None:
+                envelope = route.envelopes[self._name] = pickle.dumps(
+                    (self._name, None, route.labels, route.sizes), protocol=5
+                )
+        else:
+            # The reply port travels as a plain tuple: pickling a NamedTuple runs Python code.
+            envelope = pickle.dumps(
+                (self._name, tuple(reply), route.labels, route.sizes), protocol=5
+            )
         parts = [envelope, *codec.dumps(codec.wrap_arguments(args, kwargs))]
         # Refuse oversize messages before taking sequence numbers: a gap would stall the
         # receiver's ordering of every later message from this sender.

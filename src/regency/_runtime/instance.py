@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("regency.actor")
 
 _STOP: Any = object()
+_CACHE_MAX = 4096
 
 
 class ClientInstance(InstanceBase):
@@ -93,6 +94,7 @@ class ActorInstance(InstanceBase):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._wake: Callable[[], None] | None = None
         self._points: dict[tuple[int, tuple[str, ...], tuple[int, ...]], Point] = {}
+        self._envelopes: dict[tuple[Any, int], tuple[str, Point]] = {}
         self._thread = threading.Thread(
             target=self._main, name=f"regency-actor-{request.name}", daemon=True
         )
@@ -261,17 +263,26 @@ class ActorInstance(InstanceBase):
 
     def _open(self, item: Delivery) -> tuple[str, PortRef | None, Point, Sequence[Part]]:
         parts, rank, reply_override = item
-        method, port, labels, sizes = pickle.loads(parts[0])
+        envelope = bytes(parts[0])  # small; and a view of a writable buffer cannot be hashed
+        # Envelopes without a reply port (broadcasts) repeat byte for byte: decode them once.
+        cached = self._envelopes.get((envelope, rank))
+        if cached is not None and reply_override is None:
+            return cached[0], None, cached[1], parts[1:]
+        method, port, labels, sizes = pickle.loads(envelope)
         if reply_override is not None:
-            reply = reply_override
+            reply: PortRef | None = reply_override
         else:
             reply = PortRef(*port) if port is not None else None
         key = (rank, labels, sizes)
         point = self._points.get(key)
         if point is None:
-            if len(self._points) > 4096:
+            if len(self._points) > _CACHE_MAX:
                 self._points.clear()
             point = self._points[key] = Point(rank, Extent(labels, sizes))
+        if port is None and reply_override is None:
+            if len(self._envelopes) > _CACHE_MAX:
+                self._envelopes.clear()
+            self._envelopes[(envelope, rank)] = (method, point)
         return method, reply, point, parts[1:]
 
     def _reject(self, item: Delivery) -> None:

@@ -295,6 +295,7 @@ class Route(NamedTuple):
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
     fanout: int
+    envelopes: dict[str, bytes]  # pickled envelopes of messages without a reply port
 
 
 class ActorMesh(MeshTrait, Generic[T]):
@@ -335,6 +336,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                 tuple(extent.labels),
                 tuple(extent.sizes),
                 int(config.get("cast_fanout")),
+                {},
             )
             self.__dict__["_cached_route"] = route
         return route
