@@ -171,7 +171,7 @@ class Endpoint(Generic[R]):
         parts = [envelope, *codec.dumps(codec.wrap_arguments(args, kwargs))]
         # Refuse oversize messages before taking sequence numbers: a gap would stall the
         # receiver's ordering of every later message from this sender.
-        frames.check_size(parts, rt.frame_limit)
+        encoder = frames.Encoder(parts, rt.frame_limit)
         sender = current_instance()
         mesh_id = self._mesh._mesh_id
         uid = sender.uid
@@ -182,7 +182,7 @@ class Endpoint(Generic[R]):
                     (addr, next_seq(addr, mesh_id), rank)
                     for addr, rank in zip(addrs, ranks, strict=True)
                 ]
-                rt.send_actor(targets, mesh_id, uid, parts)
+                rt.send_actor(targets, mesh_id, uid, encoder)
                 return
             dests = [
                 casting.Dest(addr, next_seq(addr, mesh_id), rank)

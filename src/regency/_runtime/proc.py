@@ -124,10 +124,10 @@ class ProcRuntime:
         targets: Sequence[tuple[str, int, int]],
         mesh_id: int,
         sender: int,
-        parts: list[Part],
+        encoder: frames.Encoder,
     ) -> None:
         """Send one actor message directly to each ``(addr, seq, rank)`` in ``targets``."""
-        encoder = frames.Encoder(parts, self.frame_limit)
+        parts = encoder.parts
         coalesce = len(parts) <= _OWN_PARTS and encoder.size <= _COALESCE_MAX
         for addr, seq, rank in targets:
             if addr == self.address:
