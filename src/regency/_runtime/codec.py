@@ -77,13 +77,17 @@ def _wrap_large(value: Any) -> Any:
 _WRAPPED = (bytes, bytearray)
 
 
-def wrap_arguments(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Mark large top-level ``bytes``/``bytearray`` arguments for out-of-band transfer."""
-    if any(type(a) in _WRAPPED for a in args) or any(type(v) in _WRAPPED for v in kwargs.values()):
-        return tuple(_wrap_large(a) for a in args), {k: _wrap_large(v) for k, v in kwargs.items()}
-    return args, kwargs
+def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Part]:
+    """Pickle a call's arguments, large top-level ``bytes``/``bytearray`` ones out of band."""
+    call = (args, kwargs)
+    if _is_plain(call):
+        return [pickle.dumps(call, protocol=5)]
+    for value in (*args, *kwargs.values()):
+        if type(value) in _WRAPPED:
+            args = tuple(_wrap_large(a) for a in args)
+            kwargs = {k: _wrap_large(v) for k, v in kwargs.items()}
+            break
+    return dumps((args, kwargs))
 
 
 _PLAIN = frozenset({int, float, str, bool, type(None)})

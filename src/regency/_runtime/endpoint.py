@@ -168,7 +168,7 @@ class Endpoint(Generic[R]):
             envelope = pickle.dumps(
                 (self._name, tuple(reply), route.labels, route.sizes), protocol=5
             )
-        parts = [envelope, *codec.dumps(codec.wrap_arguments(args, kwargs))]
+        parts = [envelope, *codec.dumps_call(args, kwargs)]
         # Refuse oversize messages before taking sequence numbers: a gap would stall the
         # receiver's ordering of every later message from this sender.
         encoder = frames.Encoder(parts, rt.frame_limit)

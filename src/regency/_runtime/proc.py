@@ -128,13 +128,17 @@ class ProcRuntime:
     ) -> None:
         """Send one actor message directly to each ``(addr, seq, rank)`` in ``targets``."""
         parts = encoder.parts
-        coalesce = len(parts) <= _OWN_PARTS and encoder.size <= _COALESCE_MAX
+        size = encoder.size
+        coalesce = len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX
+        big = size >= bulk.BULK_MIN
+        post = self.transport.post
+        # Known-dead targets were refused by the caller; one that dies meanwhile makes the
+        # transport raise PeerUnreachableError.
         for addr, seq, rank in targets:
             if addr == self.address:
                 self._deliver_local(mesh_id, sender, seq, rank, _own(parts), None)
                 continue
-            self.check_alive(addr)
-            if encoder.size >= bulk.BULK_MIN:
+            if big:
                 framed, flags = self._frame_parts(addr, parts)
                 buffers = frames.encode(
                     wire.KIND_ACTOR,
@@ -150,7 +154,7 @@ class ProcRuntime:
                 continue
             buffers = encoder.frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
             if coalesce:
-                self.transport.post(addr, buffers, encoder.size)
+                post(addr, buffers, size)
             else:
                 self.transport.send(addr, buffers)
 
