@@ -23,6 +23,14 @@ PART_LEN: Final = struct.Struct("<Q")
 MAX_PARTS: Final = 255
 
 
+_TABLES = [struct.Struct(f"<{n}Q") for n in range(MAX_PARTS + 1)]
+
+
+def _table(nparts: int) -> struct.Struct:
+    """The packer of a frame's part-length table (precompiled for every possible count)."""
+    return _TABLES[nparts]
+
+
 class FrameError(Exception):
     """A peer sent bytes that are not a valid frame (the connection is closed)."""
 
@@ -98,7 +106,7 @@ class Encoder:
             )
         self.nparts = nparts
         self.parts = parts
-        self.table = struct.pack(f"<{nparts}Q", *sizes)
+        self.table = _table(nparts).pack(*sizes)
 
     @property
     def size(self) -> int:
@@ -122,7 +130,7 @@ def decode_body(first: memoryview, body: memoryview) -> Frame:
     table_len = 8 * nparts
     if body.nbytes < table_len:
         raise FrameError("frame shorter than its part table")
-    sizes = struct.unpack_from(f"<{nparts}Q", body, 0)
+    sizes = _table(nparts).unpack_from(body, 0)
     if table_len + sum(sizes) != body.nbytes:
         raise FrameError("frame part lengths do not add up to the frame length")
     parts = []
