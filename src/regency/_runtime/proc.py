@@ -158,14 +158,6 @@ class ProcRuntime:
             else:
                 self.transport.send(addr, buffers)
 
-    def _send(self, addr: str, buffers: list[Part], parts: Sequence[Part]) -> None:
-        """Send a frame; small ones made only of our own pickles may be coalesced."""
-        size = buffers_size(buffers)
-        if len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
-            self.transport.post(addr, buffers, size)
-        else:
-            self.transport.send(addr, buffers)
-
     def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
         """The parts of a frame to ``addr``: large ones move to shared memory on this host."""
         if addr.startswith("unix:") and buffers_size(parts) >= bulk.BULK_MIN:
@@ -240,17 +232,15 @@ class ProcRuntime:
                 handler.deliver(rank, flags, _own(parts))
             return
         self.check_alive(ref.addr)
-        framed, bulk_flags = self._frame_parts(ref.addr, parts)
-        buffers = frames.encode(
-            wire.KIND_PORT,
-            ref.port,
-            framed,
-            rank=rank,
-            flags=flags | bulk_flags,
-            limit=self.frame_limit,
-        )
-        if wait:
-            self._send(ref.addr, buffers, parts)
+        encoder = frames.Encoder(list(parts), self.frame_limit)
+        size = encoder.size
+        if size >= bulk.BULK_MIN:
+            framed, bulk_flags = self._frame_parts(ref.addr, parts)
+            encoder = frames.Encoder(framed, self.frame_limit)
+            flags |= bulk_flags
+        buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
+        if wait and len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
+            self.transport.post(ref.addr, buffers, encoder.size)
         else:
             self.transport.send(ref.addr, buffers, wait)
 
