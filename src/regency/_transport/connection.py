@@ -77,41 +77,45 @@ class Connection:
 
         Raises :class:`ConnectionClosedError` if the connection is (or becomes) closed.
         """
-        item: _Pending | None = None
         with self._lock:
-            if self.closed is not None:
-                raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
-            if self._outbox:
-                buffers = [*self._take_outbox(), *buffers]
-            if not self._backlog:
-                total = 0
-                for b in buffers:
-                    total += b.nbytes if isinstance(b, memoryview) else len(b)
-                try:
-                    sent = self.sock.sendmsg(buffers)
-                except (BlockingIOError, InterruptedError):
-                    sent = 0
-                except OSError as exc:
-                    self._close_locked(f"send failed: {exc}")
-                    raise ConnectionClosedError(f"connection to {self.peer} failed: {exc}") from exc
-                if sent == total:
-                    return
-                rest = _advance(buffers, sent)
-            else:
-                rest = _advance(buffers, 0)
-            item = _Pending(rest, threading.Event() if wait else None)
-            self._backlog.append(item)
-            if self._writer is None:
-                self._writer = threading.Thread(
-                    target=self._write_loop, name=f"regency-writer-{self.peer}", daemon=True
-                )
-                self._writer.start()
-            else:
-                self._wakeup.notify()
-        if item.done is not None:
+            item = self._write_locked(buffers, wait)
+        if item is not None and item.done is not None:
             item.done.wait()
             if not item.ok:
                 raise ConnectionClosedError(f"connection to {self.peer} closed: {self.closed}")
+
+    def _write_locked(self, buffers: Sequence[Buffer], wait: bool) -> _Pending | None:
+        """Write what the socket takes now (outbox first); queue the rest for the writer."""
+        if self.closed is not None:
+            raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
+        if self._outbox:
+            buffers = [*self._take_outbox(), *buffers]
+        if not self._backlog:
+            total = 0
+            for b in buffers:
+                total += b.nbytes if isinstance(b, memoryview) else len(b)
+            try:
+                sent = self.sock.sendmsg(buffers)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self._close_locked(f"send failed: {exc}")
+                raise ConnectionClosedError(f"connection to {self.peer} failed: {exc}") from exc
+            if sent == total:
+                return None
+            rest = _advance(buffers, sent)
+        else:
+            rest = _advance(buffers, 0)
+        item = _Pending(rest, threading.Event() if wait else None)
+        self._backlog.append(item)
+        if self._writer is None:
+            self._writer = threading.Thread(
+                target=self._write_loop, name=f"regency-writer-{self.peer}", daemon=True
+            )
+            self._writer.start()
+        else:
+            self._wakeup.notify()
+        return item
 
     def post(self, buffers: Sequence[Buffer], size: int) -> bool:
         """Send small, self-owned frame buffers, coalescing them with others during bursts.
@@ -129,28 +133,23 @@ class Connection:
             burst = now - self._last_post < BURST_WINDOW
             self._last_post = now
             if not burst and not self._outbox and not self._backlog:
-                immediate = True
-            else:
-                immediate = False
-                self._outbox.extend(buffers)
-                self._outbox_bytes += size
-                if len(self._outbox) < OUTBOX_BUFFERS and self._outbox_bytes < OUTBOX_BYTES:
-                    schedule = not self._flush_scheduled
-                    self._flush_scheduled = True
-                    return schedule
-        if immediate:
-            self.send(buffers, wait=False)
-        else:
-            self.flush()
-        return False
+                self._write_locked(buffers, wait=False)
+                return False
+            self._outbox.extend(buffers)
+            self._outbox_bytes += size
+            if len(self._outbox) < OUTBOX_BUFFERS and self._outbox_bytes < OUTBOX_BYTES:
+                schedule = not self._flush_scheduled
+                self._flush_scheduled = True
+                return schedule
+            self._write_locked((), wait=False)
+            return False
 
     def flush(self) -> None:
         """Send whatever :meth:`post` left in the outbox."""
         with self._lock:
             self._flush_scheduled = False
-            if not self._outbox or self.closed is not None:
-                return
-        self.send((), wait=False)
+            if self._outbox and self.closed is None:
+                self._write_locked((), wait=False)
 
     def _take_outbox(self) -> list[Buffer]:
         outbox, self._outbox = self._outbox, []
