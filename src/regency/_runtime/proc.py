@@ -131,7 +131,8 @@ class ProcRuntime:
         size = encoder.size
         coalesce = len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX
         big = size >= bulk.BULK_MIN
-        post = self.transport.post
+        frame = encoder.frame
+        posts: list[tuple[str, list[Part]]] = []
         # Known-dead targets were refused by the caller; one that dies meanwhile makes the
         # transport raise PeerUnreachableError.
         for addr, seq, rank in targets:
@@ -152,11 +153,13 @@ class ProcRuntime:
                 )
                 self.transport.send(addr, buffers)
                 continue
-            buffers = encoder.frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
+            buffers = frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
             if coalesce:
-                post(addr, buffers, size)
+                posts.append((addr, buffers))
             else:
                 self.transport.send(addr, buffers)
+        if posts:
+            self.transport.post_many(posts, size)
 
     def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
         """The parts of a frame to ``addr``: large ones move to shared memory on this host."""

@@ -140,12 +140,31 @@ class Transport:
         except ConnectionClosedError as exc:
             raise PeerUnreachableError(str(exc)) from exc
         if schedule:
-            with self._dirty_lock:
-                self._dirty.add(conn)
-                first = not self._flush_pending
-                self._flush_pending = True
-            if first:
-                self.loop.call_later(FLUSH_DELAY, self.flush)
+            self._mark_dirty(conn)
+
+    def post_many(self, frames: Sequence[tuple[str, Sequence[Buffer]]], size: int) -> None:
+        """:meth:`post` one ``size``-byte frame to each of several peers (a cast)."""
+        peers = self._peers
+        for peer, buffers in frames:
+            entry = peers.get(peer)
+            conn = entry.conn if entry is not None else None
+            if conn is None:
+                self.send(peer, buffers, wait=False)
+                continue
+            try:
+                schedule = conn.post(buffers, size)
+            except ConnectionClosedError as exc:
+                raise PeerUnreachableError(str(exc)) from exc
+            if schedule:
+                self._mark_dirty(conn)
+
+    def _mark_dirty(self, conn: Connection) -> None:
+        with self._dirty_lock:
+            self._dirty.add(conn)
+            first = not self._flush_pending
+            self._flush_pending = True
+        if first:
+            self.loop.call_later(FLUSH_DELAY, self.flush)
 
     def flush(self) -> None:
         """Send every frame waiting in an outbox."""
