@@ -63,38 +63,50 @@ class FrameReader:
         return [decode_body(view[: HEADER.size], view[HEADER.size :])]
 
     def _cut(self) -> list[Frame]:
-        frames: list[Frame] = []
         buf = self._buf
-        view = self._view
-        while True:
-            avail = self._end - self._start
-            if avail < HEADER.size:
+        start = pos = self._start
+        end = self._end
+        spans: list[tuple[int, int]] = []
+        pending = 0  # length of an incomplete frame at ``pos``, once its header is in
+        while end - pos >= HEADER.size:
+            total = LENGTH_PREFIX + self._checked_length(buf, pos)
+            if end - pos < total:
+                pending = total
                 break
-            (body_len,) = _LEN.unpack_from(buf, self._start)
-            total = LENGTH_PREFIX + body_len
-            if body_len < HEADER.size - LENGTH_PREFIX:
-                raise FrameError(f"frame length {body_len} is shorter than a header")
-            if total > self._limit:
-                raise FrameError(
-                    f"peer announced a frame of {total} bytes, over the limit of {self._limit}"
+            spans.append((pos, total))
+            pos += total
+        frames: list[Frame] = []
+        if spans:
+            # One copy for every complete frame of this read; the frames are views into it.
+            chunk = memoryview(bytes(self._view[start:pos]))
+            for offset, total in spans:
+                rel = offset - start
+                frames.append(
+                    decode_body(
+                        chunk[rel : rel + HEADER.size], chunk[rel + HEADER.size : rel + total]
+                    )
                 )
-            if avail < total:
-                if total > len(buf):
-                    self._start_big(total)
-                elif total > len(buf) - self._start:
-                    buf[:avail] = buf[self._start : self._end]
-                    self._start, self._end = 0, avail
-                return frames
-            data = memoryview(bytes(view[self._start : self._start + total]))
-            self._start += total
-            frames.append(decode_body(data[: HEADER.size], data[HEADER.size :]))
-        if self._start == self._end:
+        self._start = pos
+        remaining = end - pos
+        if remaining == 0:
             self._start = self._end = 0
-        elif self._start > len(buf) // 2:
-            remaining = self._end - self._start
-            buf[:remaining] = buf[self._start : self._end]
+        elif pending > len(buf):
+            self._start_big(pending)
+        elif pending > len(buf) - pos or pos > len(buf) // 2:
+            buf[:remaining] = buf[pos:end]
             self._start, self._end = 0, remaining
         return frames
+
+    def _checked_length(self, buf: bytearray, pos: int) -> int:
+        (body_len,) = _LEN.unpack_from(buf, pos)
+        if body_len < HEADER.size - LENGTH_PREFIX:
+            raise FrameError(f"frame length {body_len} is shorter than a header")
+        if LENGTH_PREFIX + body_len > self._limit:
+            raise FrameError(
+                f"peer announced a frame of {LENGTH_PREFIX + body_len} bytes, over the limit of "
+                f"{self._limit}"
+            )
+        return int(body_len)
 
     def _start_big(self, total: int) -> None:
         have = self._end - self._start
