@@ -158,3 +158,18 @@ def test_broadcasts_of_mid_size_payloads_arrive_whole(small_arena: ProcMesh) -> 
     for _ in range(5):
         tally.add.broadcast(payload)
     assert tally.value.call_one().get(timeout=T) == 5 * len(payload)
+
+
+def test_a_dead_senders_arena_file_is_closed_and_its_data_stays_readable(
+    small_arena: ProcMesh,
+) -> None:
+    sink = small_arena.spawn("sink", Sink)
+    pid = sink.pid.call_one().get(timeout=T)
+    array = sink.make.call_one(2 * MIB, 7).get(timeout=T)
+    assert backing(array) == "mmap"
+    bulk = state.runtime().bulk
+    assert any(key[1] == pid for key in bulk._files), "we opened the proc's arena"
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not any(key[1] == pid for key in bulk._files))
+    assert int(array[0]) == 7
+    assert int(array[-1]) == 7

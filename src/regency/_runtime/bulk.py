@@ -121,7 +121,7 @@ class Bulk:
         self._arena: Arena | None = None
         self._arena_lock = threading.Lock()
         self._release = release
-        self._files: dict[tuple[int, int], int] = {}
+        self._files: dict[tuple[str, int, int], int] = {}  # (sender, pid, fd) -> our fd
         self._files_lock = threading.Lock()
 
     def _get_arena(self) -> Arena | None:
@@ -164,30 +164,30 @@ class Bulk:
             self._arena.free(offset)
 
     def peer_lost(self, peer: str) -> None:
-        """Free the regions a lost peer held."""
+        """Free the regions a lost peer held and close the lost sender's arena file.
+
+        Mappings already made stay valid: closing the file does not unmap them.
+        """
         if self._arena is not None:
             self._arena.free_peer(peer)
+        with self._files_lock:
+            for key in [k for k in self._files if k[0] == peer]:
+                with contextlib.suppress(OSError):
+                    os.close(self._files.pop(key))
 
     def import_(self, peer: str, parts: list[Any], descriptor: Part) -> list[Any]:
         """Replace descriptor placeholders in ``parts`` by mappings of the sender's regions."""
         for index, pid, fd, offset, size in pickle.loads(descriptor):
-            region = mmap.mmap(self._file(pid, fd), size, offset=offset)
+            region = mmap.mmap(self._file(peer, pid, fd), size, offset=offset)
             weakref.finalize(region, self._release, peer, offset)
             parts[index] = memoryview(region)
         return parts
 
-    def _file(self, pid: int, fd: int) -> int:
-        key = (pid, fd)
+    def _file(self, peer: str, pid: int, fd: int) -> int:
+        key = (peer, pid, fd)
         with self._files_lock:
             mine = self._files.get(key)
             if mine is None:
                 mine = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
                 self._files[key] = mine
             return mine
-
-    def forget_sender(self, pid: int) -> None:
-        """Close the files of a sender that is gone."""
-        with self._files_lock:
-            for key in [k for k in self._files if k[0] == pid]:
-                with contextlib.suppress(OSError):
-                    os.close(self._files.pop(key))

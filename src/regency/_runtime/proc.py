@@ -159,12 +159,12 @@ class ProcRuntime:
             else:
                 self.transport.send(addr, buffers)
         if posts:
-            self.transport.post_many(posts, size)
+            self.transport.post(posts, size)
 
     def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
         """The parts of a frame to ``addr``: large ones move to shared memory on this host."""
         if addr.startswith("unix:") and buffers_size(parts) >= bulk.BULK_MIN:
-            frames.check_size(list(parts), self.frame_limit)  # the limit is on the message
+            frames.Encoder(list(parts), self.frame_limit)  # the limit is on the whole message
             exported = self.bulk.export(addr, parts)
             if exported is not None:
                 moved, descriptor = exported
@@ -243,7 +243,7 @@ class ProcRuntime:
             flags |= bulk_flags
         buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
         if wait and len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
-            self.transport.post(ref.addr, buffers, encoder.size)
+            self.transport.post([(ref.addr, buffers)], encoder.size)
         else:
             self.transport.send(ref.addr, buffers, wait)
 

@@ -56,16 +56,6 @@ def _nbytes(part: bytes | bytearray | memoryview) -> int:
     return part.nbytes if isinstance(part, memoryview) else len(part)
 
 
-def check_size(parts: list[bytes | bytearray | memoryview], limit: int) -> None:
-    """Raise :class:`FrameTooLargeError` if a frame of ``parts`` would exceed ``limit``."""
-    size = HEADER.size + 8 * len(parts) + sum(_nbytes(p) for p in parts)
-    if size > limit:
-        raise FrameTooLargeError(
-            f"message of {size} bytes exceeds the frame size limit of "
-            f"{limit} bytes (raise it with regency.config.configure(max_frame_bytes=...))"
-        )
-
-
 def encode(
     kind: int,
     dest: int,

@@ -124,26 +124,13 @@ class Transport:
         except ConnectionClosedError as exc:
             raise PeerUnreachableError(str(exc)) from exc
 
-    def post(self, peer: str, buffers: Sequence[Buffer], size: int) -> None:
-        """Send a small frame whose buffers the caller will not touch again, coalescing bursts.
+    def post(self, frames: Sequence[tuple[str, Sequence[Buffer]]], size: int) -> None:
+        """Send small ``size``-byte frames, one per ``(peer, buffers)``, coalescing bursts.
 
-        Frames posted in a burst go out together on the next flush: when the outbox fills,
-        when a thread is about to wait (:meth:`flush`), or shortly after on the I/O thread.
+        The caller must not touch the buffers again. Frames posted in a burst go out together on
+        the next flush: when the outbox fills, when a thread is about to wait (:meth:`flush`),
+        or shortly after on the I/O thread.
         """
-        entry = self._peers.get(peer)
-        conn = entry.conn if entry is not None else None
-        if conn is None:
-            self.send(peer, buffers, wait=False)
-            return
-        try:
-            schedule = conn.post(buffers, size)
-        except ConnectionClosedError as exc:
-            raise PeerUnreachableError(str(exc)) from exc
-        if schedule:
-            self._mark_dirty(conn)
-
-    def post_many(self, frames: Sequence[tuple[str, Sequence[Buffer]]], size: int) -> None:
-        """:meth:`post` one ``size``-byte frame to each of several peers (a cast)."""
         peers = self._peers
         for peer, buffers in frames:
             entry = peers.get(peer)
