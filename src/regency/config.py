@@ -12,6 +12,8 @@ key                      default      meaning
 ``connect_timeout``      30.0         seconds to keep dialing a proc that is starting
 ``stop_timeout``         10.0         seconds a stopping proc gets before it is killed
 ``shm_arena_bytes``      1 GiB        shared memory a proc uses for large parts to same-host peers
+``cleanup_timeout``      3.0          seconds an actor's ``__cleanup__`` may take before it counts
+                                      as failed
 =======================  ===========  ==========================================================
 """
 
@@ -29,6 +31,7 @@ _DEFAULTS: dict[str, Any] = {
     "connect_timeout": 30.0,
     "stop_timeout": 10.0,
     "shm_arena_bytes": 1024**3,
+    "cleanup_timeout": 3.0,
 }
 _runtime: dict[str, Any] = {}
 

@@ -18,6 +18,7 @@ DEFAULTS = {
     "connect_timeout": 30.0,
     "stop_timeout": 10.0,
     "shm_arena_bytes": 1024**3,
+    "cleanup_timeout": 3.0,
 }
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 
 from regency import config
-from regency._runtime import state, wire
+from regency._runtime import state, supervision, wire
 from regency._runtime.host_agent import HostAgent
 from regency._runtime.instance import ClientInstance
 from regency._runtime.proc import ProcRuntime
@@ -38,7 +39,19 @@ def bootstrap_controller() -> None:
         wire.SERVICE_SINGLETONS, Service("regency-singletons", SingletonRegistry().handle)
     )
     runtime.services[wire.SERVICE_HOST].post("warm")
+    supervision.install_exit_path()
+    atexit.register(_exit_code_after_fatal_failure)
     atexit.register(shutdown)
+
+
+def _exit_code_after_fatal_failure() -> None:
+    """Runs after ``shutdown``: a fatal supervision failure ends the process with code 1 even if
+    the main thread could only be sent ``KeyboardInterrupt``."""
+    code = supervision.fatal_exit_code()
+    if code is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def shutdown() -> None:

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from regency._runtime import casting, codec, context, state, wire
 from regency._runtime.errors import SupervisionError
 from regency._runtime.future import Future
-from regency._runtime.ports import GatherReply, OnceReply, Port, StreamReply
+from regency._runtime.ports import GatherReply, OnceReply, Port, StreamReply, fail_handler
 from regency._runtime.proc import PortRef
+from regency._runtime.supervision import UndeliverableMessageEnvelope, is_stop_reason
 from regency._runtime.value_mesh import ValueMesh
 from regency._transport import frames
 from regency._transport.transport import PeerUnreachableError
@@ -127,12 +128,54 @@ class Endpoint(Generic[R]):
     def _describe_loss(self, addr: str, reason: str) -> SupervisionError:
         route = self._mesh._route()
         ranks = [i for i, a in enumerate(route.addrs) if a == addr]
+        name = self._mesh._name
+        if is_stop_reason(reason):
+            what = f"actor mesh {name} is stopped due to proc mesh shutdown ({reason})"
+        else:
+            what = (
+                f"failure on mesh {name} at rank {ranks[0] if ranks else '?'} with event: "
+                f"the process {addr} hosting it failed: {reason}"
+            )
         return SupervisionError(
-            f"Endpoint call {self._mesh._name}.{self._name}() failed, failure on mesh "
-            f"{self._mesh._name} at rank {ranks[0] if ranks else '?'} with event: the process "
-            f"{addr} hosting it failed: {reason}",
-            f"{self._mesh._name}.{self._name}",
+            f"Endpoint call {name}.{self._name}() failed, {what}", f"{name}.{self._name}"
         )
+
+    def _refuse(self, reply: PortRef | None, error: SupervisionError) -> None:
+        """Fail a call that cannot be delivered: its future, or the sender if there is none."""
+        rt = state.runtime()
+        if reply is not None:
+            handler = rt.ports.get(reply.port)
+            if handler is not None:
+                rt.close_port(reply.port, getattr(handler, "_watch", ()))
+                fail_handler(handler, error)
+            return
+        sender = current_instance()
+        undeliverable = getattr(sender, "undeliverable", None)
+        if undeliverable is not None:
+            envelope = UndeliverableMessageEnvelope(
+                str(sender), f"{self._mesh._name}.{self._name}", str(error)
+            )
+            if undeliverable(envelope):
+                return
+        raise error
+
+    def _check_health(self, reply: PortRef | None, ranks: Sequence[int]) -> bool:
+        """Whether the chosen ranks are healthy as far as the owner knows (else refuse)."""
+        supervisor = self._mesh._supervisor
+        assert supervisor is not None
+        route = self._mesh._route()
+        for rank in ranks:
+            why = supervisor.bad.get(route.bases[rank])
+            if why is not None:
+                name = self._mesh._name
+                self._refuse(
+                    reply,
+                    SupervisionError(
+                        f"Endpoint call {name}.{self._name}() failed, {why}", f"{name}.{self._name}"
+                    ),
+                )
+                return False
+        return True
 
     def _cast(
         self,
@@ -144,18 +187,16 @@ class Endpoint(Generic[R]):
         gather: bool,
     ) -> None:
         rt = state.runtime()
+        supervisor = self._mesh._supervisor
+        if supervisor is not None and supervisor.bad and not self._check_health(reply, ranks):
+            return
         dead = rt.dead
         if dead:
             for addr in addrs:
                 reason = dead.get(addr)
-                if reason is None:
-                    continue
-                if reply is None:
-                    raise self._describe_loss(addr, reason)
-                handler = rt.ports.get(reply.port)
-                if handler is not None:
-                    handler.peer_lost(addr, reason)
-                return
+                if reason is not None:
+                    self._refuse(reply, self._describe_loss(addr, reason))
+                    return
         route = self._mesh._route()
         if reply is None:
             envelope = route.envelopes.get(self._name)
@@ -192,10 +233,13 @@ class Endpoint(Generic[R]):
                 rt.send_cast(group, mesh_id, uid, reply, gather, parts)
         except PeerUnreachableError as exc:
             if reply is None:
-                raise SupervisionError(
-                    f"Endpoint call {self._mesh._name}.{self._name}() failed: {exc}",
-                    f"{self._mesh._name}.{self._name}",
-                ) from exc
+                self._refuse(
+                    None,
+                    SupervisionError(
+                        f"Endpoint call {self._mesh._name}.{self._name}() failed: {exc}",
+                        f"{self._mesh._name}.{self._name}",
+                    ),
+                )
             # The port's watch on that process fails the future with the reason.
 
     def _check_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -203,6 +203,13 @@ class Actor:
     ``__cleanup__(exc)`` when it stops.
     """
 
+    def _handle_undeliverable_message(self, message: Any) -> bool:
+        """A message this actor sent could not be delivered; return True if handled.
+
+        The default returns False: the actor fails and its owner is told (supervision).
+        """
+        return False
+
     @property
     def logger(self) -> logging.Logger:
         """A logger named after the actor's class."""

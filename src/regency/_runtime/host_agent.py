@@ -15,14 +15,16 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from regency import config
 from regency._runtime import state, wire
 from regency._runtime.launcher import Launcher
-from regency._runtime.proc import ProcRuntime
+from regency._runtime.proc import Part, PortRef, ProcRuntime
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
+from regency._runtime.supervision import STOP_REASON_PREFIX
 from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.host")
@@ -32,6 +34,7 @@ log = logging.getLogger("regency.host")
 class _Child:
     info: ProcInfo
     pid: int
+    events: PortRef | None = None  # the spawner's exit-report port (None: this process)
     stopping: str | None = None
     exited: threading.Event = field(default_factory=threading.Event)
 
@@ -61,6 +64,7 @@ class HostAgent:
         self._by_pid: dict[int, _Child] = {}
         self._early_exits: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._spawners: dict[str, set[str]] = {}
         self.launcher = Launcher(runtime.loop, self._exited)
 
     def handle(self, request: Any) -> None:
@@ -97,7 +101,9 @@ class HostAgent:
         except OSError as exc:
             self.runtime.mark_dead(info.addr, f"could not start the process: {exc}")
             return
-        child = _Child(info, pid)
+        child = _Child(info, pid, request.events)
+        if request.events is not None:
+            self._watch_spawner(request.events.addr, info.addr)
         with self._lock:
             self._children[info.addr] = child
             self._by_pid[pid] = child
@@ -112,12 +118,44 @@ class HostAgent:
                 self._early_exits[pid] = status
                 return
             self._children.pop(child.info.addr, None)
-        reason = describe_status(status)
+            spawned = self._spawners.get(child.events.addr) if child.events else None
+            if spawned is not None:
+                spawned.discard(child.info.addr)
         if child.stopping is not None:
-            reason = f"stopped ({child.stopping})"
+            reason = f"{STOP_REASON_PREFIX}{child.stopping})"
+        else:
+            reason = describe_status(status)
         child.exited.set()
-        self.runtime.mark_dead(child.info.addr, f"the process {reason}")
+        self.runtime.mark_dead(child.info.addr, reason)
         self.runtime.local_children.discard(child.info.addr)
+        if child.events is not None:
+            with contextlib.suppress(PeerUnreachableError):
+                self.runtime.send_port(
+                    child.events, 0, 0, [pickle.dumps((child.info.addr, reason), protocol=5)]
+                )
+
+    def _watch_spawner(self, spawner: str, proc: str) -> None:
+        """Stop the procs a remote spawner started once that spawner's process is gone."""
+        with self._lock:
+            spawned = self._spawners.get(spawner)
+            first = spawned is None
+            if spawned is None:
+                spawned = self._spawners[spawner] = set()
+            spawned.add(proc)
+        if first:
+            self.runtime.open_port(_SpawnerGone(self, spawner), watch=[spawner])
+
+    def spawner_gone(self, spawner: str, reason: str) -> None:
+        """The owner of some procs died: its meshes stop with it."""
+        with self._lock:
+            orphans = list(self._spawners.pop(spawner, ()))
+        if orphans:
+            threading.Thread(
+                target=self._stop_children,
+                args=(orphans, f"their owner {spawner} is gone: {reason}", 1.0),
+                name="regency-orphans",
+                daemon=True,
+            ).start()
 
     def _stop(self, request: StopProcs) -> None:
         self._stop_children(
@@ -156,3 +194,17 @@ class HostAgent:
             addrs = list(self._children)
         self._stop_children(addrs, "controller shutting down", timeout)
         self.launcher.close()
+
+
+class _SpawnerGone:
+    """Port handler watching a remote spawner of procs."""
+
+    def __init__(self, agent: HostAgent, spawner: str) -> None:
+        self._agent = agent
+        self._spawner = spawner
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        """Nothing is ever sent here."""
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        self._agent.spawner_gone(self._spawner, reason)

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import os
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any, Protocol
 
 from regency.shape import Point
 
 if TYPE_CHECKING:
+    from regency._runtime.future import Future
     from regency._runtime.meshes import ProcMesh
+
+log = logging.getLogger("regency.supervision")
+
+
+class Stoppable(Protocol):
+    """An owned mesh: the owner can stop it."""
+
+    def stop(self, reason: str = ...) -> Future[None]:
+        """Stop the mesh."""
+        ...
 
 
 def new_uid() -> int:
@@ -34,6 +48,32 @@ class InstanceBase:
 
     def __init__(self) -> None:
         self._seqs: dict[tuple[str, int], itertools.count[int]] = {}
+        # Meshes this instance spawned (it owns them): stopped when it stops or fails.
+        self.owned: list[Stoppable] = []
+
+    def adopt(self, mesh: Stoppable) -> None:
+        """Record that this instance owns ``mesh``."""
+        self.owned.append(mesh)
+
+    def stop_owned(self, reason: str, timeout: float | None) -> None:
+        """Stop every owned mesh, newest first; wait up to ``timeout`` s (``None``: don't wait)."""
+        owned, self.owned = self.owned, []
+        futures = []
+        for mesh in reversed(owned):
+            try:
+                futures.append(mesh.stop(reason))
+            except Exception as exc:  # one mesh failing to stop must not keep the others up
+                log.warning("stopping %r failed: %s", mesh, exc)
+        if timeout is None:
+            return
+        deadline = time.monotonic() + timeout
+        for future in futures:
+            with contextlib.suppress(Exception):
+                future.get(timeout=max(0.0, deadline - time.monotonic()))
+
+    def supervise(self, notice: Any) -> None:
+        """Take a ``MeshFailure`` or ``MeshRestarted`` about a mesh this instance owns."""
+        raise NotImplementedError
 
     def next_seq(self, addr: str, mesh_id: int) -> int:
         """The next sequence number for a message from this instance to one actor."""

@@ -5,22 +5,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import pickle
 import queue
+import sys
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from regency import config
 from regency._runtime import codec, context, wire
 from regency._runtime.endpoint_def import EndpointSpec, endpoints_of
 from regency._runtime.errors import ActorError, SupervisionError
 from regency._runtime.identity import InstanceBase, new_uid
 from regency._runtime.mailbox import Delivery
 from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.service import Service
+from regency._runtime.supervision import (
+    FailureEvent,
+    MeshFailure,
+    MeshRestarted,
+    UndeliverableMessageEnvelope,
+    run_fault_hook,
+)
 from regency._runtime.waiting import thread_eventfd, wait_until, waker
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Point
@@ -30,8 +42,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("regency.actor")
 
-_STOP: Any = object()
 _CACHE_MAX = 4096
+_UNSET: Any = object()
+_STOP = "stop"
+_SUPERVISE = "supervise"
+_WAKE = "wake"
 
 
 class ClientInstance(InstanceBase):
@@ -55,6 +70,46 @@ class ClientInstance(InstanceBase):
     def __str__(self) -> str:
         return "<root>" if self.is_root else f"<client {self.proc_id}>"
 
+    def supervise(self, notice: Any) -> None:
+        """Failures of meshes spawned outside any actor: the root's go to the fault hook."""
+        if not isinstance(notice, MeshFailure) or notice.restarting:
+            return
+        if self.is_root:
+            root_notices().post(notice)
+            return
+        print(
+            f"regency: unhandled failure in {self}: {notice.report()}", file=sys.stderr, flush=True
+        )
+
+    def stop(self, reason: str | None = None) -> None:
+        """The client is not an actor: end it with ``shutdown_context()`` instead."""
+        raise RuntimeError(f"{self} is not an actor and cannot stop itself; use shutdown_context()")
+
+    kill = abort = stop
+
+
+_root_service: Service | None = None
+_root_lock = threading.Lock()
+
+
+def root_notices() -> Service:
+    """The controller's thread that runs ``unhandled_fault_hook`` for failures reaching the root."""
+    global _root_service
+    with _root_lock:
+        if _root_service is None:
+            _root_service = Service("regency-fault-hook", run_fault_hook)
+        return _root_service
+
+
+class _Control:
+    """A mailbox item for the actor itself rather than an endpoint."""
+
+    __slots__ = ("arg", "kind")
+
+    def __init__(self, kind: str, arg: Any = None) -> None:
+        self.kind = kind
+        self.arg = arg
+
 
 @dataclass(frozen=True, slots=True)
 class SpawnActor:
@@ -72,7 +127,7 @@ class SpawnActor:
 
 
 class ActorInstance(InstanceBase):
-    """One hosted actor: its mailbox sink, its thread, its endpoints."""
+    """One hosted actor: its mailbox sink, its thread, its endpoints, its fate."""
 
     def __init__(self, runtime: ProcRuntime, request: SpawnActor) -> None:
         super().__init__()
@@ -87,6 +142,7 @@ class ActorInstance(InstanceBase):
         self.proc_id = runtime.address
         self.actor: Any = None
         self.failed: str | None = None
+        self._failure_error: BaseException | None = None
         self.stopped = False
         self.stop_reason = ""
         self._endpoints: dict[str, tuple[Callable[..., Any], EndpointSpec]] = {}
@@ -110,16 +166,44 @@ class ActorInstance(InstanceBase):
     def __str__(self) -> str:
         return f"{self.creator}.<{self.class_name} {self.name}{self.rank}>"
 
-    # -- lifecycle -----------------------------------------------------------------------------
+    # -- lifecycle (public: ``context().actor_instance``) --------------------------------------
+
+    def stop(self, reason: str | None = None) -> None:
+        """Stop this actor gracefully after the current message (not a failure).
+
+        Queued messages still run, owned meshes stop, then ``__cleanup__(None)``; the owner
+        sees the rank as stopped, not failed.
+        """
+        self.request_stop(self._report_stopped, reason or "stopped by the actor itself")
+
+    def kill(self, reason: str | None = None) -> None:
+        """End this actor as failed: its owner gets a ``MeshFailure``."""
+        self._fail(f"killed: {reason or 'no reason provided'}")
+        self._poke()
+
+    def abort(self, reason: str | None = None) -> None:
+        """End this actor as failed with ``reason``: its owner gets a ``MeshFailure``."""
+        self._fail(f"aborted: {reason or 'no reason provided'}")
+        self._poke()
+
+    # -- lifecycle (runtime) -------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the actor's thread; its constructor runs there before any message."""
         self._thread.start()
 
-    def stop(self, done: Callable[[], None], reason: str = "stopped by client") -> None:
-        """Finish queued messages, then stop; ``done`` runs on the actor thread at the end."""
+    def request_stop(self, done: Callable[[], None], reason: str = "stopped by client") -> None:
+        """Finish queued messages, then stop; ``done`` runs once the actor has stopped."""
         self.stop_reason = reason
-        self.runtime.mailbox(self.mesh_id).post(0, 0, (_STOP, done))
+        self.runtime.mailbox(self.mesh_id).post(0, 0, _Control(_STOP, done))
+
+    def supervise(self, notice: Any) -> None:
+        """Queue a notice about an owned mesh; ``__supervise__`` runs between messages."""
+        self.runtime.mailbox(self.mesh_id).post(0, 0, _Control(_SUPERVISE, notice))
+
+    def _poke(self) -> None:
+        if threading.current_thread() is not self._thread:
+            self.runtime.mailbox(self.mesh_id).post(0, 0, _Control(_WAKE))
 
     def _main(self) -> None:
         try:
@@ -140,10 +224,10 @@ class ActorInstance(InstanceBase):
         loop = _new_loop()
         asyncio.set_event_loop(loop)
         try:
-            constructed = loop.run_until_complete(self._serve_async(cls, args, kwargs))
+            loop.run_until_complete(self._serve_async(cls, args, kwargs))
         finally:
             loop.close()
-        if not constructed:
+        if not self.stopped:
             self._serve_failed()
 
     def _construct(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -159,10 +243,8 @@ class ActorInstance(InstanceBase):
         return True
 
     def _report_init(self, exc: BaseException) -> None:
-        text = "".join(traceback.format_exception(exc))
-        self.failed = f"{type(exc).__name__}: {exc}"
-        self._send_status(text)
-        self._report_failure(f"the actor's __init__ raised {type(exc).__name__}: {exc}\n{text}")
+        self._send_status("".join(traceback.format_exception(exc)))
+        self._fail(f"__init__ raised {type(exc).__name__}: {exc}", exc)
 
     def _send_status(self, error: str | None) -> None:
         with contextlib.suppress(PeerUnreachableError):
@@ -183,17 +265,25 @@ class ActorInstance(InstanceBase):
             except queue.Empty:
                 idle()
                 item = q.get()
-            if type(item) is tuple and item and item[0] is _STOP:
-                self._finish_stop(item[1])
-                return
-            try:
-                handle(item)
-            except Exception:
-                # Only a malformed message gets here (endpoint errors are handled inside).
-                log.exception("actor %s dropped a malformed message", self.name)
+            if type(item) is _Control:
+                if item.kind is _STOP:
+                    self._finish_stop(item.arg)
+                    return
+                if item.kind is _SUPERVISE:
+                    self._supervise_sync(item.arg)
+            else:
+                try:
+                    handle(item)
+                except Exception:
+                    # Only a malformed message gets here (endpoint errors are handled inside).
+                    log.exception("actor %s dropped a malformed message", self.name)
             # Drop the message now, not when the next one arrives: its parts may map shared
             # memory that the sender is waiting to reuse.
             item = None
+            if self.failed is not None:
+                self._cleanup_sync()
+                self._serve_failed()
+                return
 
     def _post_sync(self, item: Any) -> None:
         self._queue.put(item)
@@ -210,20 +300,25 @@ class ActorInstance(InstanceBase):
             self._wake = None
 
     def _serve_failed(self) -> None:
+        """After a failure: answer every later message with a ``SupervisionError``."""
         self.runtime.mailbox(self.mesh_id).attach(self._queue.put)
         while True:
             item = self._queue.get()
-            if type(item) is tuple and item and item[0] is _STOP:
-                self._finish_stop(item[1])
-                return
+            if type(item) is _Control:
+                if item.kind is _STOP:
+                    self.stopped = True
+                    self.runtime.mailbox(self.mesh_id).attach(self._reject)
+                    item.arg()
+                    return
+                continue
             try:
                 self._reject(item)
             except Exception:
                 log.exception("actor %s dropped a malformed message", self.name)
 
-    async def _serve_async(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    async def _serve_async(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self._construct(cls, args, kwargs):
-            return False
+            return
         loop = asyncio.get_running_loop()
         inbox: deque[Any] = deque()
         wake = asyncio.Event()
@@ -237,19 +332,25 @@ class ActorInstance(InstanceBase):
 
         self.runtime.mailbox(self.mesh_id).attach(post)
         tasks: set[asyncio.Task[Any]] = set()
-        while True:
-            while inbox:
+        while self.failed is None:
+            while inbox and self.failed is None:
                 item = inbox.popleft()
-                if type(item) is tuple and item and item[0] is _STOP:
-                    for task in tasks:
-                        task.cancel()
-                    self._finish_stop(item[1])
-                    return True
+                if type(item) is _Control:
+                    if item.kind is _STOP:
+                        await self._cancel_tasks(tasks)
+                        await self._cleanup_async(None)
+                        self._finish_stop(item.arg, cleaned=True)
+                        return
+                    if item.kind is _SUPERVISE:
+                        await self._supervise_async(item.arg)
+                    continue
                 try:
-                    await self._handle_async(item, tasks)
+                    await self._handle_async(item, tasks, post)
                 except Exception:
                     log.exception("actor %s dropped a malformed message", self.name)
                 item = None
+            if self.failed is not None:
+                break
             scheduled[0] = False
             if inbox:
                 continue
@@ -258,6 +359,163 @@ class ActorInstance(InstanceBase):
             if inbox:
                 continue
             await wake.wait()
+        await self._cancel_tasks(tasks)
+        await self._cleanup_async(self._failure_error)
+        # Hand what is still queued to the failed actor's loop, in order.
+        box = self.runtime.mailbox(self.mesh_id)
+        box.attach(self._queue.put)
+        while inbox:
+            self._queue.put(inbox.popleft())
+
+    @staticmethod
+    async def _cancel_tasks(tasks: set[asyncio.Task[Any]]) -> None:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- supervision ---------------------------------------------------------------------------
+
+    def _supervise_hook(self) -> Callable[..., Any] | None:
+        return getattr(type(self.actor), "__supervise__", None)
+
+    def _supervise_sync(self, notice: Any) -> None:
+        hook = self._supervise_hook()
+        token = context.set_current(context.Context(self, self.rank))
+        try:
+            handled = hook(self.actor, notice) if hook is not None else False
+        except BaseException as exc:
+            self._supervise_raised(notice, exc)
+            return
+        finally:
+            context.CURRENT.reset(token)
+        self._supervise_outcome(notice, handled)
+
+    async def _supervise_async(self, notice: Any) -> None:
+        hook = self._supervise_hook()
+        context.set_current(context.Context(self, self.rank))
+        try:
+            handled = hook(self.actor, notice) if hook is not None else False
+            if inspect.isawaitable(handled):
+                handled = await handled
+        except BaseException as exc:
+            self._supervise_raised(notice, exc)
+            return
+        self._supervise_outcome(notice, handled)
+
+    def _supervise_outcome(self, notice: Any, handled: Any) -> None:
+        if isinstance(notice, MeshRestarted) or notice.restarting or handled:
+            return
+        self._fail(
+            f"The actor {self} and all its descendants have failed: an owned mesh failed and "
+            f"__supervise__ did not handle it ({notice})",
+            cause=notice.event,
+        )
+
+    def _supervise_raised(self, notice: Any, exc: BaseException) -> None:
+        text = "".join(traceback.format_exception(exc))
+        if isinstance(notice, MeshRestarted) or notice.restarting:
+            log.error("actor %s: __supervise__ raised on a restart notice:\n%s", self, text)
+            return
+        self._fail(
+            f"error during handling of supervision: __supervise__ raised "
+            f"{type(exc).__name__}: {exc}",
+            exc,
+            cause=notice.event,
+        )
+
+    def _fail(
+        self, reason: str, exc: BaseException | None = None, cause: FailureEvent | None = None
+    ) -> None:
+        """Mark this actor failed, tell its owner, and stop the meshes it owns."""
+        if self.failed is not None or self.stopped:
+            return
+        self.failed = reason
+        self._failure_error = exc if exc is not None else Exception(reason)
+        event = FailureEvent(
+            self.mesh_id, self.request.rank, str(self), reason, cause, "failed", self.proc_id
+        )
+        detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        print(f"regency: actor {self} failed: {reason}\n{detail}", file=sys.stderr, flush=True)
+        self._tell_owner(event)
+        self.stop_owned(f"their owner {self} failed", None)
+
+    def _report_stopped(self) -> None:
+        self._tell_owner(
+            FailureEvent(
+                self.mesh_id,
+                self.request.rank,
+                str(self),
+                self.stop_reason,
+                None,
+                "stopped",
+                self.proc_id,
+            )
+        )
+
+    def _tell_owner(self, event: FailureEvent) -> None:
+        owner = self.request.owner
+        if owner is None:
+            return
+        with contextlib.suppress(PeerUnreachableError):
+            self.runtime.send_port(owner, self.request.rank, 0, [pickle.dumps(event, protocol=5)])
+
+    def undeliverable(self, envelope: UndeliverableMessageEnvelope) -> bool:
+        """A message this actor sent cannot be delivered: its handler decides, else it fails."""
+        handler = getattr(self.actor, "_handle_undeliverable_message", None)
+        if handler is not None and handler(envelope):
+            return True
+        self._fail(f"a message it sent could not be delivered: {envelope.error_msg()}")
+        return False
+
+    # -- stopping and cleanup ------------------------------------------------------------------
+
+    def _finish_stop(self, done: Callable[[], None], cleaned: bool = False) -> None:
+        """After the last message: stop owned meshes, clean up, refuse later messages."""
+        self.stop_owned(f"their owner {self} stopped", float(config.get("stop_timeout")))
+        if not cleaned:
+            self._cleanup_sync(None)
+        self.stopped = True
+        self.runtime.mailbox(self.mesh_id).attach(self._reject)
+        done()
+
+    def _cleanup_sync(self, exc: BaseException | None = _UNSET) -> None:
+        if exc is _UNSET:
+            exc = self._failure_error
+        hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
+        if hook is None:
+            return
+        timeout = float(config.get("cleanup_timeout"))
+        started = time.monotonic()
+        token = context.set_current(context.Context(self, self.rank))
+        try:
+            hook(self.actor, exc)
+        except BaseException as error:
+            self._cleanup_failed(f"__cleanup__ raised {type(error).__name__}: {error}", error)
+        finally:
+            context.CURRENT.reset(token)
+        if time.monotonic() - started > timeout:
+            self._cleanup_failed(f"__cleanup__ took longer than {timeout:g} s", None)
+
+    async def _cleanup_async(self, exc: BaseException | None) -> None:
+        hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
+        if hook is None:
+            return
+        timeout = float(config.get("cleanup_timeout"))
+        context.set_current(context.Context(self, self.rank))
+        try:
+            await asyncio.wait_for(hook(self.actor, exc), timeout)
+        except asyncio.TimeoutError:
+            self._cleanup_failed(f"__cleanup__ took longer than {timeout:g} s", None)
+        except BaseException as error:
+            self._cleanup_failed(f"__cleanup__ raised {type(error).__name__}: {error}", error)
+
+    def _cleanup_failed(self, reason: str, exc: BaseException | None) -> None:
+        if self.failed is None:
+            self._fail(reason, exc)
+            return
+        detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        print(f"regency: actor {self}: {reason}\n{detail}", file=sys.stderr, flush=True)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -285,10 +543,11 @@ class ActorInstance(InstanceBase):
             self._envelopes[(envelope, rank)] = (method, point)
         return method, reply, point, parts[1:]
 
-    def _reject(self, item: Delivery) -> None:
+    def _reject(self, item: Any) -> None:
         """Answer a message the actor will never run (it failed or stopped)."""
-        if type(item) is tuple and item and item[0] is _STOP:
-            item[1]()
+        if type(item) is _Control:
+            if item.kind is _STOP:
+                item.arg()
             return
         method, reply, point, _ = self._open(item)
         if reply is None:
@@ -304,12 +563,6 @@ class ActorInstance(InstanceBase):
                 f"stopped: {self.stop_reason}"
             )
         self._reply_error(reply, point.rank, SupervisionError(text, f"{self.name}.{method}"))
-
-    def _finish_stop(self, done: Callable[[], None]) -> None:
-        """After the last message: answer later ones with an error, then report done."""
-        self.stopped = True
-        self.runtime.mailbox(self.mesh_id).attach(self._reject)
-        done()
 
     def _prepare(self, item: Delivery) -> tuple[Any, ...] | None:
         """Decode a message; returns None (after replying) when it cannot run."""
@@ -348,7 +601,9 @@ class ActorInstance(InstanceBase):
             context.CURRENT.reset(token)
         self._settle(spec, method, reply, point, result, None)
 
-    async def _handle_async(self, item: Delivery, tasks: set[asyncio.Task[Any]]) -> None:
+    async def _handle_async(
+        self, item: Delivery, tasks: set[asyncio.Task[Any]], post: Callable[[Any], None]
+    ) -> None:
         prepared = self._prepare(item)
         if prepared is None:
             return
@@ -359,7 +614,13 @@ class ActorInstance(InstanceBase):
                 self._run_async(fn, spec, method, reply, point, args, kwargs)
             )
             tasks.add(task)
-            task.add_done_callback(tasks.discard)
+
+            def finished(task: asyncio.Task[Any]) -> None:
+                tasks.discard(task)
+                if self.failed is not None:
+                    post(_Control(_WAKE))  # let the loop see the failure
+
+            task.add_done_callback(finished)
             return
         await self._run_async(fn, spec, method, reply, point, args, kwargs)
 
@@ -395,9 +656,10 @@ class ActorInstance(InstanceBase):
         if error is None:
             if reply is not None and not spec.explicit_port:
                 self._reply_value(reply, point.rank, result)
-        elif isinstance(error, Exception):
-            self._on_error(method, None if spec.explicit_port else reply, point, error, spec)
+        elif isinstance(error, Exception) and not spec.explicit_port:
+            self._on_error(method, reply, point, error, spec)
         else:
+            # A BaseException, or an explicit-port endpoint that raised instead of replying.
             self._die(method, reply, point, error)
 
     # -- replies and failures ------------------------------------------------------------------
@@ -440,17 +702,11 @@ class ActorInstance(InstanceBase):
                 reply, point.rank, ActorError(exc, f"Actor call {self.name}.{method} failed.")
             )
             return
-        # Nobody to report to (broadcast, send without a port, explicit port): the actor dies.
-        text = "".join(traceback.format_exception(exc))
-        self.failed = f"{type(exc).__name__}: {exc}"
-        self._report_failure(
-            f"endpoint {method} raised {type(exc).__name__}: {exc} with no reply path\n{text}"
-        )
+        # Nobody to report to (broadcast, send without a port): the actor dies.
+        self._fail(f"endpoint {method} raised {type(exc).__name__}: {exc} with no reply path", exc)
 
     def _die(self, method: str, reply: PortRef | None, point: Point, exc: BaseException) -> None:
-        self.failed = f"{type(exc).__name__}: {exc}"
-        text = "".join(traceback.format_exception(exc))
-        self._report_failure(f"endpoint {method} raised {type(exc).__name__}: {exc}\n{text}")
+        self._fail(f"endpoint {method} raised {type(exc).__name__}: {exc}", exc)
         if reply is not None:
             self._reply_error(
                 reply,
@@ -461,11 +717,6 @@ class ActorInstance(InstanceBase):
                     f"{self.name}.{method}",
                 ),
             )
-
-    def _report_failure(self, reason: str) -> None:
-        from regency._runtime.supervision import report_failure
-
-        report_failure(self, reason)
 
 
 class _NullPort:

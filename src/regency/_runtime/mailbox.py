@@ -27,7 +27,7 @@ class Mailbox:
         self._sink: Sink | None = None
         self._early: list[Delivery] = []
 
-    def post(self, sender: int, seq: int, delivery: Delivery) -> None:
+    def post(self, sender: int, seq: int, delivery: Any) -> None:
         """Deliver message ``seq`` (starting at 1) from ``sender``; 0 means unordered."""
         with self._lock:
             if seq == 0:

@@ -6,10 +6,12 @@ and copies received in messages are references that can send but not stop.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import pickle
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -21,12 +23,15 @@ from regency._runtime.endpoint import Endpoint, current_instance
 from regency._runtime.endpoint_def import Actor, ArgumentCheck, EndpointSpec, endpoints_of
 from regency._runtime.errors import ActorError
 from regency._runtime.future import Future
-from regency._runtime.identity import new_uid
+from regency._runtime.identity import InstanceBase, new_uid
 from regency._runtime.instance import SpawnActor
+from regency._runtime.mesh_supervisor import MeshSupervisor
 from regency._runtime.mesh_trait import MeshTrait
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
+from regency._runtime.supervision import RestartPolicy
+from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Shape
 
 T = TypeVar("T")
@@ -43,8 +48,14 @@ _RESERVED = frozenset(
         "rename",
         "split",
         "shape",
+        "restarts",
+        "restarted",
     }
 )
+
+
+class NotOwnedError(RuntimeError, ValueError):
+    """Only a mesh's owner (its spawner, through the object it got) may stop it."""
 
 
 class _Countdown:
@@ -101,12 +112,50 @@ class HostInfo:
 class HostMesh(MeshTrait):
     """A mesh of machines; ``spawn_procs`` starts processes on each of them."""
 
-    def __init__(self, shape: Shape, hosts: Sequence[HostInfo]) -> None:
+    def __init__(self, shape: Shape, hosts: Sequence[HostInfo], owned: bool = False) -> None:
         self._shape = shape
         self._hosts = list(hosts)
+        self._owned = owned
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
         return HostMesh(shape, self._hosts)
+
+    def _agents(self) -> set[str]:
+        return {self._hosts[b].agent for b in self._shape.ranks()}
+
+    def stop(self, reason: str = "host mesh stopped") -> Future[None]:
+        """Stop the procs the caller spawned on these hosts; the hosts stay up."""
+        if not self._owned:
+            raise NotOwnedError("HostMesh is not owned; must be stopped by its owner")
+        owner = current_instance()
+        agents = self._agents()
+        procs = [m for m in owner.owned if isinstance(m, ProcMesh) and m._agents() & agents]
+        futures = [m.stop(reason) for m in procs]
+        pending = Pending()
+
+        def wait() -> None:
+            errors = []
+            for future in futures:
+                error = future.exception()
+                if error is not None:
+                    errors.append(str(error))
+            if errors:
+                pending.set_exception(
+                    ActorError(None, "stopping the host mesh failed", "\n".join(errors))
+                )
+            else:
+                pending.set_result(None)
+
+        threading.Thread(target=wait, name="regency-host-stop", daemon=True).start()
+        return Future._from_pending(pending)
+
+    def shutdown(self) -> Future[None]:
+        """Stop the caller's procs on these hosts and release the hosts.
+
+        Hosts of this machine (``this_host()``) are served by the controller itself and stay up
+        while it runs; hosts attached from a job are released by the job.
+        """
+        return self.stop("host mesh shut down")
 
     def spawn_procs(
         self,
@@ -145,21 +194,56 @@ class HostMesh(MeshTrait):
                 info = ProcInfo(addr, host.agent, len(procs), local)
                 procs.append(info)
                 by_agent.setdefault(host.agent, []).append(info)
-        payload = cloudpickle.dumps(bootstrap) if bootstrap is not None else None
+        recipe = ProcRecipe(
+            cloudpickle.dumps(bootstrap) if bootstrap is not None else None,
+            mesh_name,
+            config.get_global_config(),
+        )
         for agent, infos in by_agent.items():
-            rt.send_control(
-                agent,
-                wire.SERVICE_HOST,
-                SpawnProcs(tuple(infos), payload, mesh_name, None, config.get_global_config()),
-            )
+            start_procs(agent, infos, recipe)
         hosts = HostMesh(self._shape, self._hosts)
-        return ProcMesh(shape, procs, mesh_name, hosts, owned=True)
+        mesh = ProcMesh(shape, procs, mesh_name, hosts, owned=True, recipe=recipe)
+        current_instance().adopt(mesh)
+        return mesh
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (HostMesh, (self._shape, self._hosts))
 
     def __repr__(self) -> str:
         return f"HostMesh({self._shape})"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcRecipe:
+    """How a proc mesh's procs were started, to start more like them (restarts)."""
+
+    bootstrap: bytes | None
+    mesh_name: str
+    settings: dict[str, object]
+
+
+def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> None:
+    """Ask the host agent at ``agent`` to start ``infos``; their exits are reported back here."""
+    rt = state.runtime()
+    # The controller's own host agent marks its children dead in this very process.
+    events = rt.exit_reports([i.addr for i in infos]) if agent != rt.address else None
+    rt.send_control(
+        agent,
+        wire.SERVICE_HOST,
+        SpawnProcs(tuple(infos), recipe.bootstrap, recipe.mesh_name, events, recipe.settings),
+    )
+
+
+def stop_procs(infos: Sequence[ProcInfo], reason: str) -> Future[None]:
+    """Stop procs through their host agents (politely, then by force)."""
+    rt = state.runtime()
+    by_agent: dict[str, list[str]] = {}
+    for info in infos:
+        by_agent.setdefault(info.agent, []).append(info.addr)
+    tracker, port = _open_countdown(len(by_agent), [], "stopping procs")
+    for agent, addrs in by_agent.items():
+        rt.send_control(agent, wire.SERVICE_HOST, StopProcs(tuple(addrs), reason, port))
+    return Future._from_pending(tracker.pending)
 
 
 class ProcMesh(MeshTrait):
@@ -172,20 +256,29 @@ class ProcMesh(MeshTrait):
         name: str,
         hosts: HostMesh | None,
         owned: bool = False,
+        recipe: ProcRecipe | None = None,
     ) -> None:
         self._shape = shape
         self._procs = list(procs)
         self._name = name
         self._hosts = hosts
         self._owned = owned
+        self._recipe = recipe or ProcRecipe(None, name, config.get_global_config())
         self._stopped = False
         self._ready: Future[bool] | None = None
+        # Supervisors of the actor meshes spawned through this object (in this process).
+        self._supervisors: list[MeshSupervisor] = []
 
     def _new_with_shape(self, shape: Shape) -> ProcMesh:
-        return ProcMesh(shape, self._procs, self._name, self._hosts, owned=False)
+        mesh = ProcMesh(shape, self._procs, self._name, self._hosts, recipe=self._recipe)
+        mesh._supervisors = self._supervisors
+        return mesh
 
     def _addrs(self) -> list[str]:
         return [self._procs[b].addr for b in self._shape.ranks()]
+
+    def _agents(self) -> set[str]:
+        return {info.agent for info in self._procs}
 
     def spawn(self, name: str, Class: type[T], *args: Any, **kwargs: Any) -> T:  # noqa: N803
         """Create one ``Class(*args, **kwargs)`` actor in every process; returns at once.
@@ -211,28 +304,60 @@ class ProcMesh(MeshTrait):
             raise ValueError(
                 f"{Class.__qualname__} endpoint(s) {clash} collide with ActorMesh attributes"
             )
-        return self._spawn_owned(name, Class, args, kwargs)  # type: ignore[return-value]
+        policy = kwargs.get("restart")
+        if isinstance(policy, RestartPolicy):
+            del kwargs["restart"]
+        else:
+            policy = None
+        return self._spawn_owned(name, Class, args, kwargs, policy)  # type: ignore[return-value]
 
     def _spawn_owned(
-        self, name: str, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        name: str,
+        cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        policy: RestartPolicy | None = None,
+        owner: InstanceBase | None = None,
     ) -> ActorMesh[Any]:
         if self._stopped:
             mesh: ActorMesh[Any] = ActorMesh(cls, name, self._shape, self._procs, new_uid(), self)
             mesh._status = Future._failed(RuntimeError("`ProcMesh` has already been stopped"))
             return mesh
-        rt = state.runtime()
-        mesh_id = new_uid()
+        owner = owner if owner is not None else current_instance()
+        extent = self._shape.extent
+        # The actor mesh gets its own copy of the proc list: restarts move its ranks.
+        procs = list(self._procs)
+        spawn = _ActorSpawn(
+            new_uid(),
+            name,
+            tuple(extent.labels),
+            tuple(extent.sizes),
+            str(owner),
+            cloudpickle.dumps((cls, args, kwargs, self)),
+            self._recipe,
+        )
+        supervisor = MeshSupervisor(
+            owner,
+            spawn.mesh_id,
+            name,
+            f"{cls.__module__}.{cls.__qualname__}",
+            extent,
+            self._shape.ranks(),
+            procs,
+            policy,
+            spawn.respawn,
+        )
         addrs = self._addrs()
         tracker, status = _open_countdown(len(addrs), _unique(addrs), f"spawning {name}")
-        payload = cloudpickle.dumps((cls, args, kwargs, self))
-        creator = str(current_instance())
-        extent = self._shape.extent
-        labels, sizes = tuple(extent.labels), tuple(extent.sizes)
         for rank, addr in enumerate(addrs):
-            request = SpawnActor(mesh_id, name, rank, labels, sizes, creator, payload, status, None)
-            rt.send_control(addr, wire.SERVICE_PROC, request)
-        mesh = ActorMesh(cls, name, self._shape, self._procs, mesh_id, self, owned=True)
+            spawn.send(addr, rank, status, supervisor.port)
+        mesh = ActorMesh(cls, name, self._shape, procs, spawn.mesh_id, self, owned=True)
         mesh._status = Future._from_pending(tracker.pending)
+        mesh._supervisor = supervisor
+        supervisor.mesh = mesh
+        self._supervisors.append(supervisor)
+        owner.adopt(mesh)
         return mesh
 
     @property
@@ -250,18 +375,15 @@ class ProcMesh(MeshTrait):
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every actor and end every process of this mesh (owner only)."""
         if not self._owned:
-            raise ValueError("ProcMesh is not owned; must be stopped by an owner")
+            raise NotOwnedError("ProcMesh is not owned; must be stopped by an owner")
         if self._stopped:
             return Future._resolved(None)
         self._stopped = True
-        rt = state.runtime()
-        by_agent: dict[str, list[str]] = {}
-        for info in self._procs:
-            by_agent.setdefault(info.agent, []).append(info.addr)
-        tracker, port = _open_countdown(len(by_agent), [], f"stopping {self._name}")
-        for agent, addrs in by_agent.items():
-            rt.send_control(agent, wire.SERVICE_HOST, StopProcs(tuple(addrs), reason, port))
-        return Future._from_pending(tracker.pending)
+        procs = list(self._procs)
+        for supervisor in self._supervisors:
+            supervisor.stop(f"stopped due to proc mesh shutdown ({reason})")
+            procs.extend(supervisor.replacements)
+        return stop_procs(procs, reason)
 
     @property
     def host_mesh(self) -> HostMesh:
@@ -285,6 +407,72 @@ class ProcMesh(MeshTrait):
             self.stop().get()
 
 
+@dataclass(frozen=True, slots=True)
+class _ActorSpawn:
+    """Everything needed to create (and re-create) the actors of one mesh."""
+
+    mesh_id: int
+    name: str
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    creator: str
+    payload: bytes  # cloudpickled (cls, args, kwargs, proc_mesh)
+    recipe: ProcRecipe
+
+    def send(self, addr: str, rank: int, status: PortRef, owner: PortRef) -> None:
+        """Ask the proc at ``addr`` to construct rank ``rank``."""
+        request = SpawnActor(
+            self.mesh_id,
+            self.name,
+            rank,
+            self.labels,
+            self.sizes,
+            self.creator,
+            self.payload,
+            status,
+            owner,
+        )
+        state.runtime().send_control(addr, wire.SERVICE_PROC, request)
+
+    def respawn(self, supervisor: MeshSupervisor, ranks: list[int]) -> None:
+        """Restart ``ranks``: retire their old actors, start a new proc and actor for each."""
+        rt = state.runtime()
+        retired: list[ProcInfo] = []
+        fresh: list[tuple[int, ProcInfo]] = []
+        for rank in ranks:
+            old = supervisor.procs[supervisor.bases[rank]]
+            if old in supervisor.replacements:
+                supervisor.replacements.remove(old)
+                retired.append(old)
+            elif old.addr not in rt.dead:
+                with contextlib.suppress(PeerUnreachableError):
+                    rt.send_control(
+                        old.addr,
+                        wire.SERVICE_PROC,
+                        ("stop_actor", self.mesh_id, "restarting", None),
+                    )
+            token = os.urandom(6).hex()
+            addr = f"unix:@regency-{rt.job_id}-{self.recipe.mesh_name}-r-{token}"
+            fresh.append((rank, ProcInfo(addr, old.agent, old.rank, old.local_rank)))
+        if retired:
+            stop_procs(retired, f"restarting {self.name}")
+        by_agent: dict[str, list[ProcInfo]] = {}
+        for _, info in fresh:
+            by_agent.setdefault(info.agent, []).append(info)
+        for agent, infos in by_agent.items():
+            start_procs(agent, infos, self.recipe)
+        addrs = [info.addr for _, info in fresh]
+        tracker, status = _open_countdown(len(fresh), addrs, f"restarting {self.name}")
+        for rank, info in fresh:
+            supervisor.replaced(rank, info)
+            self.send(info.addr, rank, status, supervisor.port)
+        if tracker.pending.wait(float(config.get("connect_timeout")) * 2) and (
+            tracker.pending.error() is None
+        ):
+            supervisor.restarted(ranks)
+        # Otherwise the new actor or proc failed too, and reported it: the policy decides again.
+
+
 class Route(NamedTuple):
     """A mesh view's destinations: base ranks, proc addresses, and the cast extent."""
 
@@ -296,6 +484,7 @@ class Route(NamedTuple):
     sizes: tuple[int, ...]
     fanout: int
     envelopes: dict[str, bytes]  # pickled envelopes of messages without a reply port
+    generation: int  # the supervisor's generation it was computed for
 
 
 class ActorMesh(MeshTrait, Generic[T]):
@@ -314,17 +503,22 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._class = cls
         self._name = name
         self._shape = shape
-        self._procs = list(procs)
+        # Shared with the mesh's views and its supervisor, which moves restarted ranks.
+        self._procs = procs if isinstance(procs, list) else list(procs)
         self._mesh_id = mesh_id
         self._proc_mesh = proc_mesh
         self._owned = owned
         self._status: Future[None] = Future._resolved(None)
         self._endpoint_specs = _endpoint_table(cls)
+        # Set on the owner's mesh and its views: per-rank health and restarts.
+        self._supervisor: MeshSupervisor | None = None
 
     def _route(self) -> Route:
-        """Where this view's messages go (computed once per view)."""
+        """Where this view's messages go (computed once per view, again after a restart)."""
         route: Route | None = self.__dict__.get("_cached_route")
-        if route is None:
+        supervisor = self._supervisor
+        generation = supervisor.generation if supervisor is not None else 0
+        if route is None or route.generation != generation:
             bases = self._shape.ranks()
             addrs = [self._procs[b].addr for b in bases]
             extent = self._shape.extent
@@ -337,6 +531,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                 tuple(extent.sizes),
                 int(config.get("cast_fanout")),
                 {},
+                generation,
             )
             self.__dict__["_cached_route"] = route
         return route
@@ -346,6 +541,7 @@ class ActorMesh(MeshTrait, Generic[T]):
             self._class, self._name, shape, self._procs, self._mesh_id, self._proc_mesh
         )
         mesh._status = self._status
+        mesh._supervisor = self._supervisor
         return mesh
 
     def __getattr__(self, name: str) -> Any:
@@ -369,13 +565,35 @@ class ActorMesh(MeshTrait, Generic[T]):
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop this mesh's actors (owner only); later calls raise ``SupervisionError``."""
         if not self._owned:
-            raise RuntimeError("ActorMesh is not owned; must be stopped by its owner")
+            raise NotOwnedError("ActorMesh is not owned; must be stopped by its owner")
         rt = state.runtime()
-        addrs = [self._procs[b].addr for b in self._shape.ranks()]
-        tracker, port = _open_countdown(len(addrs), _unique(addrs), f"stopping {self._name}")
-        for addr in addrs:
+        if self._supervisor is not None:
+            self._supervisor.stop(reason)
+            replacements, self._supervisor.replacements = self._supervisor.replacements, []
+        else:
+            replacements = []
+        addrs = [a for a in _unique(self._procs[b].addr for b in self._shape.ranks())]
+        live = [a for a in addrs if a not in rt.dead]
+        tracker, port = _open_countdown(len(live), live, f"stopping {self._name}")
+        for addr in live:
             rt.send_control(addr, wire.SERVICE_PROC, ("stop_actor", self._mesh_id, reason, port))
+        if replacements:
+            # Procs started by restarts belong to this mesh alone: they go with it.
+            return _after(
+                Future._from_pending(tracker.pending), lambda: stop_procs(replacements, reason)
+            )
         return Future._from_pending(tracker.pending)
+
+    @property
+    def restarts(self) -> int:
+        """How many restarts this mesh's restart policy has completed (owner only)."""
+        return self._supervisor.restarts if self._supervisor is not None else 0
+
+    def restarted(self, count: int = 1) -> Future[int]:
+        """Completes once the restart policy has completed ``count`` restarts in all."""
+        if self._supervisor is None:
+            raise NotOwnedError("restarts are tracked on the owner's mesh only")
+        return Future._from_pending(self._supervisor.when_restarted(count))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
@@ -416,8 +634,26 @@ def _actor_mesh_ref(
     return ActorMesh(cls, name, shape, procs, mesh_id, proc_mesh, owned=False)
 
 
-def _unique(addrs: Sequence[str]) -> list[str]:
+def _unique(addrs: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(addrs))
+
+
+def _after(first: Future[None], then: Callable[[], Future[None]]) -> Future[None]:
+    """A future for ``then()``'s outcome, started once ``first`` completes."""
+    pending = Pending()
+
+    def chain(_: Pending) -> None:
+        second = then()
+        second._pending.add_done_callback(
+            lambda p: (
+                pending.set_exception(p.error())  # type: ignore[arg-type]
+                if p.error() is not None
+                else pending.set_result(None)
+            )
+        )
+
+    first._pending.add_done_callback(chain)
+    return Future._from_pending(pending)
 
 
 def this_proc_mesh() -> ProcMesh:
@@ -432,7 +668,9 @@ def this_host_mesh() -> HostMesh:
     """The host the calling process runs on."""
     state.runtime()
     return HostMesh(
-        Shape.from_extent(Extent(["hosts"], [1])), [HostInfo(state.host_agent_address())]
+        Shape.from_extent(Extent(["hosts"], [1])),
+        [HostInfo(state.host_agent_address())],
+        owned=True,
     )
 
 

@@ -215,3 +215,12 @@ class StreamReply:
         for pending in rest:
             pending.set_exception(error)
         state.runtime().close_port(self.port, self._watch)
+
+
+def fail_handler(handler: object, error: BaseException) -> None:
+    """Fail every future of a reply handler at once (the call was never sent)."""
+    if isinstance(handler, StreamReply):
+        for pending in handler.pendings:
+            pending.set_exception(error)
+    elif isinstance(handler, (OnceReply, GatherReply)):
+        handler.pending.set_exception(error)

@@ -84,6 +84,7 @@ class ProcRuntime:
         self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
         self._watchers: dict[str, set[int]] = {}
         self.dead: dict[str, str] = {}
+        self._exit_port: PortRef | None = None
 
     # -- ports ---------------------------------------------------------------------------------
 
@@ -92,14 +93,30 @@ class ProcRuntime:
         port = next(self._port_ids)
         self.ports[port] = handler
         if watch:
-            with self._lock:
-                for addr in watch:
-                    self._watchers.setdefault(addr, set()).add(port)
-            for addr in watch:
-                reason = self.dead.get(addr)
-                if reason is not None:
-                    handler.peer_lost(addr, reason)
+            self.watch(port, watch)
         return PortRef(self.address, port)
+
+    def watch(self, port: int, addrs: Sequence[str]) -> None:
+        """Tell port ``port``'s handler when any of ``addrs`` is gone (at once if it already is)."""
+        with self._lock:
+            for addr in addrs:
+                self._watchers.setdefault(addr, set()).add(port)
+        handler = self.ports.get(port)
+        for addr in addrs:
+            reason = self.dead.get(addr)
+            if reason is not None and handler is not None:
+                handler.peer_lost(addr, reason)
+
+    def exit_reports(self, procs: Sequence[str]) -> PortRef:
+        """The port where host agents report how ``procs`` (spawned from here) ended.
+
+        Until a report arrives, a lost connection to one of them is not taken as its death: the
+        report, which says how the process ended, follows within moments.
+        """
+        self.local_children.update(procs)
+        if self._exit_port is None:
+            self._exit_port = self.open_port(_ExitReports(self))
+        return self._exit_port
 
     def close_port(self, port: int, watch: Sequence[str] = ()) -> None:
         """Forget a port; later messages to it are dropped."""
@@ -403,6 +420,25 @@ class ProcRuntime:
             service.stop()
         self.transport.close()
         self.loop.stop()
+
+
+class _ExitReports:
+    """Port handler for host agents' ``(addr, reason)`` reports of procs that ended."""
+
+    def __init__(self, runtime: ProcRuntime) -> None:
+        self._runtime = runtime
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        try:
+            addr, reason = pickle.loads(parts[0])
+        except Exception as exc:
+            log.warning("dropping an undecodable exit report: %s", exc)
+            return
+        self._runtime.local_children.discard(addr)
+        self._runtime.mark_dead(addr, reason)
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        """Nothing to do: this port watches no process."""
 
 
 def _own(parts: Sequence[Part]) -> list[Part]:

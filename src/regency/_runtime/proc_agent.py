@@ -6,12 +6,12 @@ import contextlib
 import logging
 import pickle
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from regency import config
 from regency._runtime.instance import ActorInstance, SpawnActor
-from regency._runtime.proc import PortRef, ProcRuntime
+from regency._runtime.proc import Part, PortRef, ProcRuntime
 from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.proc")
@@ -31,6 +31,7 @@ class ProcAgent:
         self._on_stop_proc = on_stop_proc
         self.bootstrap_error = bootstrap_error
         self._lock = threading.Lock()
+        self._by_owner: dict[str, set[int]] = {}
 
     def handle(self, request: Any) -> None:
         """Service entry point (runs on the proc agent's own thread)."""
@@ -38,6 +39,8 @@ class ProcAgent:
             instance = ActorInstance(self.runtime, request)
             with self._lock:
                 self.instances[request.mesh_id] = instance
+            if request.owner is not None and request.owner.addr != self.runtime.address:
+                self._watch_owner(request.owner.addr, request.mesh_id)
             instance.start()
             return
         verb = request[0]
@@ -46,13 +49,33 @@ class ProcAgent:
             self._answer(port, rank, self.bootstrap_error)
         elif verb == "stop_actor":
             _, mesh_id, reason, port = request
-            self._stop_actor(mesh_id, reason, lambda: self._answer(port, 0, None))
+            self._stop_actor(
+                mesh_id, reason, lambda: self._answer(port, 0, None) if port is not None else None
+            )
         elif verb == "stop_proc":
             self.stop_all(float(config.get("stop_timeout")))
             if self._on_stop_proc is not None:
                 self._on_stop_proc(request[1])
         else:
             log.warning("proc agent got an unknown request %r", verb)
+
+    def _watch_owner(self, owner: str, mesh_id: int) -> None:
+        """Stop this actor if the process of its mesh's owner dies (meshes die with owners)."""
+        with self._lock:
+            meshes = self._by_owner.get(owner)
+            first = meshes is None
+            if meshes is None:
+                meshes = self._by_owner[owner] = set()
+            meshes.add(mesh_id)
+        if first:
+            self.runtime.open_port(_OwnerGone(self, owner), watch=[owner])
+
+    def owner_gone(self, owner: str, reason: str) -> None:
+        """Stop the actors whose owner's process is gone."""
+        with self._lock:
+            meshes = self._by_owner.pop(owner, set())
+        for mesh_id in meshes:
+            self._stop_actor(mesh_id, f"its owner {owner} is gone: {reason}", lambda: None)
 
     def _answer(self, port: PortRef, rank: int, value: Any) -> None:
         with contextlib.suppress(PeerUnreachableError):
@@ -64,7 +87,7 @@ class ProcAgent:
         if instance is None:
             done()
             return
-        instance.stop(done, reason)
+        instance.request_stop(done, reason)
 
     def stop_all(self, timeout: float) -> None:
         """Stop every hosted actor, waiting up to ``timeout`` seconds in all."""
@@ -74,7 +97,21 @@ class ProcAgent:
         events = []
         for instance in instances:
             event = threading.Event()
-            instance.stop(event.set, "proc stopping")
+            instance.request_stop(event.set, "proc stopping")
             events.append(event)
         for event in events:
             event.wait(timeout)
+
+
+class _OwnerGone:
+    """Port handler watching the process that owns some of this proc's actors."""
+
+    def __init__(self, agent: ProcAgent, owner: str) -> None:
+        self._agent = agent
+        self._owner = owner
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        """Nothing is ever sent here."""
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        self._agent.owner_gone(self._owner, reason)

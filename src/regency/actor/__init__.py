@@ -17,6 +17,7 @@ Define actors, spawn them on meshes of processes, and message them::
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from regency._runtime.accumulator import Accumulator
@@ -28,6 +29,13 @@ from regency._runtime.future import Future
 from regency._runtime.meshes import ActorMesh, HostMesh, ProcMesh
 from regency._runtime.ports import Channel, Port, PortReceiver
 from regency._runtime.singletons import get_or_spawn_controller
+from regency._runtime.supervision import (
+    MeshFailure,
+    MeshRestarted,
+    RestartPolicy,
+    UndeliverableMessageEnvelope,
+    default_unhandled_fault_hook,
+)
 from regency._runtime.value_mesh import ValueMesh
 from regency.actor._functions import (
     context,
@@ -51,11 +59,15 @@ __all__ = [
     "Extent",
     "Future",
     "HostMesh",
+    "MeshFailure",
+    "MeshRestarted",
     "Point",
     "Port",
     "PortReceiver",
     "ProcMesh",
+    "RestartPolicy",
     "SupervisionError",
+    "UndeliverableMessageEnvelope",
     "ValueMesh",
     "concurrent_endpoint",
     "context",
@@ -68,12 +80,20 @@ __all__ = [
     "shutdown_context",
     "this_host",
     "this_proc",
+    "unhandled_fault_hook",
 ]
+
+unhandled_fault_hook: Callable[[MeshFailure], None] = default_unhandled_fault_hook
+"""Called once per failure that reaches the root unhandled. Replace it to decide:
+return to ignore the failure; raise (the default raises ``SystemExit(1)``) to report it on
+stderr and end the controller with exit code 1."""
 
 
 def _publish(names: list[str], namespace: dict[str, Any]) -> None:
     for name in names:
         obj = namespace[name]
+        if name == "unhandled_fault_hook":
+            continue
         if getattr(obj, "__module__", "").startswith("regency._runtime"):
             with contextlib.suppress(AttributeError, TypeError):
                 obj.__module__ = __name__
