@@ -407,8 +407,8 @@ class ActorInstance(InstanceBase):
         if isinstance(notice, MeshRestarted) or notice.restarting or handled:
             return
         self._fail(
-            f"The actor {self} and all its descendants have failed: an owned mesh failed and "
-            f"__supervise__ did not handle it ({notice})",
+            f"The actor {self} and all its descendants have failed (its __supervise__ did not "
+            f"handle the failure of its mesh {notice.mesh_name})",
             cause=notice.event,
         )
 

@@ -12,8 +12,10 @@ import cloudpickle
 from regency._runtime import codec, state, wire
 from regency._runtime.errors import SupervisionError
 from regency._runtime.future import Future
+from regency._runtime.identity import InstanceBase
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
+from regency._runtime.supervision import MeshFailure
 from regency._transport.transport import PeerUnreachableError
 
 
@@ -33,24 +35,46 @@ class _Reply:
         )
 
 
-class SingletonRegistry:
-    """The root's registry: spawns each named controller once, on the root's own proc."""
+class SingletonRegistry(InstanceBase):
+    """The root's registry: spawns each named controller once, on the root's own proc.
+
+    It owns the controllers it spawns: a controller's failure is recorded here (later lookups
+    of that name raise ``SupervisionError``) and handled, not escalated to the fault hook.
+    """
 
     def __init__(self) -> None:
+        super().__init__()
         self._meshes: dict[str, Any] = {}
+        self._failures: dict[str, MeshFailure] = {}
         self._lock = threading.Lock()
+
+    def __str__(self) -> str:
+        return "<root>"
+
+    def supervise(self, notice: Any) -> None:
+        """Record a controller's failure (a restart notice needs nothing)."""
+        if isinstance(notice, MeshFailure) and not notice.restarting:
+            with self._lock:
+                self._failures.setdefault(notice.mesh_name, notice)
 
     def handle(self, request: Any) -> None:
         """Service entry point: ``(name, payload, reply)``."""
         name, payload, reply = request
         runtime = state.runtime()
         try:
+            with self._lock:
+                failure = self._failures.get(name)
+            if failure is not None:
+                raise SupervisionError(
+                    f"get_or_spawn_controller({name!r}): the controller has failed: "
+                    f"{failure.report()}"
+                )
             mesh = self._meshes.get(name)
             if mesh is None:
                 cls, args, kwargs = cloudpickle.loads(payload)
                 from regency._runtime.meshes import this_proc_mesh
 
-                mesh = this_proc_mesh()._spawn_owned(name, cls, args, kwargs)
+                mesh = this_proc_mesh()._spawn_owned(name, cls, args, kwargs, owner=self)
                 self._meshes[name] = mesh
             parts = codec.dumps(mesh)
             flags = 0
