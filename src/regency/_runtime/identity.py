@@ -55,6 +55,11 @@ class InstanceBase:
         """Record that this instance owns ``mesh``."""
         self.owned.append(mesh)
 
+    def disown(self, mesh: Stoppable) -> None:
+        """Forget an owned mesh once it is stopped."""
+        with contextlib.suppress(ValueError):
+            self.owned.remove(mesh)
+
     def stop_owned(self, reason: str, timeout: float | None) -> None:
         """Stop every owned mesh, newest first; wait up to ``timeout`` s (``None``: don't wait)."""
         owned, self.owned = self.owned, []

@@ -225,6 +225,8 @@ class MeshSupervisor:
             for base in self.bases:
                 self.bad[base] = f"actor mesh {self.name} is stopped: {reason}"
         self._cancel.set()
+        state.runtime().close_port(self.port.port, self.addresses())
+        self.owner.disown(self.mesh)
 
     def _notify(self, notice: MeshFailure | MeshRestarted) -> None:
         if self.stopping:

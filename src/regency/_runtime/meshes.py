@@ -203,7 +203,8 @@ class HostMesh(MeshTrait):
             start_procs(agent, infos, recipe)
         hosts = HostMesh(self._shape, self._hosts)
         mesh = ProcMesh(shape, procs, mesh_name, hosts, owned=True, recipe=recipe)
-        current_instance().adopt(mesh)
+        mesh._owner = current_instance()
+        mesh._owner.adopt(mesh)
         return mesh
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -268,6 +269,7 @@ class ProcMesh(MeshTrait):
         self._ready: Future[bool] | None = None
         # Supervisors of the actor meshes spawned through this object (in this process).
         self._supervisors: list[MeshSupervisor] = []
+        self._owner: InstanceBase | None = None
 
     def _new_with_shape(self, shape: Shape) -> ProcMesh:
         mesh = ProcMesh(shape, self._procs, self._name, self._hosts, recipe=self._recipe)
@@ -379,6 +381,8 @@ class ProcMesh(MeshTrait):
         if self._stopped:
             return Future._resolved(None)
         self._stopped = True
+        if self._owner is not None:
+            self._owner.disown(self)
         procs = list(self._procs)
         for supervisor in self._supervisors:
             supervisor.stop(f"stopped due to proc mesh shutdown ({reason})")
