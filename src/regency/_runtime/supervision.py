@@ -224,6 +224,7 @@ class UndeliverableMessageEnvelope:
 # -- the root of the tree --------------------------------------------------------------------
 
 _fatal = threading.Event()
+_delivered = threading.Event()  # the main thread got SystemExit(1): the exit code is set
 
 
 def run_fault_hook(failure: MeshFailure) -> None:
@@ -270,6 +271,7 @@ def _exit_controller() -> None:
 
 def _on_sigint(signum: int, frame: Any) -> None:
     if _fatal.is_set():
+        _delivered.set()
         raise SystemExit(1)
     raise KeyboardInterrupt
 
@@ -287,5 +289,5 @@ def install_exit_path() -> None:
 
 
 def fatal_exit_code() -> int | None:
-    """1 once a fatal failure happened (for the exit path), else ``None``."""
-    return 1 if _fatal.is_set() else None
+    """1 if a fatal failure happened and the main thread could not be made to exit with 1."""
+    return 1 if _fatal.is_set() and not _delivered.is_set() else None
