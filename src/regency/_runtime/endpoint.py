@@ -55,7 +55,7 @@ class Endpoint(Generic[R]):
         route = self._mesh._route()
         handler = GatherReply(len(route.bases), route.unique, self._describe_loss)
         reply = self._open(handler)
-        self._cast(args, kwargs, reply, route.addrs, route.ranks, gather=True)
+        self._cast(args, kwargs, reply, route.addrs, route.ranks, True, route.unique)
         shape = self._mesh._shape
 
         def build(entries: list[casting.Entry]) -> ValueMesh[R]:
@@ -84,7 +84,7 @@ class Endpoint(Generic[R]):
         route = self._mesh._route()
         handler = StreamReply(len(route.bases), route.unique, self._describe_loss)
         reply = self._open(handler)
-        self._cast(args, kwargs, reply, route.addrs, route.ranks, gather=False)
+        self._cast(args, kwargs, reply, route.addrs, route.ranks, False, route.unique)
         return iter([Future._from_pending(p) for p in handler.pendings])
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
@@ -117,17 +117,23 @@ class Endpoint(Generic[R]):
         addr = self._mesh._route().addrs[index]
         handler = OnceReply((addr,), self._describe_loss)
         reply = self._open(handler)
-        self._cast(args, kwargs, reply, (addr,), (index,), False)
+        self._cast(args, kwargs, reply, (addr,), (index,), False, (addr,))
         return Future._from_pending(handler.pending)
 
     def _open(self, handler: Any) -> PortRef:
-        ref = state.runtime().open_port(handler, watch=handler._watch)
+        # The port watches its destinations only once the message is sent (see _cast): a call
+        # refused before sending must fail with the owner's account of the rank, not a watch's.
+        ref = state.runtime().open_port(handler)
         handler.port = ref.port
         return ref
 
     def _describe_loss(self, addr: str, reason: str) -> SupervisionError:
         route = self._mesh._route()
         ranks = [i for i, a in enumerate(route.addrs) if a == addr]
+        supervisor = self._mesh._supervisor
+        if supervisor is not None:
+            # Name the rank in the whole mesh, not its index in this slice.
+            ranks = [supervisor.bases.index(route.bases[i]) for i in ranks]
         name = self._mesh._name
         if is_stop_reason(reason):
             what = f"actor mesh {name} is stopped due to proc mesh shutdown ({reason})"
@@ -143,12 +149,13 @@ class Endpoint(Generic[R]):
     def _refuse(self, reply: PortRef | None, error: SupervisionError) -> None:
         """Fail a call that cannot be delivered: its future, or the sender if there is none."""
         rt = state.runtime()
-        if reply is not None:
+        if reply is not None and reply.addr == rt.address:
             handler = rt.ports.get(reply.port)
-            if handler is not None:
-                rt.close_port(reply.port, getattr(handler, "_watch", ()))
+            if isinstance(handler, (OnceReply, GatherReply, StreamReply)):
+                rt.close_port(reply.port)
                 fail_handler(handler, error)
-            return
+                return
+        # No future of ours to fail (broadcast, or a user's port): the sender hears of it.
         sender = current_instance()
         undeliverable = getattr(sender, "undeliverable", None)
         if undeliverable is not None:
@@ -185,6 +192,7 @@ class Endpoint(Generic[R]):
         addrs: Sequence[str],
         ranks: Sequence[int],
         gather: bool,
+        watch: Sequence[str] = (),
     ) -> None:
         rt = state.runtime()
         supervisor = self._mesh._supervisor
@@ -224,23 +232,24 @@ class Endpoint(Generic[R]):
                     for addr, rank in zip(addrs, ranks, strict=True)
                 ]
                 rt.send_actor(targets, mesh_id, uid, encoder)
-                return
-            dests = [
-                casting.Dest(addr, next_seq(addr, mesh_id), rank)
-                for addr, rank in zip(addrs, ranks, strict=True)
-            ]
-            for group in casting.plan(dests, route.fanout):
-                rt.send_cast(group, mesh_id, uid, reply, gather, parts)
+            else:
+                dests = [
+                    casting.Dest(addr, next_seq(addr, mesh_id), rank)
+                    for addr, rank in zip(addrs, ranks, strict=True)
+                ]
+                for group in casting.plan(dests, route.fanout):
+                    rt.send_cast(group, mesh_id, uid, reply, gather, parts)
         except PeerUnreachableError as exc:
-            if reply is None:
-                self._refuse(
-                    None,
-                    SupervisionError(
-                        f"Endpoint call {self._mesh._name}.{self._name}() failed: {exc}",
-                        f"{self._mesh._name}.{self._name}",
-                    ),
-                )
-            # The port's watch on that process fails the future with the reason.
+            self._refuse(
+                reply,
+                SupervisionError(
+                    f"Endpoint call {self._mesh._name}.{self._name}() failed: {exc}",
+                    f"{self._mesh._name}.{self._name}",
+                ),
+            )
+            return
+        if reply is not None:
+            rt.watch(reply.port, watch)
 
     def _check_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:

@@ -75,7 +75,11 @@ class MeshSupervisor:
         self._waiters: list[tuple[int, Pending]] = []
         self._cancel = threading.Event()
         rt = state.runtime()
-        self.port: PortRef = rt.open_port(self, watch=self.addresses())
+        self.port: PortRef = rt.open_port(self)
+
+    def start_watching(self) -> None:
+        """Watch the mesh's procs (once ``mesh`` is set: a proc may already be dead)."""
+        state.runtime().watch(self.port.port, self.addresses())
 
     # -- identity ------------------------------------------------------------------------------
 

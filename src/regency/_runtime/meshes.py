@@ -353,13 +353,16 @@ class ProcMesh(MeshTrait):
         addrs = self._addrs()
         tracker, status = _open_countdown(len(addrs), _unique(addrs), f"spawning {name}")
         for rank, addr in enumerate(addrs):
-            spawn.send(addr, rank, status, supervisor.port)
+            # A dead proc cannot host the rank: its watch fails it (and `initialized`).
+            with contextlib.suppress(PeerUnreachableError):
+                spawn.send(addr, rank, status, supervisor.port)
         mesh = ActorMesh(cls, name, self._shape, procs, spawn.mesh_id, self, owned=True)
         mesh._status = Future._from_pending(tracker.pending)
         mesh._supervisor = supervisor
         supervisor.mesh = mesh
         self._supervisors.append(supervisor)
         owner.adopt(mesh)
+        supervisor.start_watching()
         return mesh
 
     @property
