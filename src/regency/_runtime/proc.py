@@ -99,6 +99,9 @@ class ProcRuntime:
     def watch(self, port: int, addrs: Sequence[str]) -> None:
         """Tell port ``port``'s handler when any of ``addrs`` is gone (at once if it already is)."""
         with self._lock:
+            # A port closed meanwhile (its reply already came) must not linger as a watcher.
+            if port not in self.ports:
+                return
             for addr in addrs:
                 self._watchers.setdefault(addr, set()).add(port)
         handler = self.ports.get(port)
