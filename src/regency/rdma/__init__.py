@@ -1,0 +1,79 @@
+"""One-sided memory transfers: Monarch's ``monarch.rdma``, with backends real on common machines.
+
+Register memory once, send the handle anywhere, and let other processes read or write it
+without its owner taking part::
+
+    from regency.rdma import RDMABuffer
+
+    buf = RDMABuffer(weights)            # in the owner: no copy, the owner keeps the memory
+    ...                                  # send ``buf`` to other actors in messages
+    buf.read_into(my_copy).get()         # in a peer: copy the owner's bytes into ``my_copy``
+    buf.write_from(update).get()         # ... or overwrite them
+
+* `RDMABuffer` registers memory and moves it; `RDMAAction` batches several transfers.
+* `get_rdma_backend`, `is_rdma_available`, `is_ibverbs_available` report what this machine has.
+* Backends: cross-memory attach (``cma``) and shared memory (``shm``) on one host, ``tcp``
+  between hosts, CUDA IPC for GPU memory on one host; ``ibverbs`` is detected only. See
+  ``docs/rdma.md``.
+* Errors form the `RDMAError` family; see :mod:`regency.rdma._errors` for the tree.
+"""
+
+from ._action import RDMAAction as RDMAAction
+from ._backends import get_rdma_backend as get_rdma_backend
+from ._backends import is_ibverbs_available as _is_ibverbs_available
+from ._buffer import RDMABuffer as RDMABuffer
+from ._errors import RDMABackendError as RDMABackendError
+from ._errors import RDMABufferDroppedError as RDMABufferDroppedError
+from ._errors import RDMAError as RDMAError
+from ._errors import RDMAFallbackWarning as RDMAFallbackWarning
+from ._errors import RDMAOwnerGoneError as RDMAOwnerGoneError
+from ._errors import RDMATcpFallbackWarning as RDMATcpFallbackWarning
+from ._errors import RDMATimeoutError as RDMATimeoutError
+
+
+def is_ibverbs_available() -> bool:
+    """Whether ``pyverbs`` is installed and sees an RDMA NIC.
+
+    Detection only: regency has no ibverbs data path yet, so transfers between hosts use TCP.
+    """
+    return _is_ibverbs_available()
+
+
+def is_rdma_available() -> bool:
+    """Whether one-sided transfers work in this process.
+
+    Always ``True``: the TCP backend needs nothing but sockets. Kept for Monarch compatibility,
+    where it is deprecated.
+    """
+    return True
+
+
+__all__ = [
+    "RDMAAction",
+    "RDMABackendError",
+    "RDMABuffer",
+    "RDMABufferDroppedError",
+    "RDMAError",
+    "RDMAFallbackWarning",
+    "RDMAOwnerGoneError",
+    "RDMATcpFallbackWarning",
+    "RDMATimeoutError",
+    "get_rdma_backend",
+    "is_ibverbs_available",
+    "is_rdma_available",
+]
+
+for _obj in (
+    RDMAAction,
+    RDMABackendError,
+    RDMABuffer,
+    RDMABufferDroppedError,
+    RDMAError,
+    RDMAFallbackWarning,
+    RDMAOwnerGoneError,
+    RDMATcpFallbackWarning,
+    RDMATimeoutError,
+    get_rdma_backend,
+):
+    _obj.__module__ = __name__
+del _obj

@@ -1,0 +1,50 @@
+"""Errors and warnings of :mod:`regency.rdma`.
+
+Bad arguments (a destination too small, a source too large, a read-only registration written
+to, an unsupported memory object) raise built-in ``ValueError`` or ``TypeError`` at once, before
+anything moves. Everything that goes wrong during a transfer fails its ``Future`` with an
+:class:`RDMAError`::
+
+    RuntimeError
+     └── RDMAError
+          ├── RDMABufferDroppedError     the registration was dropped (before or during)
+          ├── RDMAOwnerGoneError         the owner's process is dead or unreachable
+          ├── RDMABackendError           the requested backend cannot serve this transfer
+          └── RDMATimeoutError ──────┐   the transfer did not finish within its timeout
+    OSError                          │
+     └── TimeoutError ───────────────┘
+
+    RuntimeWarning
+     └── RDMAFallbackWarning             a faster backend was refused; a slower one is used
+          └── RDMATcpFallbackWarning     ... and that slower one is TCP
+"""
+
+from __future__ import annotations
+
+
+class RDMAError(RuntimeError):
+    """A one-sided transfer failed; the destination's contents are unspecified."""
+
+
+class RDMABufferDroppedError(RDMAError):
+    """The buffer's registration was dropped before or while the transfer ran."""
+
+
+class RDMAOwnerGoneError(RDMAError):
+    """The process that owns the buffer is dead or can no longer be reached."""
+
+
+class RDMABackendError(RDMAError):
+    """The backend asked for (by keyword or ``REGENCY_RDMA_BACKEND``) cannot do this transfer."""
+
+
+class RDMATimeoutError(RDMAError, TimeoutError):
+    """The transfer did not finish within its ``timeout``; it is abandoned, not retried."""
+
+
+class RDMAFallbackWarning(RuntimeWarning):
+    """A faster backend was refused (e.g. cross-memory attach by the kernel); emitted once."""
+
+
+class RDMATcpFallbackWarning(RDMAFallbackWarning):
+    """Transfers that would use a faster path go over TCP instead; emitted once."""

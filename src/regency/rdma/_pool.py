@@ -1,0 +1,61 @@
+"""Idle authenticated connections to transfer services, kept for the next transfer."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
+
+_MAX_IDLE_PER_TARGET = 8
+
+
+class Closeable(Protocol):
+    """Anything with ``close()``."""
+
+    def close(self) -> None:
+        """Release it."""
+
+
+C = TypeVar("C", bound=Closeable)
+
+
+class ConnectionPool(Generic[C]):
+    """Per-target stacks of idle connections; a connection in use belongs to its user."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[C]] = {}
+        os.register_at_fork(after_in_child=self._forget)
+
+    def take(self, target: str, dial: Callable[[], C]) -> C:
+        """An idle connection to ``target``, or a new one from ``dial()``."""
+        with self._lock:
+            idle = self._idle.get(target)
+            if idle:
+                return idle.pop()
+        return dial()
+
+    def give(self, target: str, conn: C) -> None:
+        """Return a healthy connection (one with no exchange half done)."""
+        with self._lock:
+            idle = self._idle.setdefault(target, [])
+            if len(idle) < _MAX_IDLE_PER_TARGET:
+                idle.append(conn)
+                return
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def discard(self, target: str) -> None:
+        """Close every idle connection to ``target`` (its service is gone)."""
+        with self._lock:
+            idle = self._idle.pop(target, [])
+        for conn in idle:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _forget(self) -> None:
+        # The child shares these sockets with its parent; it must neither use nor close them.
+        self._lock = threading.Lock()
+        self._idle = {}

@@ -1,0 +1,279 @@
+"""The owner's side of the TCP and shared-memory backends: a transfer service in each process.
+
+The service starts with the first registration in a process. It listens on a TCP socket (for
+peers on other hosts) and on an abstract Unix socket (for the shared-memory backend on this
+host), on its own threads: it never goes through an actor's mailbox, so an actor that is busy
+in a handler does not stall transfers of its buffers. Each connection is authenticated with the
+job secret before a single request is read, then served by its own thread. The protocol is in
+:mod:`regency.rdma._protocol`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import mmap
+import os
+import selectors
+import socket
+import threading
+from typing import Any
+
+from regency._transport import address
+from regency.rdma import _cuda
+from regency.rdma._memory import view
+from regency.rdma._protocol import (
+    REPLY,
+    REQUEST,
+    Op,
+    PeerClosedError,
+    Status,
+    accept_handshake,
+    recv_exact_into,
+    send_reply,
+    tune,
+)
+from regency.rdma._registry import Registration, registry
+
+_DRAIN_CHUNK = 1 << 20
+_REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+
+
+class _Staging:
+    """A client's sealed memfd, mapped into this process."""
+
+    def __init__(self, fd: int, nbytes: int) -> None:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        if seals & _REQUIRED_SEALS != _REQUIRED_SEALS:
+            raise ValueError("the staging memfd must be sealed against shrinking")
+        if os.fstat(fd).st_size != nbytes:
+            raise ValueError("the staging memfd's size does not match the request")
+        self.map = mmap.mmap(fd, nbytes)
+        self.nbytes = nbytes
+        self._anchor: Any = ctypes.c_char.from_buffer(self.map)
+        self.address = ctypes.addressof(self._anchor)
+
+    def close(self) -> None:
+        self._anchor = None
+        self.map.close()
+
+
+def _recv_request(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """Read one request head, with any file descriptors sent along with it."""
+    data = bytearray()
+    fds: list[int] = []
+    while len(data) < REQUEST.size:
+        chunk, ancdata, _flags, _addr = conn.recvmsg(
+            REQUEST.size - len(data), socket.CMSG_SPACE(4 * 4)
+        )
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % 4
+                fds.extend(
+                    int.from_bytes(payload[i : i + 4], "little") for i in range(0, usable, 4)
+                )
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            raise PeerClosedError("connection closed")
+        data += chunk
+    return bytes(data), fds
+
+
+def _drain(conn: socket.socket, nbytes: int) -> None:
+    scratch = memoryview(bytearray(min(nbytes, _DRAIN_CHUNK)))
+    while nbytes > 0:
+        step = min(nbytes, scratch.nbytes)
+        recv_exact_into(conn, scratch[:step])
+        nbytes -= step
+
+
+class _Session:
+    """One authenticated connection."""
+
+    def __init__(self, conn: socket.socket, is_unix: bool) -> None:
+        self.conn = conn
+        self.is_unix = is_unix
+        self.staging: _Staging | None = None
+
+    def _check(
+        self, buffer_id: int, token: int, offset: int, length: int, *, write: bool
+    ) -> tuple[Registration | None, Status, str]:
+        entry = registry().lookup(buffer_id, token)
+        if entry is None:
+            return None, Status.DROPPED, "the buffer was dropped"
+        if offset + length > entry.region.nbytes:
+            return None, Status.BAD_REQUEST, "range outside the buffer"
+        if write and not entry.region.writable:
+            return None, Status.BAD_REQUEST, "the buffer was registered read-only"
+        return entry, Status.OK, ""
+
+    def serve(self) -> None:
+        """Serve requests until the peer hangs up."""
+        while True:
+            head, fds = _recv_request(self.conn)
+            op, buffer_id, token, offset, length, shm_offset = REQUEST.unpack(head)
+            if op == Op.SHM_ATTACH:
+                self._attach(fds, length)
+                continue
+            for fd in fds:
+                os.close(fd)
+            if op == Op.READ:
+                self._read(buffer_id, token, offset, length)
+            elif op == Op.WRITE:
+                self._write(buffer_id, token, offset, length)
+            elif op in (Op.SHM_READ, Op.SHM_WRITE):
+                self._shm(buffer_id, token, offset, length, shm_offset, write=op == Op.SHM_WRITE)
+            elif op == Op.DROP:
+                registry().drop(buffer_id, token)
+                send_reply(self.conn, Status.OK)
+            else:
+                send_reply(self.conn, Status.BAD_REQUEST, f"unknown operation {op}")
+                return
+
+    def _read(self, buffer_id: int, token: int, offset: int, length: int) -> None:
+        entry, status, why = self._check(buffer_id, token, offset, length, write=False)
+        if entry is None:
+            send_reply(self.conn, status, why)
+            return
+        region = entry.region
+        if region.is_cuda:
+            data = _cuda.device_to_host(region, offset, length)
+        else:
+            data = view(region.address + offset, length, writable=False)
+        self.conn.sendall(REPLY.pack(Status.OK, length))
+        self.conn.sendall(data)
+
+    def _write(self, buffer_id: int, token: int, offset: int, length: int) -> None:
+        entry, status, why = self._check(buffer_id, token, offset, length, write=True)
+        if entry is None:
+            _drain(self.conn, length)
+            send_reply(self.conn, status, why)
+            return
+        region = entry.region
+        if region.is_cuda:
+            recv_exact_into(self.conn, _cuda.staging_view(length))
+            _cuda.host_to_device(region, offset, length)
+        else:
+            recv_exact_into(self.conn, view(region.address + offset, length, writable=True))
+        if registry().lookup(buffer_id, token) is None:
+            send_reply(self.conn, Status.DROPPED, "the buffer was dropped during the write")
+        else:
+            send_reply(self.conn, Status.OK)
+
+    def _attach(self, fds: list[int], length: int) -> None:
+        if not self.is_unix or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            send_reply(self.conn, Status.BAD_REQUEST, "SHM_ATTACH needs one memfd over Unix")
+            return
+        try:
+            staging = _Staging(fds[0], length)
+        except (OSError, ValueError) as exc:
+            send_reply(self.conn, Status.BAD_REQUEST, f"unusable staging memfd: {exc}")
+            return
+        finally:
+            os.close(fds[0])
+        if self.staging is not None:
+            self.staging.close()
+        self.staging = staging
+        send_reply(self.conn, Status.OK)
+
+    def _shm(
+        self, buffer_id: int, token: int, offset: int, length: int, shm_offset: int, *, write: bool
+    ) -> None:
+        staging = self.staging
+        if staging is None or shm_offset + length > staging.nbytes:
+            send_reply(self.conn, Status.BAD_REQUEST, "no staging area for this range")
+            return
+        entry, status, why = self._check(buffer_id, token, offset, length, write=write)
+        if entry is None:
+            send_reply(self.conn, status, why)
+            return
+        region = entry.region
+        shm = staging.address + shm_offset
+        if region.is_cuda:
+            send_reply(self.conn, Status.BAD_REQUEST, "CUDA buffers are not served over shm")
+            return
+        if write:
+            ctypes.memmove(region.address + offset, shm, length)
+        else:
+            ctypes.memmove(shm, region.address + offset, length)
+        if registry().lookup(buffer_id, token) is None:
+            send_reply(self.conn, Status.DROPPED, "the buffer was dropped during the copy")
+        else:
+            send_reply(self.conn, Status.OK)
+
+    def close(self) -> None:
+        if self.staging is not None:
+            self.staging.close()
+            self.staging = None
+        self.conn.close()
+
+
+class TransferService:
+    """Listening sockets plus an accept thread; one thread per authenticated connection."""
+
+    def __init__(self, secret: bytes, tcp_host: str, unix_name: str) -> None:
+        self._secret = secret
+        self._tcp, self.tcp_address = address.listen(f"tcp://{tcp_host}:0")
+        self._unix, self.unix_address = address.listen(f"unix:@{unix_name}")
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._tcp, selectors.EVENT_READ, False)
+        self._selector.register(self._unix, selectors.EVENT_READ, True)
+        self._thread = threading.Thread(
+            target=self._accept_loop, name="regency-rdma-service", daemon=True
+        )
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            for key, _ in self._selector.select():
+                listener: socket.socket = key.fileobj  # type: ignore[assignment]
+                try:
+                    conn, _peer = listener.accept()
+                except OSError:
+                    continue
+                threading.Thread(
+                    target=self._serve,
+                    args=(conn, bool(key.data)),
+                    name="regency-rdma-conn",
+                    daemon=True,
+                ).start()
+
+    def _serve(self, conn: socket.socket, is_unix: bool) -> None:
+        session = _Session(conn, is_unix)
+        try:
+            accept_handshake(conn, self._secret)
+            tune(conn)
+            session.serve()
+        except OSError:
+            pass  # a peer that fails the handshake or hangs up just loses its connection
+        except Exception as exc:  # a failed copy (e.g. on a GPU) ends this connection only
+            with contextlib.suppress(OSError):
+                send_reply(conn, Status.FAILED, f"{type(exc).__name__}: {exc}")
+        finally:
+            with contextlib.suppress(OSError):
+                session.close()
+
+
+_lock = threading.Lock()
+_service: TransferService | None = None
+
+
+def ensure_service(secret: bytes, tcp_host: str, unix_name: str) -> TransferService:
+    """The transfer service of this process, started on first use."""
+    global _service
+    with _lock:
+        if _service is None:
+            _service = TransferService(secret, tcp_host, unix_name)
+        return _service
+
+
+def _after_fork_in_child() -> None:
+    global _service, _lock
+    _service, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
