@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -60,8 +61,11 @@ class InstanceBase:
         with contextlib.suppress(ValueError):
             self.owned.remove(mesh)
 
-    def stop_owned(self, reason: str, timeout: float | None) -> None:
-        """Stop every owned mesh, newest first; wait up to ``timeout`` s (``None``: don't wait)."""
+    def stop_owned(self, reason: str, timeout: float | None) -> list[Future[None]]:
+        """Stop every owned mesh, newest first; wait up to ``timeout`` s (``None``: don't wait).
+
+        Returns the stops' futures, so a caller that did not wait can wait later.
+        """
         owned, self.owned = self.owned, []
         futures = []
         for mesh in reversed(owned):
@@ -69,12 +73,9 @@ class InstanceBase:
                 futures.append(mesh.stop(reason))
             except Exception as exc:  # one mesh failing to stop must not keep the others up
                 log.warning("stopping %r failed: %s", mesh, exc)
-        if timeout is None:
-            return
-        deadline = time.monotonic() + timeout
-        for future in futures:
-            with contextlib.suppress(Exception):
-                future.get(timeout=max(0.0, deadline - time.monotonic()))
+        if timeout is not None:
+            wait_stopped(futures, timeout)
+        return futures
 
     def supervise(self, notice: Any) -> None:
         """Take a ``MeshFailure`` or ``MeshRestarted`` about a mesh this instance owns."""
@@ -107,3 +108,21 @@ class InstanceBase:
 
     def __repr__(self) -> str:
         return str(self)
+
+
+def wait_stopped(futures: list[Future[None]], timeout: float) -> None:
+    """Wait up to ``timeout`` s in all for mesh stops; their errors are not the waiter's."""
+    deadline = time.monotonic() + timeout
+    for future in futures:
+        with contextlib.suppress(Exception):
+            future.get(timeout=max(0.0, deadline - time.monotonic()))
+
+
+async def wait_stopped_async(futures: list[Future[None]], timeout: float) -> None:
+    """:func:`wait_stopped` for an actor's event loop."""
+    if futures:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                asyncio.gather(*(f.as_asyncio() for f in futures), return_exceptions=True),
+                timeout,
+            )

@@ -22,7 +22,12 @@ from regency import config
 from regency._runtime import codec, context, wire
 from regency._runtime.endpoint_def import EndpointSpec, endpoints_of
 from regency._runtime.errors import ActorError, SupervisionError
-from regency._runtime.identity import InstanceBase, new_uid
+from regency._runtime.identity import (
+    InstanceBase,
+    new_uid,
+    wait_stopped,
+    wait_stopped_async,
+)
 from regency._runtime.mailbox import Delivery
 from regency._runtime.proc import Part, PortRef, ProcRuntime
 from regency._runtime.service import Service
@@ -38,6 +43,7 @@ from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
+    from regency._runtime.future import Future
     from regency._runtime.meshes import ProcMesh
 
 log = logging.getLogger("regency.actor")
@@ -148,6 +154,8 @@ class ActorInstance(InstanceBase):
         self._endpoints: dict[str, tuple[Callable[..., Any], EndpointSpec]] = {}
         self._proc_mesh: ProcMesh | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Stops of owned meshes begun by a failure; cleanup waits for them.
+        self._owned_stopping: list[Future[None]] = []
         self._wake: Callable[[], None] | None = None
         self._points: dict[tuple[int, tuple[str, ...], tuple[int, ...]], Point] = {}
         self._envelopes: dict[tuple[Any, int], tuple[str, Point]] = {}
@@ -281,6 +289,7 @@ class ActorInstance(InstanceBase):
             # memory that the sender is waiting to reuse.
             item = None
             if self.failed is not None:
+                wait_stopped(self._owned_stopping, float(config.get("stop_timeout")))
                 self._cleanup_sync()
                 self._serve_failed()
                 return
@@ -307,7 +316,7 @@ class ActorInstance(InstanceBase):
             if type(item) is _Control:
                 if item.kind is _STOP:
                     self.stopped = True
-                    self.runtime.mailbox(self.mesh_id).attach(self._reject)
+                    self._reject_from_now_on()
                     item.arg()
                     return
                 continue
@@ -338,7 +347,12 @@ class ActorInstance(InstanceBase):
                 if type(item) is _Control:
                     if item.kind is _STOP:
                         await self._cancel_tasks(tasks)
+                        await wait_stopped_async(
+                            self.stop_owned(f"their owner {self} stopped", None),
+                            float(config.get("stop_timeout")),
+                        )
                         await self._cleanup_async(None)
+                        self._requeue(inbox)
                         self._finish_stop(item.arg, cleaned=True)
                         return
                     if item.kind is _SUPERVISE:
@@ -360,10 +374,14 @@ class ActorInstance(InstanceBase):
                 continue
             await wake.wait()
         await self._cancel_tasks(tasks)
+        await wait_stopped_async(self._owned_stopping, float(config.get("stop_timeout")))
         await self._cleanup_async(self._failure_error)
         # Hand what is still queued to the failed actor's loop, in order.
-        box = self.runtime.mailbox(self.mesh_id)
-        box.attach(self._queue.put)
+        self._requeue(inbox)
+
+    def _requeue(self, inbox: deque[Any]) -> None:
+        """Move the async loop's leftover messages to the thread queue, keeping their order."""
+        self.runtime.mailbox(self.mesh_id).attach(self._queue.put)
         while inbox:
             self._queue.put(inbox.popleft())
 
@@ -438,7 +456,7 @@ class ActorInstance(InstanceBase):
         detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
         print(f"regency: actor {self} failed: {reason}\n{detail}", file=sys.stderr, flush=True)
         self._tell_owner(event)
-        self.stop_owned(f"their owner {self} failed", None)
+        self._owned_stopping = self.stop_owned(f"their owner {self} failed", None)
 
     def _report_stopped(self) -> None:
         self._tell_owner(
@@ -476,8 +494,21 @@ class ActorInstance(InstanceBase):
         if not cleaned:
             self._cleanup_sync(None)
         self.stopped = True
-        self.runtime.mailbox(self.mesh_id).attach(self._reject)
+        self._reject_from_now_on()
         done()
+
+    def _reject_from_now_on(self) -> None:
+        """Refuse later messages, and those queued but never run, with a ``SupervisionError``."""
+        self.runtime.mailbox(self.mesh_id).attach(self._reject)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._reject(item)
+            except Exception:
+                log.exception("actor %s dropped a malformed message", self.name)
 
     def _cleanup_sync(self, exc: BaseException | None = _UNSET) -> None:
         if exc is _UNSET:
