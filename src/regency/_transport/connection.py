@@ -63,6 +63,10 @@ class Connection:
         self._wakeup = threading.Condition(self._lock)
         self._writer: threading.Thread | None = None
         self.closed: str | None = None
+        # Whether close() ran: a failed send marks the connection closed under the lock, but
+        # the socket is shut down and the owner told (so it unregisters and closes the fd) only
+        # by close(), which must still run once afterwards.
+        self._released = False
         self._outbox: list[Buffer] = []
         self._outbox_bytes = 0
         self._flush_scheduled = False
@@ -178,15 +182,18 @@ class Connection:
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError as exc:
-                    self._close_locked(f"send failed: {exc}")
+                    failure = f"send failed: {exc}"
+                    self._close_locked(failure)
                     self._release_waiters()
-                    return
+                    break
                 item.buffers = _advance(item.buffers, sent)
                 if not item.buffers:
                     self._backlog.popleft()
                     item.ok = True
                     if item.done is not None:
                         item.done.set()
+
+        self.close(failure)
 
     def _release_waiters(self) -> None:
         while self._backlog:
@@ -204,8 +211,10 @@ class Connection:
     def close(self, reason: str) -> None:
         """Close the connection (idempotent) and tell the owner why."""
         with self._lock:
-            first = self.closed is None
+            first = not self._released
+            self._released = True
             self._close_locked(reason)
+            reason = self.closed or reason
         if first:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)

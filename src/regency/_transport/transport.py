@@ -275,6 +275,7 @@ class Transport:
             # stream and the dispatch of its frames in order.
             with read_lock:
                 if conn.closed is not None:
+                    conn.close(conn.closed)  # a failed send closed it: release the socket
                     return
                 try:
                     frames = reader.read(conn.sock)
