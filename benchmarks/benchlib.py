@@ -74,6 +74,14 @@ METRICS: tuple[Metric, ...] = (
 )
 METRIC_KEYS = frozenset(m.key for m in METRICS)
 
+# The fault-detection figure (``fault_bench.py``, ``ray_fault_bench.py``): its own table.
+FAULT_METRICS: tuple[Metric, ...] = (
+    Metric("fault_future_median_ms", "SIGKILL → pending future raises, median", "ms", False),
+    Metric("fault_future_max_ms", "SIGKILL → pending future raises, max", "ms", False),
+    Metric("fault_supervise_median_ms", "SIGKILL → owner's `__supervise__`, median", "ms", False),
+    Metric("fault_supervise_max_ms", "SIGKILL → owner's `__supervise__`, max", "ms", False),
+)
+
 
 def median(samples: Sequence[float]) -> float:
     """Return the median of ``samples``."""

@@ -4,6 +4,9 @@
 torchmonarch) and ``ray_bench.py`` with Ray; :func:`main` is their shared command line. A run
 prints one JSON object to stdout and, with ``--progress``, appends JSON-lines events that the
 supervisor (``harness.py``) polls to enforce a timeout per figure.
+
+The fault-detection figure kills processes, so it runs in programs of its own, against
+:class:`FaultAdapter`: ``fault_bench.py`` (Monarch API) and ``ray_fault_bench.py`` (Ray).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -30,6 +35,7 @@ from benchlib import (
     rss_summary,
     spawn_key,
 )
+from fault_actor import VICTIM_NAME, read_failures
 
 
 class Adapter(Protocol):
@@ -82,6 +88,9 @@ class Plan:
     payload_mib: tuple[int, ...] = (1, 16, 128)
     payload_reps: int = 5
     rss_procs: int = 8
+    fault_trials: int = 10
+    fault_wait_s: float = 30.0
+    fault_sleep_s: float = 60.0
 
     @classmethod
     def quick(cls) -> Plan:
@@ -99,10 +108,13 @@ class Plan:
             broadcasts=1000,
             payload_mib=(1, 16),
             payload_reps=2,
+            fault_trials=2,
         )
 
 
-Metrics = dict[str, float | None]
+# Figures' values are floats (None when missing); the fault figure also records its raw
+# samples (a list) and notes (strings) under keys that the tables do not show.
+Metrics = dict[str, Any]
 
 
 def elapsed(fn: Callable[[], object]) -> float:
@@ -229,12 +241,139 @@ def fig_rss(a: Adapter, plan: Plan) -> Metrics:
         return rss_summary(a.call(group, "pid"))
 
 
+class FaultAdapter(Protocol):
+    """What the fault-detection figure needs from an actor system."""
+
+    max_trials: int | None
+    """Cap on the trials of each kind (for a system that takes seconds per trial), or None."""
+
+    def pending_call(self, marker: str, seconds: float) -> AbstractContextManager[tuple[int, Any]]:
+        """Spawn a fresh proc with a victim actor and call its ``sleep(marker, seconds)``.
+
+        Yield ``(pid of the victim's process, the pending call's future)``; stop it all on exit.
+        """
+        ...
+
+    def wait_failure(self, future: Any, timeout_s: float) -> BaseException:
+        """Block on ``future``; return the exception it raised (a timeout counts as one)."""
+        ...
+
+    def owned_victim(self, marker: str, stamp: str, seconds: float) -> AbstractContextManager[int]:
+        """Spawn a fresh owner that spawns a victim and starts its ``sleep(marker, seconds)``.
+
+        The owner appends a record to ``stamp`` (``fault_actor.record_failure``) when it learns
+        of the victim's failure. Yield the victim's pid; stop it all on exit.
+        """
+        ...
+
+    def close(self) -> None:
+        """Shut the runtime down."""
+        ...
+
+
+def await_path(path: Path, timeout_s: float) -> bool:
+    """Poll (every millisecond) until ``path`` exists; False after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def sigkill(pid: int) -> float:
+    """SIGKILL ``pid``; return the wall-clock time just before the signal was sent."""
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    return killed_at
+
+
+def future_trial(a: FaultAdapter, plan: Plan, marker: Path) -> tuple[float | None, str]:
+    """Kill a victim in a pending call; return (seconds until the future raised, the error)."""
+    with a.pending_call(str(marker), plan.fault_sleep_s) as (pid, future):
+        if not await_path(marker, plan.fault_wait_s):
+            raise AssertionError("the victim's sleep call never started")
+        killed_at = sigkill(pid)
+        error = a.wait_failure(future, plan.fault_wait_s)
+        seconds = time.time() - killed_at
+    if seconds >= plan.fault_wait_s:  # whatever the system's timeout error is called
+        return None, f"timed out after {plan.fault_wait_s:g} s ({describe(error, 200)})"
+    return seconds, describe(error, 300)
+
+
+def victim_record(stamp: Path, timeout_s: float) -> dict[str, Any] | None:
+    """Poll ``stamp`` until the owner recorded the victim mesh's failure; None on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() <= deadline:
+        for record in read_failures(stamp):
+            if str(record["mesh"]).startswith(VICTIM_NAME):
+                return record
+        time.sleep(0.001)
+    return None
+
+
+def supervise_trial(
+    a: FaultAdapter, plan: Plan, marker: Path, stamp: Path
+) -> tuple[float | None, list[dict[str, Any]]]:
+    """Kill an owner's victim; return (seconds until the owner learnt of it, every record)."""
+    with a.owned_victim(str(marker), str(stamp), plan.fault_sleep_s) as pid:
+        if not await_path(marker, plan.fault_wait_s):
+            raise AssertionError("the victim's sleep call never started")
+        killed_at = sigkill(pid)
+        record = victim_record(stamp, plan.fault_wait_s)
+        records = [{**r, "after_ms": (r["t"] - killed_at) * 1e3} for r in read_failures(stamp)]
+    return (None if record is None else record["t"] - killed_at), records
+
+
+def fault_stats(prefix: str, samples: list[float | None], cap_s: float) -> Metrics:
+    """Median and max in ms over ``samples``, a timed-out trial (None) counting as ``cap_s``."""
+    done = sorted(s for s in samples if s is not None)
+    ranked = done + [cap_s] * (len(samples) - len(done))
+    return {
+        f"{prefix}_median_ms": median(ranked) * 1e3,
+        f"{prefix}_max_ms": ranked[-1] * 1e3,
+        f"{prefix}_trials": float(len(samples)),
+        f"{prefix}_timeouts": float(len(samples) - len(done)),
+        f"{prefix}_samples_ms": [None if s is None else round(s * 1e3, 3) for s in samples],
+    }
+
+
+def fig_fault_detect(a: FaultAdapter, plan: Plan) -> Metrics:
+    """SIGKILL a victim's process; time until its caller's future fails and until its owner
+    learns of it (``__supervise__``). Every trial spawns fresh procs."""
+    trials = plan.fault_trials if a.max_trials is None else min(plan.fault_trials, a.max_trials)
+    futures: list[float | None] = []
+    supervised: list[float | None] = []
+    errors: list[str] = []
+    meshes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="fault-bench-") as tmp:
+        work = Path(tmp)
+        for i in range(trials):
+            seconds, error = future_trial(a, plan, work / f"future-{i}.started")
+            futures.append(seconds)
+            errors.append(error)
+        for i in range(trials):
+            seconds, records = supervise_trial(
+                a, plan, work / f"owned-{i}.started", work / f"owned-{i}.jsonl"
+            )
+            supervised.append(seconds)
+            meshes += [f"{r['mesh']} at {r['after_ms']:.1f} ms" for r in records]
+    return {
+        **fault_stats("fault_future", futures, plan.fault_wait_s),
+        **fault_stats("fault_supervise", supervised, plan.fault_wait_s),
+        "fault_wait_s": plan.fault_wait_s,
+        "fault_future_error_types": sorted({e.split(":", 1)[0] for e in errors}),
+        "fault_future_error_example": errors[0] if errors else None,
+        "fault_supervise_records": meshes,
+    }
+
+
 @dataclass(frozen=True)
 class Figure:
     """A unit of work with its own timeout; it produces one or more metrics."""
 
     name: str
-    run: Callable[[Adapter, Plan], Metrics]
+    run: Callable[[Any, Plan], Metrics]  # takes an Adapter, or a FaultAdapter (FAULT_FIGURES)
     timeout_s: float
 
 
@@ -248,7 +387,12 @@ FIGURES: tuple[Figure, ...] = (
     Figure("payload_bytes", payload_figure("bytes"), 240),
     Figure("payload_numpy", payload_figure("numpy"), 240),
 )
-FIGURE_NAMES = tuple(f.name for f in FIGURES)
+# Run by the fault programs (fault_bench.py, ray_fault_bench.py), not by the programs above.
+# Monarch takes about 10 s per trial: 3 trials of each kind, each capped at fault_wait_s.
+FAULT_FIGURES: tuple[Figure, ...] = (Figure("fault_detect", fig_fault_detect, 480),)
+ACTOR_FIGURE_NAMES = tuple(f.name for f in FIGURES)
+FAULT_FIGURE_NAMES = tuple(f.name for f in FAULT_FIGURES)
+FIGURE_NAMES = ACTOR_FIGURE_NAMES + FAULT_FIGURE_NAMES
 STARTUP_TIMEOUT_S = 180.0
 
 
@@ -266,21 +410,23 @@ class Outcome:
 Connect = Callable[[], tuple[Adapter, dict[str, Any]]]
 
 
-def parse_args(systems: Sequence[str], argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_args(
+    systems: Sequence[str], argv: Sequence[str] | None, names: Sequence[str] = ACTOR_FIGURE_NAMES
+) -> argparse.Namespace:
     """Parse the command line shared by the benchmark programs."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--system", choices=systems, required=len(systems) > 1, default=systems[0])
     parser.add_argument(
         "--figures",
-        default=",".join(FIGURE_NAMES),
-        help="comma-separated subset of: " + ", ".join(FIGURE_NAMES),
+        default=",".join(names),
+        help="comma-separated subset of: " + ", ".join(names),
     )
     parser.add_argument("--progress", type=Path, help="append JSON-lines progress events here")
     parser.add_argument("--quick", action="store_true", help="about ten times fewer iterations")
     return parser.parse_args(argv)
 
 
-def run_figure(figure: Figure, adapter: Adapter, plan: Plan, out: Outcome, log: EventLog) -> None:
+def run_figure(figure: Figure, adapter: Any, plan: Plan, out: Outcome, log: EventLog) -> None:
     """Run one figure, recording its metrics or its error in ``out`` and in ``log``."""
     log.emit("start", figure=figure.name)
     start = time.perf_counter()
@@ -296,10 +442,17 @@ def run_figure(figure: Figure, adapter: Adapter, plan: Plan, out: Outcome, log: 
     log.emit("done", figure=figure.name, metrics=metrics, seconds=seconds)
 
 
-def main(connectors: Mapping[str, Connect], argv: Sequence[str] | None = None) -> int:
-    """Connect to the ``--system`` chosen among ``connectors``, run the figures, print JSON."""
-    args = parse_args(list(connectors), argv)
-    by_name = {f.name: f for f in FIGURES}
+def main(
+    connectors: Mapping[str, Callable[[], tuple[Any, dict[str, Any]]]],
+    argv: Sequence[str] | None = None,
+    figures: Sequence[Figure] = FIGURES,
+) -> int:
+    """Connect to the ``--system`` chosen among ``connectors``, run the figures, print JSON.
+
+    ``figures`` is the program's catalogue: :data:`FIGURES` or :data:`FAULT_FIGURES`.
+    """
+    args = parse_args(list(connectors), argv, [f.name for f in figures])
+    by_name = {f.name: f for f in figures}
     selected = [by_name[name] for name in args.figures.split(",") if name]
     plan = Plan.quick() if args.quick else Plan()
     log, out = EventLog(args.progress), Outcome(args.system)

@@ -1,6 +1,8 @@
-"""Run one system's benchmark program under supervision, with a timeout per figure.
+"""Run one system's benchmark programs under supervision, with a timeout per figure.
 
-The program runs in its own interpreter and process group and reports progress as JSON lines
+A system has two programs, run one after the other: the actor figures (``actor_bench.py`` /
+``ray_bench.py``) and fault detection (``fault_bench.py`` / ``ray_fault_bench.py``), which kills
+processes. Each runs in its own interpreter and process group and reports progress as JSON lines
 (see ``figures.py``). When a figure overruns its timeout, or the program dies in the middle of
 one, the whole process tree is killed, that figure is recorded as failed, and the program is
 started again on the figures still to run. Results are plain dicts, ready for JSON.
@@ -21,27 +23,34 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import BENCH_DIR, REPO_ROOT, descendants, display_path, read_events
-from figures import FIGURE_NAMES, FIGURES, STARTUP_TIMEOUT_S
+from figures import (
+    ACTOR_FIGURE_NAMES,
+    FAULT_FIGURE_NAMES,
+    FAULT_FIGURES,
+    FIGURE_NAMES,
+    FIGURES,
+    STARTUP_TIMEOUT_S,
+)
 
-TIMEOUTS = {f.name: f.timeout_s for f in FIGURES}
+TIMEOUTS = {f.name: f.timeout_s for f in (*FIGURES, *FAULT_FIGURES)}
 LOG_DIR = REPO_ROOT / ".bench-venvs" / "logs"
 POLL_S = 0.2
 
 
 @dataclass(frozen=True)
-class SystemSpec:
-    """How to run one system's benchmark program."""
+class Program:
+    """One benchmark program of a system and the figures it runs."""
 
-    key: str
-    label: str
-    python: Path
     script: str
     args: tuple[str, ...] = ()
+    figures: tuple[str, ...] = ACTOR_FIGURE_NAMES
 
-    def command(self, figures: Sequence[str], progress: Path, quick: bool) -> list[str]:
+    def command(
+        self, python: Path, figures: Sequence[str], progress: Path, quick: bool
+    ) -> list[str]:
         """Return the argv that runs ``figures`` and reports progress to ``progress``."""
         argv = [
-            str(self.python),
+            str(python),
             str(BENCH_DIR / self.script),
             *self.args,
             "--figures",
@@ -51,25 +60,47 @@ class SystemSpec:
         ]
         return [*argv, "--quick"] if quick else argv
 
-    def display_command(self, quick: bool) -> str:
+    def display_command(self, python: Path, quick: bool) -> str:
         """Return the command line for the report, relative to the repository root."""
-        argv = [display_path(self.python), f"benchmarks/{self.script}", *self.args]
+        argv = [display_path(python), f"benchmarks/{self.script}", *self.args]
         return shlex.join([*argv, "--quick"] if quick else argv)
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """How to run one system's benchmark programs: the actor figures, then fault detection."""
+
+    key: str
+    label: str
+    python: Path
+    programs: tuple[Program, ...]
 
 
 def peer_specs(regency_python: Path) -> list[SystemSpec]:
     """Return the three systems that ``run_peers.py`` compares, regency first."""
     venvs = REPO_ROOT / ".bench-venvs"
+
+    def monarch_api(system: str) -> tuple[Program, ...]:
+        args = ("--system", system)
+        return (
+            Program("actor_bench.py", args),
+            Program("fault_bench.py", args, FAULT_FIGURE_NAMES),
+        )
+
     return [
-        SystemSpec("regency", "regency", regency_python, "actor_bench.py", ("--system", "regency")),
+        SystemSpec("regency", "regency", regency_python, monarch_api("regency")),
         SystemSpec(
-            "monarch",
-            "Monarch 0.7",
-            venvs / "monarch" / "bin" / "python",
-            "actor_bench.py",
-            ("--system", "monarch"),
+            "monarch", "Monarch 0.7", venvs / "monarch" / "bin" / "python", monarch_api("monarch")
         ),
-        SystemSpec("ray", "Ray 2.60", venvs / "ray" / "bin" / "python", "ray_bench.py"),
+        SystemSpec(
+            "ray",
+            "Ray 2.60",
+            venvs / "ray" / "bin" / "python",
+            (
+                Program("ray_bench.py"),
+                Program("ray_fault_bench.py", (), FAULT_FIGURE_NAMES),
+            ),
+        ),
     ]
 
 
@@ -79,9 +110,9 @@ class SystemResult:
 
     key: str
     label: str
-    command: str
+    commands: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, float | None] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     figure_seconds: dict[str, float] = field(default_factory=dict)
     attempts: int = 0
@@ -173,14 +204,19 @@ def supervise(at: Attempt, result: SystemResult) -> str | None:
 
 
 def run_attempt(
-    spec: SystemSpec, figures: list[str], quick: bool, result: SystemResult, log: Path
+    spec: SystemSpec,
+    program: Program,
+    figures: list[str],
+    quick: bool,
+    result: SystemResult,
+    log: Path,
 ) -> list[str]:
-    """Launch the program on ``figures`` once; return the figures that are still to run."""
+    """Launch ``program`` on ``figures`` once; return the figures that are still to run."""
     progress = log.with_suffix(f".{result.attempts}.jsonl")
     progress.unlink(missing_ok=True)
     with log.open("ab") as sink:
         proc = subprocess.Popen(
-            spec.command(figures, progress, quick),
+            program.command(spec.python, figures, progress, quick),
             cwd=REPO_ROOT,
             stdout=sink,
             stderr=sink,
@@ -210,19 +246,23 @@ def run_system(
     quick: bool = False,
     log_dir: Path = LOG_DIR,
 ) -> SystemResult:
-    """Run every figure of ``spec``, relaunching after timeouts and crashes."""
-    result = SystemResult(spec.key, spec.label, spec.display_command(quick))
+    """Run every figure of ``spec``, program by program, relaunching after timeouts and crashes."""
+    result = SystemResult(spec.key, spec.label)
     start = time.monotonic()
+    plan = [(p, [f for f in figures if f in p.figures]) for p in spec.programs]
+    plan = [(p, names) for p, names in plan if names]
+    result.commands = [p.display_command(spec.python, quick) for p, _ in plan]
     if not spec.python.exists():
         for figure in figures:
             result.errors[figure] = f"interpreter not found: {display_path(spec.python)}"
         return result
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{spec.key}.log"
-    log.unlink(missing_ok=True)
-    remaining = list(figures)
-    while remaining:
-        remaining = run_attempt(spec, remaining, quick, result, log)
+    for program, names in plan:
+        log = log_dir / f"{spec.key}.{Path(program.script).stem}.log"
+        log.unlink(missing_ok=True)
+        remaining = names
+        while remaining:
+            remaining = run_attempt(spec, program, remaining, quick, result, log)
     result.wall_s = time.monotonic() - start
     return result
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchlib import METRICS, Metric
+from benchlib import FAULT_METRICS, METRICS, Metric
 from harness import SystemResult
 
 BASE = "regency"
@@ -62,8 +62,37 @@ TARGETS = (
 )
 
 
+# The supervision issue's target: SIGKILL → pending future failing and → __supervise__ running.
+FAULT_TARGET_MS = 50.0
+
+
+def fault_target_row(base: SystemResult) -> str:
+    """Return the targets-table row of the supervision issue, met when every trial is in time."""
+    m = base.metrics
+    keys = ("future", "supervise")
+    medians = [m.get(f"fault_{k}_median_ms") for k in keys]
+    maxima = [m.get(f"fault_{k}_max_ms") for k in keys]
+    label = "SIGKILL → pending future fails and → owner's `__supervise__` runs"
+    target = f"≤ {FAULT_TARGET_MS:g} ms (every trial)"
+    if None in medians or None in maxima:
+        return f"| {label} | {target} | — | not measured |"
+    measured = "; ".join(
+        f"{name} {fault_value(base, f'fault_{k}_median_ms')} / "
+        f"{fault_value(base, f'fault_{k}_max_ms')} ms"
+        for name, k in (("future", "future"), ("`__supervise__`", "supervise"))
+    )
+    if all(v <= FAULT_TARGET_MS for v in maxima):
+        met = "yes"
+    elif all(v <= FAULT_TARGET_MS for v in medians):
+        met = "**no** (medians yes, some trial over)"
+    else:
+        met = "**no**"
+    return f"| {label} | {target} | {measured} (median / max) | {met} |"
+
+
 def render_targets(results: Sequence[SystemResult]) -> str:
-    """Return the table of the core issue's targets, as ratios measured in this run."""
+    """Return the table of the core issue's targets, as ratios measured in this run, and the
+    supervision issue's absolute target."""
     base = results[0]
     peers = {r.label.split()[0]: r for r in results[1:]}
     labels = {m.key: m.label for m in METRICS}
@@ -81,6 +110,90 @@ def render_targets(results: Sequence[SystemResult]) -> str:
         sign = "≤" if kind == "max" else "≥"
         lines.append(
             f"| {labels.get(key, key)} | {sign} {bound:g}x {peer_name} | {measured} | {met} |"
+        )
+    lines.append(fault_target_row(base))
+    return "\n".join(lines)
+
+
+def is_lower_bound(r: SystemResult, key: str) -> bool:
+    """Whether ``key`` of ``r`` is a timed-out trial's cap rather than a measured time."""
+    value, cap_s = r.metrics.get(key), r.metrics.get("fault_wait_s")
+    kind = key.rsplit("_", 2)[0]  # fault_future or fault_supervise
+    timeouts = r.metrics.get(f"{kind}_timeouts") or 0
+    return bool(timeouts) and value is not None and cap_s is not None and value >= cap_s * 1e3
+
+
+def fault_value(r: SystemResult, key: str) -> str:
+    """Format a fault-detection time; a value that is a timeout's cap reads ``≥ cap``."""
+    text = fmt(r.metrics.get(key))
+    return f"≥ {text}" if is_lower_bound(r, key) else text
+
+
+def fault_ratio(base: SystemResult, peer: SystemResult, key: str) -> str:
+    """``ratio`` of two fault-detection times, marked when either side is a timeout's cap."""
+    mine, theirs = base.metrics.get(key), peer.metrics.get(key)
+    if mine is None or not theirs:
+        return "—"
+    value = mine / theirs
+    text = f"{value:.2g}x" if value < 0.1 else f"{value:.2f}x"  # 0.0005x, not 0.00x
+    low_base, low_peer = is_lower_bound(base, key), is_lower_bound(peer, key)
+    if low_base and low_peer:
+        return "—"
+    if low_base or low_peer:
+        return ("≥ " if low_base else "≤ ") + text
+    return text
+
+
+def trials_cell(r: SystemResult, kind: str) -> str:
+    """Return ``trials (timeouts)`` of one kind of fault trial, or a dash."""
+    trials = r.metrics.get(f"fault_{kind}_trials")
+    if trials is None:
+        return "—"
+    return f"{trials:.0f} ({r.metrics.get(f'fault_{kind}_timeouts') or 0:.0f} timed out)"
+
+
+def render_fault_table(results: Sequence[SystemResult]) -> str:
+    """Return the fault-detection table, or "" when no system measured it."""
+    if not any("fault_future_median_ms" in r.metrics for r in results):
+        return ""
+    base, peers = results[0], results[1:]
+    head = ["figure", *(r.label for r in results)]
+    head += [f"{base.label}/{r.label.split()[0]}" for r in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for metric in FAULT_METRICS:
+        cells = [f"{metric.label} ({metric.unit}) ↓"]
+        cells += [fault_value(r, metric.key) for r in results]
+        cells += [fault_ratio(base, r, metric.key) for r in peers]
+        lines.append("| " + " | ".join(cells) + " |")
+    for kind, label in (("future", "future"), ("supervise", "`__supervise__`")):
+        cells = [f"{label} trials", *(trials_cell(r, kind) for r in results)]
+        lines.append("| " + " | ".join(cells + [""] * len(peers)) + " |")
+    return "\n".join(lines)
+
+
+def supervise_summary(records: Sequence[str]) -> str:
+    """Summarise the owner's records (``"<mesh> at <ms> ms"``) as counts per mesh base name."""
+    counts: dict[str, int] = {}
+    for record in records:
+        name = record.split(" at ", 1)[0].split("-", 1)[0]
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"`{name}` {n} times" for name, n in counts.items()) or "none"
+
+
+def render_fault_notes(results: Sequence[SystemResult]) -> str:
+    """Return one bullet per system: what the pending future raised, what the owner saw."""
+    lines = []
+    for r in results:
+        m = r.metrics
+        if "fault_future_median_ms" not in m:
+            continue
+        types = ", ".join(f"`{t}`" for t in m.get("fault_future_error_types") or []) or "—"
+        example = " ".join(str(m.get("fault_future_error_example") or "").split())
+        example = example.replace("|", "\\|")
+        records = supervise_summary(m.get("fault_supervise_records") or [])
+        lines.append(
+            f'- **{r.label}**: the future raised {types} (e.g. "{example[:240]}"); '
+            f"failures recorded by the owner: {records}."
         )
     return "\n".join(lines)
 
@@ -136,7 +249,7 @@ def render_versions(results: Sequence[SystemResult]) -> str:
 
 def render_commands(results: Sequence[SystemResult]) -> str:
     """Return the command line each system's program ran with (timing flags omitted)."""
-    return "\n".join(f"    {r.command}" for r in results)
+    return "\n".join(f"    {command}" for r in results for command in r.commands)
 
 
 LEGEND = (
@@ -147,11 +260,33 @@ LEGEND = (
 )
 
 
+FAULT_LEGEND = (
+    "The `fault_detect` figure (`fault_bench.py`, `ray_fault_bench.py`): an actor is blocked in"
+    " a 60 s call when its process gets SIGKILL. *Future*: from `os.kill` until the caller's"
+    " pending `call_one(...).get()` raises [Ray: `ray.get(ref)`]. *`__supervise__`*: until"
+    " `__supervise__` runs in the actor that spawned the victim's procs, by its own wall clock."
+    " Ray has no `__supervise__`; its row is the owner actor (the victim's creator) learning of"
+    " the death through its own `ray.get` of the victim's pending call raising. The time is that"
+    " of the call for the victim's mesh; every failure the owner was given is counted below"
+    " (Monarch also reports its proc mesh's internal `logger` mesh). Fresh procs every"
+    " trial; Monarch gets 3 trials of each kind (about 10 s each), the others 10. A trial that"
+    " waited 30 s in vain counts as 30 s, shown as a lower bound (≥)."
+)
+
+
 def render_header(doc: dict[str, Any], results: Sequence[SystemResult]) -> str:
     """Return the title, the date and duration, and the machine."""
     m = doc["machine"]
     walls = ", ".join(f"{r.label} {r.wall_s:.0f} s" for r in results)
     quick = "\n\n**Quick mode: reduced iteration counts.**" if doc["quick"] else ""
+    load = doc.get("load")
+    load_line = (
+        "\n- 1-minute load average (every process on the machine, the benchmark's included):"
+        f" {load['start']:.2f} at the start, peak {load['peak']:.2f}, {load['end']:.2f} at the"
+        " end. Other work running alongside slows every system and moves the ratios."
+        if load
+        else ""
+    )
     return f"""# Peer benchmarks: regency vs torchmonarch vs Ray
 
 Generated by `{doc["command"]}` on {doc["date"]} UTC. The whole run took
@@ -160,7 +295,7 @@ Generated by `{doc["command"]}` on {doc["date"]} UTC. The whole run took
 ## Machine
 
 - {m["nproc"]} CPUs ({m["cpu"]}), {m["memory_gib"]} GiB memory, Linux {m["kernel"]}
-- Everything on localhost; one system at a time, each in its own interpreter and venv."""
+- Everything on localhost; one system at a time, each in its own interpreter and venv.{load_line}"""
 
 
 SETUP = """The peer venvs come from `bash benchmarks/setup_peers.sh` (it skips a venv that exists):
@@ -180,9 +315,17 @@ def render_results_md(doc: dict[str, Any], results: Sequence[SystemResult]) -> s
         " (which adds `--figures` and `--progress` and enforces a timeout per figure):\n\n"
         + render_commands(results),
         "## Results\n\n" + LEGEND + "\n\n" + render_table(results),
-        "## Targets of the core issue\n\nRatios from this same run. The peers' figures move by "
-        "20-35% between runs on this machine (see benchmarks/README.md), so a ratio near its "
-        "bound can land on either side.\n\n" + render_targets(results),
+        "## Fault detection\n\n"
+        + FAULT_LEGEND
+        + "\n\n"
+        + (render_fault_table(results) or "Not measured in this run.")
+        + "\n\n"
+        + render_fault_notes(results),
+        "## Targets of the core issue and the supervision issue\n\nRatios from this same run. "
+        "The peers' figures move by 20-35% between runs on this machine (see "
+        "benchmarks/README.md), so a ratio near its bound can land on either side. The last row "
+        "is the supervision issue's absolute target, met when every trial of both kinds is "
+        "within it.\n\n" + render_targets(results),
         "## Failed or missing figures\n\n" + (render_errors(results) or "None."),
     ]
     return "\n\n".join(sections) + "\n"

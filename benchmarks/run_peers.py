@@ -1,7 +1,8 @@
 """Benchmark regency, torchmonarch 0.7 and Ray 2.60 side by side and write RESULTS.md.
 
 Steps: make the peer venvs (``setup_peers.sh``, skipped when present); run each system's
-benchmark program in its own interpreter under ``harness.py``; save the raw results to
+benchmark programs (the actor figures, then fault detection) in its own interpreter under
+``harness.py``; save the raw results to
 ``benchmarks/results/peers-<date>.json`` and the table to ``benchmarks/RESULTS.md``.
 A system that cannot run (regency not importable yet, say) gets dashes and its error.
 
@@ -13,16 +14,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from benchlib import BENCH_DIR, display_path
 from harness import add_run_args, peer_specs, run_system, selected_figures
-from report import machine, render_results_md, render_table
+from report import machine, render_fault_table, render_results_md, render_table
 
 
 def parse_args() -> argparse.Namespace:
@@ -44,10 +47,30 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+class LoadSampler:
+    """Samples the 1-minute load average every 2 s on a daemon thread, for the report."""
+
+    def __init__(self) -> None:
+        self._start = os.getloadavg()[0]
+        self._peak = self._start
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(2.0)
+            self._peak = max(self._peak, os.getloadavg()[0])
+
+    def summary(self) -> dict[str, float]:
+        """Return the 1-minute load average at the start, its peak, and now."""
+        end = os.getloadavg()[0]
+        return {"start": self._start, "peak": max(self._peak, end), "end": end}
+
+
 def main() -> int:
     """Set up, run every system, write the JSON and the Markdown."""
     args = parse_args()
     start = time.monotonic()
+    load = LoadSampler()  # other work on the machine slows every system
     if not args.skip_setup:
         subprocess.run(["bash", str(BENCH_DIR / "setup_peers.sh")], check=True)
     figures = selected_figures(args)
@@ -64,6 +87,7 @@ def main() -> int:
         "quick": args.quick,
         "total_s": time.monotonic() - start,
         "machine": machine(),
+        "load": load.summary(),
         "systems": [dataclasses.asdict(r) for r in results],
     }
     out_json = args.json or BENCH_DIR / "results" / f"peers-{now:%Y-%m-%d}.json"
@@ -71,6 +95,9 @@ def main() -> int:
     out_json.write_text(json.dumps(doc, indent=2) + "\n")
     args.results_md.write_text(render_results_md(doc, results))
     print(render_table(results))
+    fault_table = render_fault_table(results)
+    if fault_table:
+        print("\n" + fault_table)
     print(
         f"run_peers: wrote {args.results_md} and {out_json} in {doc['total_s']:.0f} s",
         file=sys.stderr,

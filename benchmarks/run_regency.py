@@ -1,6 +1,7 @@
 """Benchmark regency alone (``make bench``) and print the table.
 
-Runs ``actor_bench.py --system regency`` under ``harness.py`` with the regency interpreter
+Runs ``actor_bench.py --system regency`` and then ``fault_bench.py --system regency`` (the
+``fault_detect`` figure) under ``harness.py`` with the regency interpreter
 (``.venv/bin/python`` by default). For the comparison with torchmonarch and Ray, run
 ``run_peers.py`` (``make bench-peers``).
 
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 from harness import add_run_args, peer_specs, run_system, selected_figures
-from report import render_errors, render_table
+from report import render_errors, render_fault_table, render_table
 
 
 def main() -> int:
@@ -32,6 +33,9 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
     print(render_table([result]))
+    fault_table = render_fault_table([result])
+    if fault_table:
+        print("\nFault detection:\n\n" + fault_table)
     errors = render_errors([result])
     if errors:
         print("\nFailed figures:\n" + errors)
