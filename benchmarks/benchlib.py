@@ -82,6 +82,17 @@ FAULT_METRICS: tuple[Metric, ...] = (
     Metric("fault_supervise_max_ms", "SIGKILL → owner's `__supervise__`, max", "ms", False),
 )
 
+# The RDMA figure (``rdma_bench.py``): its own table. regency forces each of its backends in
+# turn; "default" is what a transfer uses when nothing is forced (regency: cma here; Monarch:
+# its TCP fallback on a machine without an RDMA NIC).
+RDMA_BACKENDS = ("cma", "shm", "tcp")
+RDMA_OPS = ("read", "write")
+
+
+def rdma_key(backend: str, op: str) -> str:
+    """Return the metric key of ``read_into`` / ``write_from`` (``op``) over ``backend``."""
+    return f"rdma_{backend}_{op}_gbps"
+
 
 def median(samples: Sequence[float]) -> float:
     """Return the median of ``samples``."""

@@ -7,12 +7,14 @@ supervisor (``harness.py``) polls to enforce a timeout per figure.
 
 The fault-detection figure kills processes, so it runs in programs of its own, against
 :class:`FaultAdapter`: ``fault_bench.py`` (Monarch API) and ``ray_fault_bench.py`` (Ray).
+The RDMA figure runs in ``rdma_bench.py`` against :class:`RDMAAdapter` (Ray has no equivalent).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -26,12 +28,14 @@ from typing import Any, Protocol
 
 from benchlib import (
     MIB,
+    RDMA_OPS,
     EventLog,
     describe,
     gather_key,
     median,
     payload_key,
     percentile,
+    rdma_key,
     rss_summary,
     spawn_key,
 )
@@ -91,6 +95,8 @@ class Plan:
     fault_trials: int = 10
     fault_wait_s: float = 30.0
     fault_sleep_s: float = 60.0
+    rdma_mib: int = 64
+    rdma_reps: int = 15
 
     @classmethod
     def quick(cls) -> Plan:
@@ -109,6 +115,7 @@ class Plan:
             payload_mib=(1, 16),
             payload_reps=2,
             fault_trials=2,
+            rdma_reps=3,
         )
 
 
@@ -368,6 +375,138 @@ def fig_fault_detect(a: FaultAdapter, plan: Plan) -> Metrics:
     }
 
 
+class RDMAAdapter(Protocol):
+    """What the RDMA figure needs from a system with one-sided buffers (``RDMABuffer``)."""
+
+    backends: tuple[str, ...]
+    """What to measure: ``"default"`` (nothing forced) and each backend that can be forced."""
+
+    def owner(self, nbytes: int) -> AbstractContextManager[Any]:
+        """Spawn a fresh proc with an owner actor holding ``nbytes`` random bytes (uint8).
+
+        Yield the owner (for :meth:`register` and :meth:`digest`); stop it all on exit.
+        """
+        ...
+
+    def register(self, owner: Any, backend: str) -> tuple[Any, str]:
+        """Have the owner wrap its memory in an ``RDMABuffer`` over ``backend``.
+
+        Return ``(the buffer, as received here; the backend its transfers from here use)``.
+        """
+        ...
+
+    def local(self, array: Any) -> Any:
+        """Return what the system's transfers take for a local uint8 numpy ``array``."""
+        ...
+
+    def read_into(self, buf: Any, dst: Any) -> None:
+        """``buf.read_into(dst)`` and wait for it."""
+        ...
+
+    def write_from(self, buf: Any, src: Any) -> None:
+        """``buf.write_from(src)`` and wait for it."""
+        ...
+
+    def drop(self, buf: Any) -> None:
+        """``buf.drop()`` and wait for it."""
+        ...
+
+    def digest(self, owner: Any) -> str:
+        """Return the SHA-256 (hex) of the owner's memory, computed in the owner's process."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Return notes for the results: the backend the system reports here, the memory kind."""
+        ...
+
+    def close(self) -> None:
+        """Shut the runtime down."""
+        ...
+
+
+def random_bytes(nbytes: int) -> Any:
+    """Return ``nbytes`` random bytes as a writable uint8 numpy array."""
+    import numpy as np
+
+    return np.random.default_rng().integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def sha256(array: Any) -> str:
+    """Return the SHA-256 (hex) of a contiguous array's bytes."""
+    return hashlib.sha256(memoryview(array).cast("B")).hexdigest()
+
+
+def gbps_samples(nbytes: int, fn: Callable[[], object], reps: int) -> list[float]:
+    """Run ``fn`` once as a warm-up, then ``reps`` times timed; return each run's GB/s."""
+    fn()
+    return [nbytes / elapsed(fn) / 1e9 for _ in range(reps)]
+
+
+def copy_gbps(nbytes: int, reps: int) -> list[float]:
+    """GB/s of ``np.copyto`` between two ``nbytes`` uint8 arrays of this process."""
+    import numpy as np
+
+    src, dst = random_bytes(nbytes), np.empty(nbytes, dtype=np.uint8)
+    samples = gbps_samples(nbytes, lambda: np.copyto(dst, src), reps)
+    if not np.array_equal(dst, src):
+        raise AssertionError("np.copyto left the destination different from the source")
+    return samples
+
+
+def rdma_backend(a: RDMAAdapter, owner: Any, backend: str, plan: Plan) -> Metrics:
+    """Time ``read_into`` and then ``write_from`` of the owner's whole buffer over ``backend``.
+
+    The destination is zeroed before every timed read (untimed) and the reads are checked
+    against the owner's digest; every write sends fresh random bytes, checked the same way.
+    """
+    import numpy as np
+
+    nbytes = plan.rdma_mib * MIB
+    buf, used = a.register(owner, backend)
+    dst_array = np.empty(nbytes, dtype=np.uint8)
+    src_array = random_bytes(nbytes)
+    dst, src = a.local(dst_array), a.local(src_array)
+
+    reads: list[float] = []
+    for _ in range(plan.rdma_reps + 1):  # the first is an untimed warm-up
+        dst_array.fill(0)
+        reads.append(nbytes / elapsed(lambda: a.read_into(buf, dst)) / 1e9)
+    reads = reads[1:]
+    if sha256(dst_array) != a.digest(owner):
+        raise AssertionError(f"{backend}: read_into delivered bytes that differ from the owner's")
+    writes = gbps_samples(nbytes, lambda: a.write_from(buf, src), plan.rdma_reps)
+    if a.digest(owner) != sha256(src_array):
+        raise AssertionError(f"{backend}: after write_from the owner's bytes differ from ours")
+    metrics: Metrics = {f"rdma_{backend}_used": used}
+    for op, samples in zip(RDMA_OPS, (reads, writes), strict=True):
+        metrics[rdma_key(backend, op)] = median(samples)
+        metrics[f"rdma_{backend}_{op}_samples_gbps"] = [round(s, 3) for s in samples]
+    try:
+        a.drop(buf)
+    except Exception as exc:  # the numbers stand; say that the drop failed
+        metrics[f"rdma_{backend}_drop_error"] = describe(exc, 300)
+    return metrics
+
+
+def fig_rdma(a: RDMAAdapter, plan: Plan) -> Metrics:
+    """``read_into`` / ``write_from`` of a ``rdma_mib`` MiB buffer owned by an actor on another
+    proc, by this controller, for each backend; and the in-process ``np.copyto`` baseline."""
+    nbytes = plan.rdma_mib * MIB
+    copies = copy_gbps(nbytes, plan.rdma_reps)
+    metrics: Metrics = {
+        "rdma_copy_gbps": median(copies),
+        "rdma_copy_samples_gbps": [round(s, 3) for s in copies],
+        "rdma_mib": float(plan.rdma_mib),
+        "rdma_reps": float(plan.rdma_reps),
+        "rdma_backends": list(a.backends),
+        **{f"rdma_{k}": v for k, v in a.describe().items()},
+    }
+    with a.owner(nbytes) as owner:
+        for backend in a.backends:
+            metrics.update(rdma_backend(a, owner, backend, plan))
+    return metrics
+
+
 @dataclass(frozen=True)
 class Figure:
     """A unit of work with its own timeout; it produces one or more metrics."""
@@ -390,9 +529,12 @@ FIGURES: tuple[Figure, ...] = (
 # Run by the fault programs (fault_bench.py, ray_fault_bench.py), not by the programs above.
 # Monarch takes about 10 s per trial: 3 trials of each kind, each capped at fault_wait_s.
 FAULT_FIGURES: tuple[Figure, ...] = (Figure("fault_detect", fig_fault_detect, 480),)
+# Run by rdma_bench.py (regency and Monarch; Ray has no RDMABuffer).
+RDMA_FIGURES: tuple[Figure, ...] = (Figure("rdma", fig_rdma, 240),)
 ACTOR_FIGURE_NAMES = tuple(f.name for f in FIGURES)
 FAULT_FIGURE_NAMES = tuple(f.name for f in FAULT_FIGURES)
-FIGURE_NAMES = ACTOR_FIGURE_NAMES + FAULT_FIGURE_NAMES
+RDMA_FIGURE_NAMES = tuple(f.name for f in RDMA_FIGURES)
+FIGURE_NAMES = ACTOR_FIGURE_NAMES + FAULT_FIGURE_NAMES + RDMA_FIGURE_NAMES
 STARTUP_TIMEOUT_S = 180.0
 
 
@@ -449,7 +591,8 @@ def main(
 ) -> int:
     """Connect to the ``--system`` chosen among ``connectors``, run the figures, print JSON.
 
-    ``figures`` is the program's catalogue: :data:`FIGURES` or :data:`FAULT_FIGURES`.
+    ``figures`` is the program's catalogue: :data:`FIGURES`, :data:`FAULT_FIGURES` or
+    :data:`RDMA_FIGURES`.
     """
     args = parse_args(list(connectors), argv, [f.name for f in figures])
     by_name = {f.name: f for f in figures}

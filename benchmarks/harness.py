@@ -1,11 +1,13 @@
 """Run one system's benchmark programs under supervision, with a timeout per figure.
 
-A system has two programs, run one after the other: the actor figures (``actor_bench.py`` /
-``ray_bench.py``) and fault detection (``fault_bench.py`` / ``ray_fault_bench.py``), which kills
-processes. Each runs in its own interpreter and process group and reports progress as JSON lines
-(see ``figures.py``). When a figure overruns its timeout, or the program dies in the middle of
-one, the whole process tree is killed, that figure is recorded as failed, and the program is
-started again on the figures still to run. Results are plain dicts, ready for JSON.
+A system has up to three programs, run one after the other: the actor figures
+(``actor_bench.py`` / ``ray_bench.py``), fault detection (``fault_bench.py`` /
+``ray_fault_bench.py``), which kills processes, and RDMA transfers (``rdma_bench.py``; Ray has
+no equivalent, so it has no such program). Each runs in its own interpreter and process group
+and reports progress as JSON lines (see ``figures.py``). When a figure overruns its timeout, or
+the program dies in the middle of one, the whole process tree is killed, that figure is
+recorded as failed, and the program is started again on the figures still to run. Results are
+plain dicts, ready for JSON.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from figures import (
     FAULT_FIGURES,
     FIGURE_NAMES,
     FIGURES,
+    RDMA_FIGURE_NAMES,
+    RDMA_FIGURES,
     STARTUP_TIMEOUT_S,
 )
 
-TIMEOUTS = {f.name: f.timeout_s for f in (*FIGURES, *FAULT_FIGURES)}
+TIMEOUTS = {f.name: f.timeout_s for f in (*FIGURES, *FAULT_FIGURES, *RDMA_FIGURES)}
 LOG_DIR = REPO_ROOT / ".bench-venvs" / "logs"
 POLL_S = 0.2
 
@@ -68,12 +72,17 @@ class Program:
 
 @dataclass(frozen=True)
 class SystemSpec:
-    """How to run one system's benchmark programs: the actor figures, then fault detection."""
+    """How to run one system's benchmark programs: the actor figures, fault detection, RDMA.
+
+    ``no_equivalent`` maps a figure that the system has nothing to measure with to the reason;
+    such a figure is not run and shows a dash, without counting as a failure.
+    """
 
     key: str
     label: str
     python: Path
     programs: tuple[Program, ...]
+    no_equivalent: dict[str, str] = field(default_factory=dict)
 
 
 def peer_specs(regency_python: Path) -> list[SystemSpec]:
@@ -85,6 +94,7 @@ def peer_specs(regency_python: Path) -> list[SystemSpec]:
         return (
             Program("actor_bench.py", args),
             Program("fault_bench.py", args, FAULT_FIGURE_NAMES),
+            Program("rdma_bench.py", args, RDMA_FIGURE_NAMES),
         )
 
     return [
@@ -100,6 +110,10 @@ def peer_specs(regency_python: Path) -> list[SystemSpec]:
                 Program("ray_bench.py"),
                 Program("ray_fault_bench.py", (), FAULT_FIGURE_NAMES),
             ),
+            {
+                "rdma": "Ray has no equivalent of `RDMABuffer`: no one-sided reads or writes of"
+                " another process's memory (objects go through its object store instead)"
+            },
         ),
     ]
 
@@ -114,6 +128,7 @@ class SystemResult:
     meta: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    not_applicable: dict[str, str] = field(default_factory=dict)
     figure_seconds: dict[str, float] = field(default_factory=dict)
     attempts: int = 0
     wall_s: float = 0.0
@@ -252,9 +267,11 @@ def run_system(
     plan = [(p, [f for f in figures if f in p.figures]) for p in spec.programs]
     plan = [(p, names) for p, names in plan if names]
     result.commands = [p.display_command(spec.python, quick) for p, _ in plan]
-    if not spec.python.exists():
-        for figure in figures:
-            result.errors[figure] = f"interpreter not found: {display_path(spec.python)}"
+    result.not_applicable = {f: why for f, why in spec.no_equivalent.items() if f in figures}
+    if plan and not spec.python.exists():
+        for _, names in plan:
+            for figure in names:
+                result.errors[figure] = f"interpreter not found: {display_path(spec.python)}"
         return result
     log_dir.mkdir(parents=True, exist_ok=True)
     for program, names in plan:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchlib import FAULT_METRICS, METRICS, Metric
+from benchlib import FAULT_METRICS, METRICS, RDMA_BACKENDS, RDMA_OPS, Metric, rdma_key
 from harness import SystemResult
 
 BASE = "regency"
@@ -38,6 +38,11 @@ def metric_row(metric: Metric, results: Sequence[SystemResult], with_ratios: boo
     if with_ratios:
         cells += [ratio(values[0], v) for v in values[1:]]
     return "| " + " | ".join(cells) + " |"
+
+
+def has_actor_figures(results: Sequence[SystemResult]) -> bool:
+    """Whether any system measured any figure of the main table."""
+    return any(m.key in r.metrics for r in results for m in METRICS)
 
 
 def render_table(results: Sequence[SystemResult]) -> str:
@@ -112,6 +117,7 @@ def render_targets(results: Sequence[SystemResult]) -> str:
             f"| {labels.get(key, key)} | {sign} {bound:g}x {peer_name} | {measured} | {met} |"
         )
     lines.append(fault_target_row(base))
+    lines += rdma_target_rows(results)
     return "\n".join(lines)
 
 
@@ -198,6 +204,145 @@ def render_fault_notes(results: Sequence[SystemResult]) -> str:
     return "\n".join(lines)
 
 
+RDMA_OP_NAMES = {"read": "`read_into`", "write": "`write_from`"}
+
+# The performance issue's RDMA targets: (regency backend, what it is divided by, lower bound).
+# "copy" is regency's own in-process np.copyto, "Monarch" Monarch's default backend, and
+# "1 GB/s" the absolute target.
+RDMA_TARGETS = (("cma", "copy", 0.7), ("cma", "Monarch", 10.0), ("tcp", "1 GB/s", 1.0))
+
+
+def has_rdma(r: SystemResult) -> bool:
+    """Whether ``r`` measured the RDMA figure."""
+    return "rdma_copy_gbps" in r.metrics
+
+
+def rdma_cell(r: SystemResult, backend: str, op: str) -> str:
+    """Return one GB/s figure; a forced backend that fell back says which one it used."""
+    text = fmt(r.metrics.get(rdma_key(backend, op)))
+    used = r.metrics.get(f"rdma_{backend}_used")
+    if text != "—" and used and (backend == "default" or used != backend):
+        text += f" ({used})"
+    return text
+
+
+def render_rdma_table(results: Sequence[SystemResult]) -> str:
+    """Return the RDMA transfers table, or "" when no system measured it."""
+    if not any(has_rdma(r) for r in results):
+        return ""
+    base, peers = results[0], results[1:]
+    head = ["64 MiB, GB/s ↑", *(r.label for r in results)]
+    head += [f"{base.label}/{r.label.split()[0]}" for r in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def row(label: str, key: str, cells: list[str]) -> None:
+        ratios = [ratio(base.metrics.get(key), r.metrics.get(key)) for r in peers]
+        lines.append("| " + " | ".join([label, *cells, *ratios]) + " |")
+
+    row(
+        "in-process `np.copyto` (baseline)",
+        "rdma_copy_gbps",
+        [fmt(r.metrics.get("rdma_copy_gbps")) for r in results],
+    )
+    for backend in ("default", *RDMA_BACKENDS):
+        where = "default backend" if backend == "default" else f"`{backend}` forced"
+        for op in RDMA_OPS:
+            key = rdma_key(backend, op)
+            row(
+                f"{RDMA_OP_NAMES[op]}, {where}",
+                key,
+                [rdma_cell(r, backend, op) for r in results],
+            )
+    return "\n".join(lines)
+
+
+def rdma_reference(
+    results: Sequence[SystemResult], reference: str, op: str
+) -> tuple[str, float | None]:
+    """Return the label and the GB/s that a regency RDMA figure is held against."""
+    base = results[0]
+    if reference == "copy":
+        return "in-process `np.copyto`", base.metrics.get("rdma_copy_gbps")
+    if reference == "1 GB/s":
+        return "1 GB/s", 1.0
+    peer = next((r for r in results[1:] if r.label.split()[0] == reference), None)
+    if peer is None:
+        return reference, None
+    used = peer.metrics.get("rdma_default_used")
+    label = f"{peer.label} default" + (f" ({used})" if used else "")
+    return label, peer.metrics.get(rdma_key("default", op))
+
+
+def rdma_checks(results: Sequence[SystemResult]) -> list[tuple[str, list[str], float, str]]:
+    """Return ``(label, [read ratio, write ratio], bound, met)`` for each RDMA target."""
+    base = results[0]
+    checks = []
+    for backend, reference, bound in RDMA_TARGETS:
+        values: list[float | None] = []
+        label = ""
+        for op in RDMA_OPS:
+            label, theirs = rdma_reference(results, reference, op)
+            mine = base.metrics.get(rdma_key(backend, op))
+            values.append(None if mine is None or not theirs else mine / theirs)
+        cells = ["—" if v is None else f"{v:.2f}x" for v in values]
+        if any(v is None for v in values):
+            met = "not measured"
+        else:
+            met = "yes" if all(v is not None and v >= bound for v in values) else "**no**"
+        checks.append((f"{base.label} `{backend}` / {label}", cells, bound, met))
+    return checks
+
+
+def render_rdma_targets(results: Sequence[SystemResult]) -> str:
+    """Return the small table of the RDMA figure's ratios against the performance issue's
+    targets."""
+    lines = [
+        "| ratio | `read_into` | `write_from` | target | met |",
+        "|---|---|---|---|---|",
+    ]
+    for label, cells, bound, met in rdma_checks(results):
+        lines.append(f"| {label} | {' | '.join(cells)} | ≥ {bound:g}x | {met} |")
+    return "\n".join(lines)
+
+
+def rdma_target_rows(results: Sequence[SystemResult]) -> list[str]:
+    """Return the targets-table rows of the performance issue's RDMA targets."""
+    if not has_rdma(results[0]) and "rdma" not in results[0].errors:
+        return []  # not part of this run
+    rows = []
+    for label, cells, bound, met in rdma_checks(results):
+        measured = "—" if cells == ["—", "—"] else f"{cells[0]} / {cells[1]} (read / write)"
+        target = f"≥ {bound:g}x (read and write)"
+        rows.append(f"| RDMA 64 MiB, {label} | {target} | {measured} | {met} |")
+    return rows
+
+
+def render_rdma_notes(results: Sequence[SystemResult]) -> str:
+    """Return one bullet per system: what it moved, its backend, fallbacks, or why not run."""
+    lines = []
+    for r in results:
+        m = r.metrics
+        if "rdma" in r.not_applicable:
+            lines.append(f"- **{r.label}**: not run. {r.not_applicable['rdma']}.")
+            continue
+        if not has_rdma(r):
+            continue
+        notes = [
+            f"{m.get('rdma_memory', '?')}; `get_rdma_backend()` in the controller says "
+            f"`{m.get('rdma_system_backend', '?')}`",
+            f"median of {m.get('rdma_reps', 0):.0f} after one warm-up",
+        ]
+        for backend in m.get("rdma_backends") or []:
+            used = m.get(f"rdma_{backend}_used")
+            if backend != "default" and used and used != backend:
+                notes.append(f"`{backend}` forced, but the transfers used `{used}`")
+            drop_error = m.get(f"rdma_{backend}_drop_error")
+            if drop_error:
+                notes.append(f"dropping the `{backend}` buffer failed: {drop_error}")
+        lines.append(f"- **{r.label}**: " + "; ".join(notes) + ".")
+    return "\n".join(lines)
+
+
 def render_errors(results: Sequence[SystemResult]) -> str:
     """Return a bullet list of the failed figures, one bullet per system and distinct error."""
     items = []
@@ -274,6 +419,21 @@ FAULT_LEGEND = (
 )
 
 
+RDMA_LEGEND = (
+    "The `rdma` figure (`rdma_bench.py`): an owner actor on a fresh proc holds 64 MiB of random"
+    " bytes and registers them as an `RDMABuffer`; the controller, another process, times"
+    " `buf.read_into(local).get()` and `buf.write_from(local).get()` of the whole buffer: one"
+    " untimed warm-up, then the median of 15 (`--quick`: 3), in GB/s (1e9 bytes/s). What arrived"
+    " is checked against a SHA-256 of the owner's bytes after the timed reads and after the"
+    " timed writes. The baseline is `np.copyto` of 64 MiB within one process (median of as"
+    " many), taken by each system's program just before its transfers, so that row also shows"
+    " how busy the machine was for each. regency runs each backend forced in turn"
+    " (`RDMABuffer(data, backend=...)`) and none forced (*default*, the backend it picked in"
+    " brackets); Monarch runs its default, which on a machine without an RDMA NIC is its TCP"
+    " fallback. Ray has no equivalent of `RDMABuffer`."
+)
+
+
 def render_header(doc: dict[str, Any], results: Sequence[SystemResult]) -> str:
     """Return the title, the date and duration, and the machine."""
     m = doc["machine"]
@@ -321,11 +481,24 @@ def render_results_md(doc: dict[str, Any], results: Sequence[SystemResult]) -> s
         + (render_fault_table(results) or "Not measured in this run.")
         + "\n\n"
         + render_fault_notes(results),
-        "## Targets of the core issue and the supervision issue\n\nRatios from this same run. "
-        "The peers' figures move by 20-35% between runs on this machine (see "
-        "benchmarks/README.md), so a ratio near its bound can land on either side. The last row "
-        "is the supervision issue's absolute target, met when every trial of both kinds is "
-        "within it.\n\n" + render_targets(results),
+        "## RDMA transfers, 64 MiB\n\n"
+        + RDMA_LEGEND
+        + "\n\n"
+        + (
+            render_rdma_table(results)
+            + "\n\nAgainst the performance issue's targets:\n\n"
+            + render_rdma_targets(results)
+            if render_rdma_table(results)
+            else "Not measured in this run."
+        )
+        + "\n\n"
+        + render_rdma_notes(results),
+        "## Targets of the core, supervision and performance issues\n\nRatios from this same"
+        " run. The peers' figures move by 20-35% between runs on this machine (see "
+        "benchmarks/README.md), so a ratio near its bound can land on either side. The "
+        "supervision row is an absolute target, met when every trial of both kinds is within "
+        "it; the RDMA rows are met when both `read_into` and `write_from` are.\n\n"
+        + render_targets(results),
         "## Failed or missing figures\n\n" + (render_errors(results) or "None."),
     ]
     return "\n\n".join(sections) + "\n"

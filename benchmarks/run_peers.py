@@ -1,7 +1,7 @@
 """Benchmark regency, torchmonarch 0.7 and Ray 2.60 side by side and write RESULTS.md.
 
 Steps: make the peer venvs (``setup_peers.sh``, skipped when present); run each system's
-benchmark programs (the actor figures, then fault detection) in its own interpreter under
+benchmark programs (the actor figures, fault detection, RDMA) in its own interpreter under
 ``harness.py``; save the raw results to
 ``benchmarks/results/peers-<date>.json`` and the table to ``benchmarks/RESULTS.md``.
 A system that cannot run (regency not importable yet, say) gets dashes and its error.
@@ -25,7 +25,15 @@ from pathlib import Path
 
 from benchlib import BENCH_DIR, display_path
 from harness import add_run_args, peer_specs, run_system, selected_figures
-from report import machine, render_fault_table, render_results_md, render_table
+from report import (
+    has_actor_figures,
+    machine,
+    render_fault_table,
+    render_rdma_table,
+    render_rdma_targets,
+    render_results_md,
+    render_table,
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -94,10 +102,14 @@ def main() -> int:
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(doc, indent=2) + "\n")
     args.results_md.write_text(render_results_md(doc, results))
-    print(render_table(results))
+    if has_actor_figures(results):
+        print(render_table(results))
     fault_table = render_fault_table(results)
     if fault_table:
         print("\n" + fault_table)
+    rdma_table = render_rdma_table(results)
+    if rdma_table:
+        print("\n" + rdma_table + "\n\n" + render_rdma_targets(results))
     print(
         f"run_peers: wrote {args.results_md} and {out_json} in {doc['total_s']:.0f} s",
         file=sys.stderr,

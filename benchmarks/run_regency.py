@@ -1,7 +1,8 @@
 """Benchmark regency alone (``make bench``) and print the table.
 
-Runs ``actor_bench.py --system regency`` and then ``fault_bench.py --system regency`` (the
-``fault_detect`` figure) under ``harness.py`` with the regency interpreter
+Runs ``actor_bench.py --system regency``, then ``fault_bench.py --system regency`` (the
+``fault_detect`` figure) and ``rdma_bench.py --system regency`` (the ``rdma`` figure) under
+``harness.py`` with the regency interpreter
 (``.venv/bin/python`` by default). For the comparison with torchmonarch and Ray, run
 ``run_peers.py`` (``make bench-peers``).
 
@@ -17,7 +18,13 @@ import sys
 from pathlib import Path
 
 from harness import add_run_args, peer_specs, run_system, selected_figures
-from report import render_errors, render_fault_table, render_table
+from report import (
+    has_actor_figures,
+    render_errors,
+    render_fault_table,
+    render_rdma_table,
+    render_table,
+)
 
 
 def main() -> int:
@@ -32,10 +39,14 @@ def main() -> int:
     result = run_system(spec, selected_figures(args), args.quick)
     if args.json:
         args.json.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
-    print(render_table([result]))
+    if has_actor_figures([result]):
+        print(render_table([result]))
     fault_table = render_fault_table([result])
     if fault_table:
         print("\nFault detection:\n\n" + fault_table)
+    rdma_table = render_rdma_table([result])
+    if rdma_table:
+        print("\nRDMA transfers:\n\n" + rdma_table)
     errors = render_errors([result])
     if errors:
         print("\nFailed figures:\n" + errors)
