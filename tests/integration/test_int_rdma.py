@@ -368,9 +368,9 @@ def test_buffers_travel_in_messages_and_come_home(peers: ActorMesh[Peer]) -> Non
 def test_backend_discovery_and_forcing(
     peers: ActorMesh[Peer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert get_rdma_backend() == "cma"  # this machine: no RDMA NIC, CMA allowed
+    # Without an RDMA NIC (as on the CI machine) CMA is the best backend.
+    assert get_rdma_backend() == ("ibverbs" if is_ibverbs_available() else "cma")
     assert is_rdma_available() is True
-    assert is_ibverbs_available() is False
     buf = at(peers, 0).make.call_one("disc", 4 * KIB, seed=80).get(T)
     assert buf.backend == "cma"
     for forced in ("shm", "tcp"):

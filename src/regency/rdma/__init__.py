@@ -12,9 +12,9 @@ without its owner taking part::
 
 * `RDMABuffer` registers memory and moves it; `RDMAAction` batches several transfers.
 * `get_rdma_backend`, `is_rdma_available`, `is_ibverbs_available` report what this machine has.
-* Backends: cross-memory attach (``cma``) and shared memory (``shm``) on one host, ``tcp``
-  between hosts, CUDA IPC for GPU memory on one host; ``ibverbs`` is detected only. See
-  ``docs/rdma.md``.
+* Backends: cross-memory attach (``cma``) and shared memory (``shm``) on one host; between
+  hosts one-sided RDMA through pyverbs (``ibverbs``) when both processes have a usable RDMA NIC,
+  else ``tcp``; CUDA IPC for GPU memory on one host. See ``docs/rdma.md``.
 * Errors form the `RDMAError` family; see :mod:`regency.rdma._errors` for the tree.
 """
 
@@ -32,9 +32,12 @@ from ._errors import RDMATimeoutError as RDMATimeoutError
 
 
 def is_ibverbs_available() -> bool:
-    """Whether ``pyverbs`` is installed and sees an RDMA NIC.
+    """Whether this process can use the ``ibverbs`` backend.
 
-    Detection only: regency has no ibverbs data path yet, so transfers between hosts use TCP.
+    True when ``pyverbs`` (rdma-core's Python bindings) imports, an RDMA device opens and one of
+    its ports is active; probed once per process. Transfers of host memory between two
+    processes on different hosts that both have it then use one-sided RDMA READ / WRITE;
+    ``REGENCY_RDMA_IBV_DEVICE=device[:port[:gid_index]]`` picks the port.
     """
     return _is_ibverbs_available()
 

@@ -7,11 +7,13 @@ A transfer picks the first usable backend of a plan that depends on where the bu
   then ``shm`` (memfd staging through the owner's transfer service; needs the same network
   namespace to dial its abstract Unix socket), then ``tcp``;
 * GPU memory on this host: ``cuda_ipc``, then ``tcp``;
-* on another host: ``tcp`` (``ibverbs`` is detected but has no data path yet).
+* host memory on another host: ``ibverbs`` (one-sided RDMA through pyverbs) when this process
+  and the owner's both have a usable RDMA NIC, then ``tcp``; GPU memory there: ``tcp``.
 
-``REGENCY_RDMA_BACKEND`` (``cma``, ``shm`` or ``tcp``) or ``RDMABuffer(..., backend=...)`` force
-one; the buffer's own choice wins over the variable of the process doing the transfer. When
-the kernel refuses cross-memory attach, the next backend is used and a warning says so once.
+``REGENCY_RDMA_BACKEND`` (``cma``, ``shm``, ``tcp`` or ``ibverbs``) or
+``RDMABuffer(..., backend=...)`` force one; the buffer's own choice wins over the variable of
+the process doing the transfer. When the kernel refuses cross-memory attach, or ibverbs cannot
+reach an owner, the next backend is used and a warning says so once.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import threading
 import warnings
 
-from regency.rdma import _cma
+from regency.rdma import _cma, _ibv_probe
 from regency.rdma._errors import RDMABackendError, RDMAFallbackWarning, RDMATcpFallbackWarning
 from regency.rdma._handle import BufferHandle
 from regency.rdma._host import start_time, this_host
@@ -31,6 +33,7 @@ CHOICES = ("cma", "shm", "tcp", "ibverbs")
 
 _lock = threading.Lock()
 _cma_denied = False
+_ibverbs_denied: set[str] = set()
 _warned: set[tuple[str, str]] = set()
 
 
@@ -42,15 +45,12 @@ def check_backend_name(name: str) -> str:
     return canonical
 
 
-@functools.lru_cache(maxsize=1)
 def is_ibverbs_available() -> bool:
-    """Whether ``pyverbs`` is installed and sees at least one RDMA device."""
-    try:
-        from pyverbs.device import get_device_list  # type: ignore[import-not-found]
+    """Whether this process can use ibverbs: pyverbs imports, a device opens, a port is active.
 
-        return len(get_device_list()) > 0
-    except Exception:  # not installed, or no rdma-core / device nodes
-        return False
+    Probed once per process (``REGENCY_RDMA_IBV_DEVICE`` picks the device and port).
+    """
+    return _ibv_probe.availability().usable
 
 
 def cma_usable() -> bool:
@@ -77,6 +77,42 @@ def warn_once(source: str, target: str, why: str) -> None:
         category,
         stacklevel=2,
     )
+
+
+def deny_ibverbs(owner: str, why: str, target: str) -> None:
+    """Record that ibverbs cannot reach the owner at ``owner``; later plans skip it there."""
+    with _lock:
+        _ibverbs_denied.add(owner)
+    warn_once("ibverbs", target, why)
+
+
+def remote_chain(*, owner_has_nic: bool, here_has_nic: bool, denied: bool) -> list[str]:
+    """The backends for host memory on another host, best first.
+
+    ibverbs when both processes have a usable RDMA NIC and it has not failed for this owner
+    before, then TCP (which always works).
+    """
+    if owner_has_nic and here_has_nic and not denied:
+        return ["ibverbs", "tcp"]
+    return ["tcp"]
+
+
+def ibverbs_refusal(*, device: str, here: str | None, owner_has_nic: bool) -> str | None:
+    """Why a forced ``ibverbs`` cannot serve a buffer, or ``None`` if it can be tried.
+
+    ``device`` is where the buffer's memory lives, ``here`` why this process has no usable
+    NIC (``None`` when it has one), ``owner_has_nic`` whether the owner's process has one.
+    """
+    if device != "cpu":
+        return (
+            f"backend 'ibverbs' moves host memory only, and this buffer is on {device} "
+            "(no GPUDirect RDMA); use 'tcp' or leave the backend unset (CUDA IPC on one host)"
+        )
+    if here is not None:
+        return f"backend 'ibverbs' is not usable in this process: {here}"
+    if not owner_has_nic:
+        return "backend 'ibverbs' needs a usable RDMA NIC in the buffer's owner, which has none"
+    return None
 
 
 def deny_cma(why: str, target: str) -> None:
@@ -111,7 +147,9 @@ def plan(handle: BufferHandle, *, from_owner_peer: bool = False) -> list[str]:
     """The backends to try, best first, for a transfer from this process to ``handle``.
 
     With ``from_owner_peer`` the plan is made for another process on the owner's host (what
-    ``RDMABuffer.backend`` shows in the owner itself).
+    ``RDMABuffer.backend`` shows in the owner itself). A forced ``ibverbs`` is tried alone, on
+    the same host too (through the NIC's loopback); it raises ``RDMABackendError`` at once if
+    this process or the owner has no usable NIC, or the memory is on a GPU.
     """
     here = this_host()
     same_memory = here.shares_memory_with(handle.host)
@@ -119,11 +157,15 @@ def plan(handle: BufferHandle, *, from_owner_peer: bool = False) -> list[str]:
     local = not from_owner_peer and is_this_process(handle)
     forced = _requested(handle)
     if forced == "ibverbs":
-        raise RDMABackendError(
-            "the ibverbs backend is not available: regency detects RDMA NICs through pyverbs "
-            f"(found: {is_ibverbs_available()}) but has no ibverbs data path yet; "
-            "use cma, shm or tcp"
+        found = _ibv_probe.availability()
+        refusal = ibverbs_refusal(
+            device=handle.device,
+            here=None if found.usable else found.detail,
+            owner_has_nic=handle.ibverbs,
         )
+        if refusal is not None:
+            raise RDMABackendError(refusal)
+        return ["ibverbs"]
     if handle.device != "cpu":
         if local and forced is None:
             return ["local"]
@@ -134,9 +176,11 @@ def plan(handle: BufferHandle, *, from_owner_peer: bool = False) -> list[str]:
         if local:
             return ["local"]
         if not same_memory:
-            if is_ibverbs_available():
-                warn_once("ibverbs", "tcp", "regency has no ibverbs data path yet")
-            return ["tcp"]
+            with _lock:
+                denied = handle.tcp_address in _ibverbs_denied
+            return remote_chain(
+                owner_has_nic=handle.ibverbs, here_has_nic=is_ibverbs_available(), denied=denied
+            )
         forced = "cma"
     if forced in ("cma", "shm") and not same_memory:
         raise RDMABackendError(

@@ -9,7 +9,7 @@ from typing import Any
 from regency._runtime import state
 from regency._runtime.future import Future
 from regency._runtime.meshes import current_context
-from regency.rdma import _backends, _cuda, _engine, _stream
+from regency.rdma import _backends, _cuda, _engine, _ibv_probe, _stream
 from regency.rdma._errors import RDMABackendError, RDMAOwnerGoneError
 from regency.rdma._handle import BufferHandle
 from regency.rdma._host import is_running, start_time, this_host
@@ -50,10 +50,12 @@ class RDMABuffer:
         local = torch.empty(1 << 20)
         buf.read_into(local).get()
 
-    ``backend`` forces a backend (``"cma"``, ``"shm"`` or ``"tcp"``) for every transfer of this
-    buffer, wherever its handle goes; otherwise ``REGENCY_RDMA_BACKEND`` in the transferring
-    process, then automatic choice. Registering empty memory raises ``ValueError``; unsupported
-    or non-contiguous memory raises ``TypeError`` / ``ValueError``.
+    ``backend`` forces a backend (``"cma"``, ``"shm"``, ``"tcp"`` or ``"ibverbs"``) for every
+    transfer of this buffer, wherever its handle goes; otherwise ``REGENCY_RDMA_BACKEND`` in the
+    transferring process, then automatic choice (between hosts that means ibverbs when both
+    processes have a usable RDMA NIC, else TCP). Registering empty memory raises ``ValueError``;
+    unsupported or non-contiguous memory raises ``TypeError`` / ``ValueError``; a forced
+    ``"ibverbs"`` without a usable NIC here (or for GPU memory) raises ``RDMABackendError``.
     """
 
     __slots__ = ("_handle",)
@@ -62,14 +64,18 @@ class RDMABuffer:
     def __init__(self, data: Any, *, backend: str | None = None) -> None:
         if backend is not None:
             backend = _backends.check_backend_name(backend)
-            if backend == "ibverbs" and not _backends.is_ibverbs_available():
-                raise RDMABackendError(
-                    "backend 'ibverbs' needs pyverbs and an RDMA NIC, and none was found; "
-                    "use 'cma', 'shm' or 'tcp' (or leave backend unset)"
-                )
         region = region_of(data, one_dim=True)
         if region.nbytes == 0:
             raise ValueError("RDMABuffer needs at least one byte; got an empty buffer")
+        nic = not region.is_cuda and _backends.is_ibverbs_available()
+        if backend == "ibverbs" and not nic:
+            found = _ibv_probe.availability()
+            refusal = _backends.ibverbs_refusal(
+                device=region.device,
+                here=None if found.usable else found.detail,
+                owner_has_nic=True,
+            )
+            raise RDMABackendError(f"{refusal}; use 'cma', 'shm' or 'tcp' (or leave backend unset)")
         rt = state.runtime()
         owner = str(current_context().actor_instance)
         entry = registry().register(region, owner)
@@ -97,6 +103,7 @@ class RDMABuffer:
                 tcp_address=service.tcp_address,
                 unix_address=service.unix_address,
                 backend=backend,
+                ibverbs=nic,
             )
         except BaseException:
             registry().drop(entry.buffer_id, entry.token)
@@ -143,8 +150,8 @@ class RDMABuffer:
     def backend(self) -> str:
         """The backend that transfers of this buffer from this process use.
 
-        One of ``"cma"``, ``"shm"``, ``"tcp"`` or ``"cuda_ipc"``. In the owner's process, where
-        transfers are plain copies, it names what peers on the owner's host use.
+        One of ``"cma"``, ``"shm"``, ``"tcp"``, ``"ibverbs"`` or ``"cuda_ipc"``. In the owner's
+        process, where transfers are plain copies, it names what peers on the owner's host use.
         """
         h = self._handle
         return _backends.plan(h, from_owner_peer=_backends.is_this_process(h))[0]
@@ -218,6 +225,17 @@ def _drop_remote(h: BufferHandle) -> None:
     try:
         _stream.drop(target, state.runtime().secret, h, time.monotonic() + DEFAULT_TIMEOUT)
     except (ConnectionError, TimeoutError) as exc:
-        if here.shares_memory_with(h.host) and not is_running(h.pid, h.start_time):
+        if here.shares_memory_with(h.host) and _exits_soon(h):
             return
         raise RDMAOwnerGoneError(f"cannot drop {h.describe()}: {exc}") from exc
+
+
+def _exits_soon(h: BufferHandle, within: float = 1.0) -> bool:
+    """Whether the owner is gone, or goes within ``within`` seconds."""
+    # A killed process closes its sockets before the kernel shows it as a zombie.
+    deadline = time.monotonic() + within
+    while is_running(h.pid, h.start_time):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True

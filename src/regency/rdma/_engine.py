@@ -21,8 +21,9 @@ from regency._runtime import state
 from regency._runtime.future import Future
 from regency._runtime.pending import Pending
 from regency._transport.auth import AuthenticationError
-from regency.rdma import _backends, _cma, _cuda, _shm, _stream
+from regency.rdma import _backends, _cma, _cuda, _ibv_client, _shm, _stream
 from regency.rdma._errors import (
+    RDMABackendError,
     RDMABufferDroppedError,
     RDMAError,
     RDMAOwnerGoneError,
@@ -30,6 +31,7 @@ from regency.rdma._errors import (
 )
 from regency.rdma._handle import BufferHandle
 from regency.rdma._host import is_running, this_host
+from regency.rdma._ibv_load import IbvUnavailableError
 from regency.rdma._memory import Region, region_of
 from regency.rdma._protocol import PeerClosedError, RemoteRefusedError, Status
 from regency.rdma._registry import registry
@@ -85,6 +87,7 @@ def prepare(handle: BufferHandle, data: Any, *, write: bool) -> Transfer:
 def _owner_gone(t: Transfer, why: str) -> RDMAOwnerGoneError:
     _stream.forget(t.handle.tcp_address)
     _shm.forget(t.handle.unix_address)
+    _ibv_client.forget(t.handle.tcp_address)
     return RDMAOwnerGoneError(
         f"{t.describe()} failed: the owner's process (pid {t.handle.pid} at "
         f"{t.handle.proc_address}) {why}"
@@ -173,19 +176,34 @@ def _run_service(t: Transfer, deadline: float, backend: str) -> None:
         _cuda.copy_between(t.local, staged, t.nbytes)
 
 
+def _run_ibverbs(t: Transfer, deadline: float) -> None:
+    h = t.handle
+    secret = state.runtime().secret
+    _ibv_client.transfer(
+        h.tcp_address, secret, h, t.local, t.nbytes, write=t.write, deadline=deadline
+    )
+
+
+def _run_host_only(run: Callable[[Transfer, float], None], t: Transfer, deadline: float) -> None:
+    """Run a host-memory backend; GPU memory on this side is staged through pinned memory."""
+    if not t.local.is_cuda:
+        run(t, deadline)
+        return
+    staged = _cuda.pinned_region(t.nbytes)
+    if t.write:
+        _cuda.copy_between(staged, t.local, t.nbytes)
+    run(t._replace(local=staged), deadline)
+    if not t.write:
+        _cuda.copy_between(t.local, staged, t.nbytes)
+
+
 def _run_backend(backend: str, t: Transfer, deadline: float) -> None:
     if backend == "local":
         _run_local(t, deadline)
     elif backend == "cma":
-        if t.local.is_cuda:
-            staged = _cuda.pinned_region(t.nbytes)
-            if t.write:
-                _cuda.copy_between(staged, t.local, t.nbytes)
-            _run_cma(t._replace(local=staged), deadline)
-            if not t.write:
-                _cuda.copy_between(t.local, staged, t.nbytes)
-        else:
-            _run_cma(t, deadline)
+        _run_host_only(_run_cma, t, deadline)
+    elif backend == "ibverbs":
+        _run_host_only(_run_ibverbs, t, deadline)
     elif backend == "cuda_ipc":
         _run_cuda_ipc(t, deadline)
     else:
@@ -237,6 +255,13 @@ def run(t: Transfer, deadline: float, timeout: float) -> None:
                 if later is None:
                     raise RDMAError(f"{t.describe()} failed: {exc}") from exc
                 _backends.warn_once("cuda_ipc", later, str(exc))
+            except IbvUnavailableError as exc:
+                if later is None:
+                    raise RDMABackendError(f"{t.describe()} cannot use ibverbs: {exc}") from exc
+                if exc.lasting:
+                    _backends.deny_ibverbs(t.handle.tcp_address, str(exc), later)
+                else:
+                    _backends.warn_once("ibverbs", later, str(exc))
     except BaseException as exc:
         translated = _translate(exc, t, timeout)
         if translated is exc:

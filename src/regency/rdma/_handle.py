@@ -33,6 +33,8 @@ class BufferHandle(NamedTuple):
     """The backend the owner asked for at registration, if any."""
     cuda_ipc: Any = None
     """For CUDA memory: ``(rebuild_function, args)`` from torch's CUDA IPC reductions."""
+    ibverbs: bool = False
+    """The owner's process had a usable RDMA NIC (pyverbs) when it registered host memory."""
 
     def describe(self) -> str:
         """A short name for error messages."""

@@ -55,6 +55,15 @@ class ConnectionPool(Generic[C]):
             with contextlib.suppress(OSError):
                 conn.close()
 
+    def close_all(self) -> None:
+        """Close every idle connection (at interpreter exit)."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                with contextlib.suppress(OSError):
+                    conn.close()
+
     def _forget(self) -> None:
         # The child shares these sockets with its parent; it must neither use nor close them.
         self._lock = threading.Lock()

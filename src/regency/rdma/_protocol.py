@@ -17,6 +17,12 @@ each one in order, so a client may pipeline several::
     SHM_READ   offset, length, shm_offset -> buffer[offset:+length] copied into the staging area
     SHM_WRITE  offset, length, shm_offset -> staging area copied into buffer[offset:+length]
     DROP                            -> the registration is dropped
+    IBV_CONNECT length, queue pair info -> the owner's queue pair info: a reliable connection
+                                       between the two, alive as long as this connection
+    IBV_KEY                         -> the buffer's remote key (it is registered with the NIC on
+                                       first use); see :mod:`regency.rdma._ibv_wire`
+
+An owner that cannot serve ibverbs answers ``IBV_CONNECT`` and ``IBV_KEY`` with UNSUPPORTED.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ class Op(enum.IntEnum):
     SHM_READ = 4
     SHM_WRITE = 5
     DROP = 6
+    IBV_CONNECT = 7
+    IBV_KEY = 8
 
 
 class Status(enum.IntEnum):
@@ -53,6 +61,7 @@ class Status(enum.IntEnum):
     DROPPED = 1
     BAD_REQUEST = 2
     FAILED = 3
+    UNSUPPORTED = 4
 
 
 class PeerClosedError(ConnectionError):

@@ -8,7 +8,8 @@ in blocks that are never freed, so a slot's address stays valid for the life of 
 
 Dropped memory is not released at once: it waits out a short grace period in quarantine, so a
 one-sided write that checked the token just before the drop cannot land in memory that was
-already handed to someone else.
+already handed to someone else. Resources attached to a registration (its registration with an
+RDMA NIC) are closed by the drop itself, before it returns.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from typing import Any
 
 from regency.rdma._memory import Region
+from regency.rdma._pool import Closeable
 
 DROP_GRACE_S = 2.0
 _SLOTS_PER_BLOCK = 512
@@ -31,7 +33,7 @@ _SlotBlock = ctypes.c_uint64 * _SLOTS_PER_BLOCK
 class Registration:
     """One registered region in its owner's process."""
 
-    __slots__ = ("buffer_id", "cuda_ipc", "owner", "region", "slot", "token")
+    __slots__ = ("attachments", "buffer_id", "cuda_ipc", "owner", "region", "slot", "token")
 
     def __init__(self, buffer_id: int, token: int, slot: int, region: Region, owner: str) -> None:
         self.buffer_id = buffer_id
@@ -42,6 +44,8 @@ class Registration:
         self.owner = owner
         self.cuda_ipc: Any = None
         """CUDA IPC rebuild information, made the first time the handle is pickled."""
+        self.attachments: dict[str, Closeable] = {}
+        """Resources made for this registration on first use, closed when it is dropped."""
 
 
 class _Quarantine:
@@ -115,8 +119,27 @@ class Registry:
             return None
         return entry
 
+    def attach(
+        self, buffer_id: int, token: int, name: str, resource: Closeable
+    ) -> Closeable | None:
+        """Attach ``resource`` to a live registration, to be closed when it is dropped.
+
+        Returns what is attached under ``name`` now: ``resource``, or one attached earlier (the
+        caller then closes its own), or ``None`` if the registration is not live any more (the
+        caller closes ``resource``).
+        """
+        with self._lock:
+            entry = self.lookup(buffer_id, token)
+            if entry is None:
+                return None
+            return entry.attachments.setdefault(name, resource)
+
     def drop(self, buffer_id: int, token: int) -> bool:
-        """Drop a registration; returns whether it was live."""
+        """Drop a registration; returns whether it was live.
+
+        Its attachments are closed before this returns (an error closing one is raised after
+        the others were closed).
+        """
         with self._lock:
             entry = self._entries.get(buffer_id)
             if entry is None or entry.token != token:
@@ -124,7 +147,17 @@ class Registry:
             del self._entries[buffer_id]
             ctypes.c_uint64.from_address(entry.slot).value = 0
             self._free_slots.append(entry.slot)
+            attached = list(entry.attachments.values())
+            entry.attachments.clear()
         self._quarantine.hold((entry.region, entry.cuda_ipc))
+        failure: BaseException | None = None
+        for resource in attached:
+            try:
+                resource.close()
+            except Exception as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
         return True
 
     def __len__(self) -> int:

@@ -5,7 +5,8 @@ peers on other hosts) and on an abstract Unix socket (for the shared-memory back
 host), on its own threads: it never goes through an actor's mailbox, so an actor that is busy
 in a handler does not stall transfers of its buffers. Each connection is authenticated with the
 job secret before a single request is read, then served by its own thread. The protocol is in
-:mod:`regency.rdma._protocol`.
+:mod:`regency.rdma._protocol`. The ibverbs backend sets up its connections and buffer keys
+through the same service (:mod:`regency.rdma._ibv_owner`); its transfers then bypass it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from regency._transport import address
 from regency.rdma import _cuda
+from regency.rdma._ibv_owner import OwnerSide
 from regency.rdma._memory import view
 from regency.rdma._protocol import (
     REPLY,
@@ -96,6 +98,12 @@ class _Session:
         self.conn = conn
         self.is_unix = is_unix
         self.staging: _Staging | None = None
+        self.ibverbs: OwnerSide | None = None
+
+    def _ibverbs(self) -> OwnerSide:
+        if self.ibverbs is None:
+            self.ibverbs = OwnerSide(self.conn)
+        return self.ibverbs
 
     def _check(
         self, buffer_id: int, token: int, offset: int, length: int, *, write: bool
@@ -128,6 +136,11 @@ class _Session:
             elif op == Op.DROP:
                 registry().drop(buffer_id, token)
                 send_reply(self.conn, Status.OK)
+            elif op == Op.IBV_CONNECT:
+                if not self._ibverbs().connect(length):
+                    return
+            elif op == Op.IBV_KEY:
+                self._ibverbs().key(buffer_id, token)
             else:
                 send_reply(self.conn, Status.BAD_REQUEST, f"unknown operation {op}")
                 return
@@ -206,6 +219,9 @@ class _Session:
             send_reply(self.conn, Status.OK)
 
     def close(self) -> None:
+        if self.ibverbs is not None:
+            self.ibverbs.close()
+            self.ibverbs = None
         if self.staging is not None:
             self.staging.close()
             self.staging = None
