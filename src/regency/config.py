@@ -14,6 +14,10 @@ key                      default      meaning
 ``shm_arena_bytes``      1 GiB        shared memory a proc uses for large parts to same-host peers
 ``cleanup_timeout``      3.0          seconds an actor's ``__cleanup__`` may take before it counts
                                       as failed
+``heartbeat_interval``   1.0          seconds between heartbeats on an idle TCP connection (to
+                                      worker hosts and their procs); also the TCP keepalive period
+``heartbeat_timeout``    5.0          seconds of silence after which a TCP peer (a stopped
+                                      process, a host cut off) is declared lost
 =======================  ===========  ==========================================================
 """
 
@@ -32,6 +36,8 @@ _DEFAULTS: dict[str, Any] = {
     "stop_timeout": 10.0,
     "shm_arena_bytes": 1024**3,
     "cleanup_timeout": 3.0,
+    "heartbeat_interval": 1.0,
+    "heartbeat_timeout": 5.0,
 }
 _runtime: dict[str, Any] = {}
 

@@ -19,6 +19,8 @@ DEFAULTS = {
     "stop_timeout": 10.0,
     "shm_arena_bytes": 1024**3,
     "cleanup_timeout": 3.0,
+    "heartbeat_interval": 1.0,
+    "heartbeat_timeout": 5.0,
 }
 
 

@@ -11,6 +11,7 @@ import ctypes
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import traceback
@@ -65,7 +66,14 @@ def serve(settings: dict[str, Any]) -> None:
     from regency._runtime.proc_agent import ProcAgent
     from regency._runtime.service import Service
 
-    runtime = ProcRuntime(settings["address"], settings["secret"], settings["job_id"])
+    handoff = settings.get("handoff_fd")
+    runtime = ProcRuntime(
+        settings["address"],
+        settings["secret"],
+        settings["job_id"],
+        handoff=socket.socket(fileno=handoff) if handoff is not None else None,
+        gateway=settings.get("gateway"),
+    )
     state.install(
         runtime, ClientInstance(runtime, is_root=False), settings["agent"], settings["root"]
     )

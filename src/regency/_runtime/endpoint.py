@@ -129,7 +129,9 @@ class Endpoint(Generic[R]):
 
     def _describe_loss(self, addr: str, reason: str) -> SupervisionError:
         route = self._mesh._route()
-        ranks = [i for i, a in enumerate(route.addrs) if a == addr]
+        dead = state.runtime().dead
+        # Procs lost together (a lost host) share the reason: name all of their ranks.
+        ranks = [i for i, a in enumerate(route.addrs) if a == addr or dead.get(a) == reason]
         supervisor = self._mesh._supervisor
         if supervisor is not None:
             # Name the rank in the whole mesh, not its index in this slice.
@@ -138,8 +140,9 @@ class Endpoint(Generic[R]):
         if is_stop_reason(reason):
             what = f"actor mesh {name} is stopped due to proc mesh shutdown ({reason})"
         else:
+            at = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks or '?'}"
             what = (
-                f"failure on mesh {name} at rank {ranks[0] if ranks else '?'} with event: "
+                f"failure on mesh {name} at {at} with event: "
                 f"the process {addr} hosting it failed: {reason}"
             )
         return SupervisionError(

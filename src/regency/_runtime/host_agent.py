@@ -2,7 +2,11 @@
 
 It learns of a child's exit the moment it happens (the zygote's report or a pidfd in the I/O
 loop), marks the proc dead in this process's router (failing every call waiting on it) and
-records the cause.
+records the cause. It also hands each child the TCP connections routed to it through this
+process's port (see :mod:`regency._transport.routing`).
+
+The controller's process runs the host agent of its own machine; a worker daemon runs one for
+the controller it serves (:class:`HostSession` says which).
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regency import config
-from regency._runtime import state, wire
+from regency._runtime import wire
 from regency._runtime.launcher import Launcher
 from regency._runtime.proc import Part, PortRef, ProcRuntime
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
 from regency._runtime.supervision import STOP_REASON_PREFIX
+from regency._transport.address import route_key
+from regency._transport.routing import Switchboard, handoff_pair
 from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.host")
@@ -55,23 +61,41 @@ def describe_status(status: int) -> str:
     return f"exited with code {os.waitstatus_to_exitcode(status)}"
 
 
+@dataclass(frozen=True, slots=True)
+class HostSession:
+    """What the procs a host agent starts inherit from the controller it serves."""
+
+    job_id: str
+    agent: str  # this host agent's address, as the job knows it
+    root: str  # the root controller's address
+    secret: bytes  # the controller's secret, which every proc of its job holds
+    gateway: str | None  # where this machine reaches the controller's unix addresses
+
+
 class HostAgent:
     """Serves ``SpawnProcs``/``StopProcs`` requests for the machine it runs on."""
 
-    def __init__(self, runtime: ProcRuntime) -> None:
+    def __init__(self, runtime: ProcRuntime, session: HostSession | None) -> None:
         self.runtime = runtime
+        self.session = session
         self._children: dict[str, _Child] = {}
         self._by_pid: dict[int, _Child] = {}
         self._early_exits: dict[int, int] = {}
         self._lock = threading.Lock()
         self._spawners: dict[str, set[str]] = {}
         self.launcher = Launcher(runtime.loop, self._exited)
+        self.switchboard = Switchboard(runtime.loop.call_later)
+        runtime.transport.router = self.switchboard.route
 
     def handle(self, request: Any) -> None:
         """Service entry point (runs on the host agent's own thread)."""
         if isinstance(request, SpawnProcs):
+            session = self.session
             for info in request.procs:
-                self._spawn(info, request)
+                if session is None:
+                    self._refuse(info, request)
+                else:
+                    self._spawn(info, request, session)
         elif isinstance(request, StopProcs):
             threading.Thread(
                 target=self._stop, args=(request,), name="regency-stop", daemon=True
@@ -81,13 +105,27 @@ class HostAgent:
         else:
             log.warning("host agent got an unknown request %r", type(request).__name__)
 
-    def _spawn(self, info: ProcInfo, request: SpawnProcs) -> None:
+    def _refuse(self, info: ProcInfo, request: SpawnProcs) -> None:
+        """A spawn request while no controller is attached: report the proc as failed."""
+        reason = (
+            f"could not start the process: worker {self.runtime.address} serves no controller "
+            "(attach to it with attach_to_workers first)"
+        )
+        log.warning("refused to start %s: no controller is attached", info.addr)
+        if request.events is not None:
+            with contextlib.suppress(PeerUnreachableError):
+                self.runtime.send_port(
+                    request.events, 0, 0, [pickle.dumps((info.addr, reason), protocol=5)]
+                )
+
+    def _spawn(self, info: ProcInfo, request: SpawnProcs, session: HostSession) -> None:
         settings = {
             "address": info.addr,
-            "secret": self.runtime.secret,
-            "job_id": self.runtime.job_id,
-            "agent": self.runtime.address,
-            "root": state.root_address(),
+            "secret": session.secret,
+            "job_id": session.job_id,
+            "agent": session.agent,
+            "root": session.root,
+            "gateway": session.gateway,
             "parent_pid": os.getpid(),
             "sys_path": list(sys.path),
             "cwd": os.getcwd(),
@@ -96,11 +134,16 @@ class HostAgent:
             "rank": info.rank,
         }
         self.runtime.local_children.add(info.addr)
+        ours, theirs = handoff_pair()
+        self.switchboard.register(route_key(info.addr), ours)
         try:
-            pid = self.launcher.launch(settings)
+            pid = self.launcher.launch(settings, theirs)
         except OSError as exc:
+            self.switchboard.unregister(route_key(info.addr))
             self.runtime.mark_dead(info.addr, f"could not start the process: {exc}")
             return
+        finally:
+            theirs.close()
         child = _Child(info, pid, request.events)
         if request.events is not None:
             self._watch_spawner(request.events.addr, info.addr)
@@ -126,6 +169,7 @@ class HostAgent:
         else:
             reason = describe_status(status)
         child.exited.set()
+        self.switchboard.unregister(route_key(child.info.addr))
         self.runtime.mark_dead(child.info.addr, reason)
         self.runtime.local_children.discard(child.info.addr)
         if child.events is not None:
@@ -188,12 +232,17 @@ class HostAgent:
                 child.kill()
                 child.exited.wait(5)
 
-    def shutdown(self, timeout: float) -> None:
-        """Stop every child (politely, then by force after ``timeout``) and the zygote."""
+    def stop_all(self, reason: str, timeout: float) -> None:
+        """Stop every child (politely, then by force after ``timeout``)."""
         with self._lock:
             addrs = list(self._children)
-        self._stop_children(addrs, "controller shutting down", timeout)
+        self._stop_children(addrs, reason, timeout)
+
+    def shutdown(self, timeout: float) -> None:
+        """Stop every child and the zygote."""
+        self.stop_all("controller shutting down", timeout)
         self.launcher.close()
+        self.switchboard.close()
 
 
 class _SpawnerGone:

@@ -113,8 +113,9 @@ class Launcher:
 
     # -- starting procs ------------------------------------------------------------------------
 
-    def launch(self, settings: dict[str, Any]) -> int:
-        """Start one proc; return its pid (raises ``OSError`` if it cannot start)."""
+    def launch(self, settings: dict[str, Any], handoff: socket.socket) -> int:
+        """Start one proc, giving it ``handoff`` (its end of the connection handoff channel);
+        return its pid (raises ``OSError`` if it cannot start)."""
         control = self._control
         if control is not None:
             token = os.urandom(8).hex()
@@ -122,7 +123,7 @@ class Launcher:
             self._spawned[token] = event
             settings = {**settings, "token": token, "env": dict(os.environ)}
             try:
-                send_message(control, settings, fds=[0, 1, 2])
+                send_message(control, settings, fds=[0, 1, 2, handoff.fileno()])
             except OSError:
                 self._spawned.pop(token, None)
             else:
@@ -130,20 +131,20 @@ class Launcher:
                     return self._pids.pop(token)
                 self._spawned.pop(token, None)
                 log.warning("the zygote did not fork a proc; starting it cold")
-        return self._launch_cold(settings)
+        return self._launch_cold(settings, handoff)
 
-    def _launch_cold(self, settings: dict[str, Any]) -> int:
+    def _launch_cold(self, settings: dict[str, Any], handoff: socket.socket) -> int:
         read_fd, write_fd = os.pipe()
         try:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "regency._runtime.bootstrap", str(read_fd)],
-                pass_fds=(read_fd,),
+                pass_fds=(read_fd, handoff.fileno()),
                 env=_env_for_children(),
             )
         finally:
             os.close(read_fd)
         with os.fdopen(write_fd, "wb") as pipe:
-            pickle.dump(settings, pipe, protocol=5)
+            pickle.dump({**settings, "handoff_fd": handoff.fileno()}, pipe, protocol=5)
         pidfd = os.pidfd_open(popen.pid)
 
         def reap(_: int) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import pickle
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -29,7 +28,7 @@ from regency._runtime.mesh_supervisor import MeshSupervisor
 from regency._runtime.mesh_trait import MeshTrait
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
-from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
+from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs, new_proc_address
 from regency._runtime.supervision import RestartPolicy
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Shape
@@ -189,8 +188,7 @@ class HostMesh(MeshTrait):
         for host_base in self._shape.ranks():
             host = self._hosts[host_base]
             for local in range(per):
-                token = os.urandom(6).hex()
-                addr = f"unix:@regency-{rt.job_id}-{mesh_name}-{token}"
+                addr = new_proc_address(host.agent, rt.job_id, mesh_name)
                 info = ProcInfo(addr, host.agent, len(procs), local)
                 procs.append(info)
                 by_agent.setdefault(host.agent, []).append(info)
@@ -227,7 +225,7 @@ def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> No
     """Ask the host agent at ``agent`` to start ``infos``; their exits are reported back here."""
     rt = state.runtime()
     # The controller's own host agent marks its children dead in this very process.
-    events = rt.exit_reports([i.addr for i in infos]) if agent != rt.address else None
+    events = rt.exit_reports(agent, [i.addr for i in infos]) if agent != rt.address else None
     rt.send_control(
         agent,
         wire.SERVICE_HOST,
@@ -243,7 +241,10 @@ def stop_procs(infos: Sequence[ProcInfo], reason: str) -> Future[None]:
         by_agent.setdefault(info.agent, []).append(info.addr)
     tracker, port = _open_countdown(len(by_agent), [], "stopping procs")
     for agent, addrs in by_agent.items():
-        rt.send_control(agent, wire.SERVICE_HOST, StopProcs(tuple(addrs), reason, port))
+        try:
+            rt.send_control(agent, wire.SERVICE_HOST, StopProcs(tuple(addrs), reason, port))
+        except PeerUnreachableError:
+            tracker.deliver(0, 0, [])  # a lost host's procs are gone with it
     return Future._from_pending(tracker.pending)
 
 
@@ -458,8 +459,7 @@ class _ActorSpawn:
                         wire.SERVICE_PROC,
                         ("stop_actor", self.mesh_id, "restarting", None),
                     )
-            token = os.urandom(6).hex()
-            addr = f"unix:@regency-{rt.job_id}-{self.recipe.mesh_name}-r-{token}"
+            addr = new_proc_address(old.agent, rt.job_id, self.recipe.mesh_name, "r-")
             fresh.append((rank, ProcInfo(addr, old.agent, old.rank, old.local_rank)))
         if retired:
             stop_procs(retired, f"restarting {self.name}")

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import logging
 import pickle
+import socket
 import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
@@ -60,7 +61,14 @@ class PortHandler(Protocol):
 class ProcRuntime:
     """Routing state of one process."""
 
-    def __init__(self, listen_address: str, secret: bytes, job_id: str) -> None:
+    def __init__(
+        self,
+        listen_address: str,
+        secret: bytes,
+        job_id: str,
+        handoff: socket.socket | None = None,
+        gateway: str | None = None,
+    ) -> None:
         self.job_id = job_id
         self.secret = secret
         self.frame_limit = int(config.get("max_frame_bytes"))
@@ -71,7 +79,10 @@ class ProcRuntime:
             self._on_peer_lost,
             frame_limit=self.frame_limit,
             connect_timeout=float(config.get("connect_timeout")),
+            heartbeat=_heartbeat_settings,
+            handoff=handoff,
         )
+        self.transport.gateway = gateway
         self.address = self.transport.address
         self.loop = self.transport.loop
         self._lock = threading.Lock()
@@ -85,6 +96,12 @@ class ProcRuntime:
         self._watchers: dict[str, set[int]] = {}
         self.dead: dict[str, str] = {}
         self._exit_port: PortRef | None = None
+        self._host_procs: dict[str, set[str]] = {}  # remote host agent -> procs started there
+
+    def known_as(self, address: str) -> None:
+        """Take ``address`` as this process's address from now on (a worker takes the address
+        its controller dials it by: its listener may be bound to a wildcard or another name)."""
+        self.address = self.transport.address = address
 
     # -- ports ---------------------------------------------------------------------------------
 
@@ -110,16 +127,44 @@ class ProcRuntime:
             if reason is not None and handler is not None:
                 handler.peer_lost(addr, reason)
 
-    def exit_reports(self, procs: Sequence[str]) -> PortRef:
-        """The port where host agents report how ``procs`` (spawned from here) ended.
+    def exit_reports(self, agent: str, procs: Sequence[str]) -> PortRef:
+        """The port where host agent ``agent`` reports how ``procs`` (spawned from here) ended.
 
         Until a report arrives, a lost connection to one of them is not taken as its death: the
-        report, which says how the process ended, follows within moments.
+        report, which says how the process ended, follows within moments. If the host agent
+        itself is lost, so are all of them, at once.
         """
         self.local_children.update(procs)
+        with self._lock:
+            on_host = self._host_procs.get(agent)
+            first = on_host is None
+            if on_host is None:
+                on_host = self._host_procs[agent] = set()
+            on_host.update(procs)
+        if first:
+            self.open_port(_HostWatch(self, agent), watch=[agent])
         if self._exit_port is None:
             self._exit_port = self.open_port(_ExitReports(self))
         return self._exit_port
+
+    def _proc_ended(self, addr: str, reason: str) -> None:
+        """A host agent reported that a proc started from here ended."""
+        self.local_children.discard(addr)
+        with self._lock:
+            for on_host in self._host_procs.values():
+                on_host.discard(addr)
+        self.mark_dead(addr, reason)
+
+    def host_lost(self, agent: str, reason: str) -> None:
+        """The host agent at ``agent`` is gone: every proc started there is lost with it."""
+        with self._lock:
+            procs = [p for p in self._host_procs.pop(agent, ()) if p not in self.dead]
+        why = f"its host {agent} was lost: {reason}"
+        # Record every loss before telling anyone, so that each account names all the ranks.
+        for proc in procs:
+            self.dead[proc] = why
+        for proc in procs:
+            self._notify_dead(proc, why)
 
     def close_port(self, port: int, watch: Sequence[str] = ()) -> None:
         """Forget a port; later messages to it are dropped."""
@@ -183,7 +228,7 @@ class ProcRuntime:
 
     def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
         """The parts of a frame to ``addr``: large ones move to shared memory on this host."""
-        if addr.startswith("unix:") and buffers_size(parts) >= bulk.BULK_MIN:
+        if self.transport.is_local(addr) and buffers_size(parts) >= bulk.BULK_MIN:
             frames.Encoder(list(parts), self.frame_limit)  # the limit is on the whole message
             exported = self.bulk.export(addr, parts)
             if exported is not None:
@@ -267,8 +312,9 @@ class ProcRuntime:
         else:
             self.transport.send(ref.addr, buffers, wait)
 
-    def send_control(self, addr: str, service: int, request: Any) -> None:
-        """Send a control request to a service of the process at ``addr``."""
+    def send_control(self, addr: str, service: int, request: Any, wait: bool = True) -> None:
+        """Send a control request to a service of the process at ``addr`` (without ``wait``,
+        return before a connection to it exists)."""
         body = pickle.dumps(request, protocol=5) if addr != self.address else None
         if addr == self.address:
             self._post_control(service, request, addr)
@@ -276,7 +322,7 @@ class ProcRuntime:
         self.check_alive(addr)
         assert body is not None
         buffers = frames.encode(wire.KIND_CONTROL, service, [body], limit=self.frame_limit)
-        self.transport.send(addr, buffers)
+        self.transport.send(addr, buffers, wait)
 
     # -- services ------------------------------------------------------------------------------
 
@@ -395,6 +441,9 @@ class ProcRuntime:
         if addr in self.dead:
             return
         self.dead[addr] = reason
+        self._notify_dead(addr, reason)
+
+    def _notify_dead(self, addr: str, reason: str) -> None:
         self.transport.mark_lost(addr, reason)
         self.bulk.peer_lost(addr)
         self._fail_watchers(addr, reason)
@@ -403,11 +452,9 @@ class ProcRuntime:
         if addr in self.local_children:
             # Our host agent will report how the process ended in a moment (it watches the
             # pid); only if the process lives on is the lost connection itself the news.
-            self.loop.call_later(
-                _EXIT_REPORT_GRACE, lambda: self.mark_dead(addr, f"connection lost ({reason})")
-            )
+            self.loop.call_later(_EXIT_REPORT_GRACE, lambda: self.mark_dead(addr, reason))
             return
-        self.mark_dead(addr, f"connection lost ({reason})")
+        self.mark_dead(addr, reason)
 
     def _fail_watchers(self, addr: str, reason: str) -> None:
         with self._lock:
@@ -437,11 +484,28 @@ class _ExitReports:
         except Exception as exc:
             log.warning("dropping an undecodable exit report: %s", exc)
             return
-        self._runtime.local_children.discard(addr)
-        self._runtime.mark_dead(addr, reason)
+        self._runtime._proc_ended(addr, reason)
 
     def peer_lost(self, addr: str, reason: str) -> None:
         """Nothing to do: this port watches no process."""
+
+
+class _HostWatch:
+    """Port handler watching a remote host agent that started procs for this process."""
+
+    def __init__(self, runtime: ProcRuntime, agent: str) -> None:
+        self._runtime = runtime
+        self._agent = agent
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        """Nothing is ever sent here."""
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        self._runtime.host_lost(self._agent, reason)
+
+
+def _heartbeat_settings() -> tuple[float, float]:
+    return float(config.get("heartbeat_interval")), float(config.get("heartbeat_timeout"))
 
 
 def _own(parts: Sequence[Part]) -> list[Part]:

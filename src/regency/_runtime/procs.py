@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 from regency._runtime.proc import PortRef
+from regency._transport import address
+
+_NAME_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def new_proc_address(agent: str, job_id: str, mesh_name: str, tag: str = "") -> str:
+    """A fresh address for a proc of mesh ``mesh_name`` that host agent ``agent`` will start:
+    on this machine a unix address, on a worker host one behind the worker's TCP port."""
+    mesh = _NAME_SAFE.sub("_", mesh_name)[:64]
+    return address.behind(agent, f"regency-{job_id}-{mesh}-{tag}{os.urandom(6).hex()}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,8 @@ request, answers with the child's pid, and reports each child's wait status when
 
 Control socket messages (pickled, length-prefixed both ways):
     host agent -> zygote : settings dict (one proc), with the spawner's current stdin, stdout
-                           and stderr attached (so procs inherit them as a cold start would)
+                           and stderr attached (so procs inherit them as a cold start would),
+                           and the proc's end of its connection handoff channel
     zygote -> host agent : ("spawned", token, pid) | ("exited", pid, wait_status)
 """
 
@@ -29,6 +30,7 @@ import regency._runtime.proc_agent  # noqa: F401
 from regency._runtime import bootstrap
 
 _LEN = struct.Struct("<I")
+_FDS = 4  # stdin, stdout, stderr, handoff channel
 
 
 def send_message(sock: socket.socket, message: Any, fds: list[int] | None = None) -> None:
@@ -83,17 +85,18 @@ def main() -> None:
     selector.register(control, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
     reader = MessageReader()
-    stdio: list[int] = []  # the spawner's stdin/stdout/stderr, passed with each request
+    passed: list[int] = []  # the descriptors passed with each request (see _FDS)
     while True:
         for key, _ in selector.select():
             if key.fileobj is control:
-                data, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
+                data, fds, _, _ = socket.recv_fds(control, 1 << 16, _FDS)
                 if not data:
                     return
-                stdio.extend(fds)
+                passed.extend(fds)
                 for settings in reader.feed(data):
                     settings["parent_pid"] = os.getpid()
-                    mine, stdio[:] = stdio[:3], stdio[3:]
+                    mine, passed[:] = passed[:_FDS], passed[_FDS:]
+                    settings["handoff_fd"] = mine[3]
                     pid = os.fork()
                     if pid == 0:
                         _become_proc(control, selector, wake_r, wake_w, settings, mine)
@@ -111,9 +114,9 @@ def _become_proc(
     wake_r: int,
     wake_w: int,
     settings: dict[str, Any],
-    stdio: list[int],
+    fds: list[int],
 ) -> None:
-    for target, fd in enumerate(stdio):
+    for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
         os.close(fd)
     signal.set_wakeup_fd(-1)

@@ -11,6 +11,13 @@ answer over the same connection.
 
 The listener checks the first MAC as soon as it has arrived (garbage is refused at once); the
 last one binds the announced address to this handshake, so it cannot be rewritten in transit.
+A listener may accept several secrets (a worker daemon takes its job's secret and the secret of
+the controller it serves); the one the dialer proved is used for the rest of the handshake. A
+listener that refuses the proof hangs up without a word, which the dialer reports as a proof
+refused.
+
+:func:`wrap_secret` hands a secret to a peer over a connection authenticated with another one,
+without ever putting it on the wire in the clear.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ _ADDR_LEN = struct.Struct("<H")
 HELLO_LEN = len(MAGIC) + NONCE
 REPLY_HEAD = MAC + NONCE + _ADDR_LEN.size
 MAX_ADDRESS = 1024
+_SALT = 16
 
 
 class AuthenticationError(ConnectionError):
@@ -49,8 +57,16 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def dialer_handshake(sock: socket.socket, secret: bytes, my_address: str) -> None:
-    """Run the dialing side of the handshake on a blocking socket."""
-    hello = _recv_exact(sock, HELLO_LEN)
+    """Run the dialing side of the handshake on a blocking socket.
+
+    A peer that hangs up before saying anything raises a plain ``ConnectionError`` (it refused
+    the connection, e.g. for a process that is gone); anything else that goes wrong raises
+    :class:`AuthenticationError`.
+    """
+    first = sock.recv(HELLO_LEN)
+    if not first:
+        raise ConnectionError("peer closed the connection before the handshake")
+    hello = first + _recv_exact(sock, HELLO_LEN - len(first)) if len(first) < HELLO_LEN else first
     if not hello.startswith(MAGIC):
         raise AuthenticationError("peer is not a regency endpoint (bad handshake magic)")
     nonce_l = hello[len(MAGIC) :]
@@ -59,18 +75,28 @@ def dialer_handshake(sock: socket.socket, secret: bytes, my_address: str) -> Non
     proof = _mac(secret, b"dial", nonce_l, nonce_d)
     addr_proof = _mac(secret, b"addr", nonce_l + nonce_d, addr)
     sock.sendall(proof + nonce_d + _ADDR_LEN.pack(len(addr)) + addr + addr_proof)
-    answer = _recv_exact(sock, MAC)
+    try:
+        answer = _recv_exact(sock, MAC)
+    except AuthenticationError:
+        raise AuthenticationError(
+            "the peer hung up on this process's proof (it holds a different job secret)"
+        ) from None
     if not hmac.compare_digest(answer, _mac(secret, b"listen", nonce_d, nonce_l)):
         raise AuthenticationError("peer failed authentication (it does not hold this job's secret)")
 
 
 class ListenerHandshake:
-    """The listening side of the handshake, fed incrementally by the I/O loop."""
+    """The listening side of the handshake, fed incrementally by the I/O loop.
 
-    __slots__ = ("_buf", "_nonce", "_secret", "_verified", "peer_address")
+    ``secret`` and ``others`` are the secrets a dialer may prove; ``secret`` is, once verified,
+    the one it proved.
+    """
 
-    def __init__(self, secret: bytes) -> None:
-        self._secret = secret
+    __slots__ = ("_buf", "_candidates", "_nonce", "_verified", "peer_address", "secret")
+
+    def __init__(self, secret: bytes, *others: bytes) -> None:
+        self.secret = secret
+        self._candidates = (secret, *others)
         self._nonce = os.urandom(NONCE)
         self._buf = bytearray()
         self._verified = False
@@ -93,7 +119,11 @@ class ListenerHandshake:
             # Check the proof as soon as it is complete, before waiting for anything else.
             proof = bytes(self._buf[:MAC])
             nonce_d = bytes(self._buf[MAC : MAC + NONCE])
-            if not hmac.compare_digest(proof, _mac(self._secret, b"dial", self._nonce, nonce_d)):
+            for candidate in self._candidates:
+                if hmac.compare_digest(proof, _mac(candidate, b"dial", self._nonce, nonce_d)):
+                    self.secret = candidate
+                    break
+            else:
                 raise AuthenticationError("peer failed authentication (wrong secret)")
             self._verified = True
         if len(self._buf) < REPLY_HEAD:
@@ -109,8 +139,31 @@ class ListenerHandshake:
         nonce_d = bytes(self._buf[MAC : MAC + NONCE])
         addr = bytes(self._buf[REPLY_HEAD : REPLY_HEAD + addr_len])
         addr_proof = bytes(self._buf[REPLY_HEAD + addr_len :])
-        expected = _mac(self._secret, b"addr", self._nonce + nonce_d, addr)
+        expected = _mac(self.secret, b"addr", self._nonce + nonce_d, addr)
         if not hmac.compare_digest(addr_proof, expected):
             raise AuthenticationError("peer's announced address failed authentication")
         self.peer_address = addr.decode(errors="replace")
-        return _mac(self._secret, b"listen", nonce_d, self._nonce)
+        return _mac(self.secret, b"listen", nonce_d, self._nonce)
+
+
+def wrap_secret(key: bytes, secret: bytes) -> bytes:
+    """``secret`` (at most 32 bytes) enciphered and sealed with ``key``: a fresh salt, the
+    secret XORed with an HMAC-derived pad, and a tag over both."""
+    if len(secret) > MAC:
+        raise ValueError(f"can only wrap secrets of up to {MAC} bytes")
+    salt = os.urandom(_SALT)
+    pad = _mac(key, b"wrap", salt, b"")
+    sealed = bytes(a ^ b for a, b in zip(secret, pad[: len(secret)], strict=True))
+    return salt + sealed + _mac(key, b"seal", salt, sealed)
+
+
+def unwrap_secret(key: bytes, blob: bytes) -> bytes:
+    """The secret :func:`wrap_secret` wrapped with ``key``; :class:`AuthenticationError` if the
+    blob was not made with ``key`` or was altered."""
+    if not _SALT + MAC <= len(blob) <= _SALT + 2 * MAC:
+        raise AuthenticationError(f"a wrapped secret has {_SALT} to {_SALT + 2 * MAC} bytes")
+    salt, sealed, tag = blob[:_SALT], blob[_SALT:-MAC], blob[-MAC:]
+    if not hmac.compare_digest(tag, _mac(key, b"seal", salt, sealed)):
+        raise AuthenticationError("wrapped secret failed authentication")
+    pad = _mac(key, b"wrap", salt, b"")
+    return bytes(a ^ b for a, b in zip(sealed, pad[: len(sealed)], strict=True))

@@ -57,6 +57,8 @@ class Connection:
         sock.setblocking(False)
         self.sock = sock
         self.peer = peer
+        self.tcp = sock.family != socket.AF_UNIX
+        self.received = 0  # reads that brought bytes (the heartbeat watches it change)
         self._on_close = on_close
         self._lock = threading.Lock()
         self._backlog: deque[_Pending] = deque()

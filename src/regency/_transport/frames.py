@@ -21,6 +21,7 @@ HEADER: Final = struct.Struct("<QBBHIQQQ")
 LENGTH_PREFIX: Final = 8
 PART_LEN: Final = struct.Struct("<Q")
 MAX_PARTS: Final = 255
+KIND_HEARTBEAT: Final = 0  # header only; the transport consumes it (see heartbeat.py)
 
 
 _TABLES = [struct.Struct(f"<{n}Q") for n in range(MAX_PARTS + 1)]

@@ -4,8 +4,13 @@
 first send dials in the background (retrying while the peer process starts) and queued frames
 follow in order once the handshake succeeds. Every received frame is handed to ``on_frame`` on
 the I/O thread. A peer whose connection drops, or that cannot be reached before the deadline, is
-reported once through ``on_peer_lost`` and stays lost: a process never comes back at the same
-address.
+reported once through ``on_peer_lost`` (with a reason that starts "cannot connect" or
+"connection lost") and stays lost: a process never comes back at the same address.
+
+Over TCP, each connection starts with a route preamble (:mod:`regency._transport.routing`), so a
+host's single port reaches every process it started; a process whose peers are on another
+machine reaches ``unix:`` addresses through the ``gateway`` of the controller's machine. TCP
+connections carry heartbeats (:mod:`regency._transport.heartbeat`).
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from regency._transport import address as addr
+from regency._transport import routing
 from regency._transport.auth import AuthenticationError, ListenerHandshake, dialer_handshake
 from regency._transport.connection import Buffer, Connection, ConnectionClosedError
-from regency._transport.frames import Frame, FrameError
+from regency._transport.frames import KIND_HEARTBEAT, Frame, FrameError
+from regency._transport.heartbeat import Heartbeat, Settings
 from regency._transport.io_loop import IOLoop
 from regency._transport.reader import FrameReader
 
@@ -29,12 +36,14 @@ log = logging.getLogger("regency.transport")
 
 FrameHandler = Callable[[Connection, Frame], None]
 LostHandler = Callable[[str, str], None]
+Router = Callable[[str, socket.socket], None]
 
 _HANDSHAKE_TIMEOUT = 10.0
 # How long the I/O thread lets a burst of posted frames gather before it flushes them (a
 # thread that blocks, or a full outbox, flushes sooner).
 FLUSH_DELAY = 300e-6
 _RETRYABLE = {errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN, errno.ECONNRESET}
+DEFAULT_HEARTBEAT = (1.0, 5.0)
 
 
 class PeerUnreachableError(ConnectionError):
@@ -80,10 +89,20 @@ class Transport:
         frame_limit: int,
         connect_timeout: float,
         loop: IOLoop | None = None,
+        heartbeat: Settings = lambda: DEFAULT_HEARTBEAT,
+        handoff: socket.socket | None = None,
     ) -> None:
         self.secret = secret
+        # Other secrets a dialer may prove (a worker serving a controller takes both).
+        self.accepted: tuple[bytes, ...] = ()
         self.frame_limit = frame_limit
         self.connect_timeout = connect_timeout
+        # Where ``unix:`` peers are reached from another machine (None: they are local).
+        self.gateway: str | None = None
+        # Takes TCP connections routed to another process of this host.
+        self.router: Router | None = None
+        self._dial_secrets: dict[str, tuple[bytes, float]] = {}
+        self._listeners: list[socket.socket] = []
         self._on_frame = on_frame
         self._on_peer_lost = on_peer_lost
         self.loop = loop or IOLoop()
@@ -95,9 +114,43 @@ class Transport:
         self._dirty_lock = threading.Lock()
         self._flush_pending = False
         self._closing = False
-        self._listener, self.address = addr.listen(listen_address)
-        self._listener.setblocking(False)
-        self.loop.register(self._listener.fileno(), self._on_accept_ready)
+        self._heartbeat = Heartbeat(heartbeat, self._tcp_connections, self.loop.call_later)
+        self._beating = False
+        self._handoff = handoff
+        if addr.is_tcp(listen_address) and addr.route_key(listen_address):
+            self.address = listen_address  # reached through this machine's host
+        else:
+            listener, self.address = addr.listen(listen_address)
+            self._add_listener(listener)
+        if handoff is not None:
+            handoff.setblocking(False)
+            self.loop.register(handoff.fileno(), self._on_handoff)
+
+    def _add_listener(self, listener: socket.socket) -> None:
+        listener.setblocking(False)
+        self._listeners.append(listener)
+        routed = listener.family != socket.AF_UNIX
+        self.loop.register(listener.fileno(), lambda _: self._on_accept_ready(listener, routed))
+
+    def listen_tcp(self, ip: str) -> str:
+        """Also accept TCP connections on ``ip`` (any free port); return that address."""
+        listener, address = addr.listen(addr.tcp_address(ip, 0))
+        self._add_listener(listener)
+        return address
+
+    def prepare_peer(self, peer: str, secret: bytes, connect_timeout: float) -> None:
+        """Dial ``peer`` (when first needed) proving ``secret``, giving up after
+        ``connect_timeout`` seconds."""
+        with self._lock:
+            self._dial_secrets[peer] = (secret, connect_timeout)
+
+    def is_local(self, peer: str) -> bool:
+        """Whether ``peer`` runs on this machine (reached over a unix socket)."""
+        return peer.startswith("unix:") and self.gateway is None
+
+    def _tcp_connections(self) -> list[Connection]:
+        with self._lock:
+            return [c for c in self._conns if c.tcp]
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -201,32 +254,47 @@ class Transport:
         for item in queue:
             item.finish(sent=False)
 
+    def _connect(self, peer: str, secret: bytes, timeout: float) -> socket.socket:
+        """A connected, authenticated socket to ``peer`` (through its host or the gateway)."""
+        target, key = peer, None
+        if addr.is_tcp(peer):
+            key = addr.route_key(peer)
+        elif self.gateway is not None:
+            target, key = self.gateway, peer
+        sock = addr.dial(target, timeout=timeout)
+        try:
+            if key is not None:
+                interval, silence = self._heartbeat.settings()
+                addr.tune_tcp(sock, interval, silence)
+                sock.sendall(routing.preamble(key))
+            dialer_handshake(sock, secret, self.address)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
     def _dial(self, peer: str, entry: _Peer) -> None:
-        deadline = time.monotonic() + self.connect_timeout
+        secret, timeout = self._dial_secrets.get(peer, (self.secret, self.connect_timeout))
+        deadline = time.monotonic() + timeout
         delay = 0.002
         sock: socket.socket | None = None
         reason = "unknown error"
         while not self._closing and peer not in self._lost:
             try:
-                sock = addr.dial(peer, timeout=_HANDSHAKE_TIMEOUT)
-                dialer_handshake(sock, self.secret, self.address)
+                left = max(0.05, deadline - time.monotonic())
+                sock = self._connect(peer, secret, min(_HANDSHAKE_TIMEOUT, left))
                 break
             except AuthenticationError as exc:
                 reason = f"authentication failed: {exc}"
                 log.error("connection to %s refused: %s", peer, reason)
-                if sock is not None:
-                    sock.close()
-                sock = None
                 break
             except (OSError, addr.AddressError) as exc:
-                if sock is not None:
-                    sock.close()
-                    sock = None
-                reason = str(exc)
+                reason = str(exc) or type(exc).__name__
                 retry = isinstance(exc, OSError) and exc.errno in _RETRYABLE
-                if not retry or time.monotonic() + delay > deadline:
-                    if retry:
-                        reason = f"no answer within {self.connect_timeout:.0f} s ({exc})"
+                if isinstance(exc, TimeoutError) or (retry and time.monotonic() + delay > deadline):
+                    reason = f"no answer within {timeout:g} s ({reason})"
+                    break
+                if not retry:
                     break
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
@@ -258,7 +326,7 @@ class Transport:
             queue, entry.queue = entry.queue, []
         for item in queue:
             item.finish(sent=False)
-        self._on_peer_lost(peer, reason)
+        self._on_peer_lost(peer, f"cannot connect: {reason}")
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -267,6 +335,10 @@ class Transport:
         reader = FrameReader(self.frame_limit)
         with self._lock:
             self._conns.add(conn)
+            start_beating = conn.tcp and not self._beating
+            self._beating = self._beating or conn.tcp
+        if start_beating:
+            self._heartbeat.start()
 
         read_lock = threading.Lock()
 
@@ -289,7 +361,10 @@ class Transport:
                 if frames is None:
                     conn.close("peer closed the connection")
                     return
+                conn.received += 1
                 for frame in frames:
+                    if frame.kind == KIND_HEARTBEAT:
+                        continue
                     try:
                         self._on_frame(conn, frame)
                     except FrameError as exc:
@@ -316,24 +391,93 @@ class Transport:
             del self._peers[conn.peer]
             self._lost[conn.peer] = reason
         if not self._closing:
-            self._on_peer_lost(conn.peer, reason)
+            self._on_peer_lost(conn.peer, f"connection lost ({reason})")
 
-    def _on_accept_ready(self, _: int) -> None:
+    def _on_accept_ready(self, listener: socket.socket, routed: bool) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 log.warning("accept failed: %s", exc)
                 return
+            if routed:
+                self._start_routing(sock)
+            else:
+                self._start_listener_handshake(sock)
+
+    def _on_handoff(self, _: int) -> None:
+        channel = self._handoff
+        if channel is None:
+            return
+        handed = routing.receive(channel)
+        if handed is None:  # the host is gone (and this process is about to follow it)
+            self.loop.unregister(channel.fileno())
+            channel.close()
+            self._handoff = None
+            return
+        for sock in handed:
             self._start_listener_handshake(sock)
+
+    def _start_routing(self, sock: socket.socket) -> None:
+        """Read a TCP dialer's route preamble, then serve the connection or hand it over."""
+        sock.setblocking(False)
+        interval, silence = self._heartbeat.settings()
+        addr.tune_tcp(sock, interval, silence)
+        reader = routing.PreambleReader()
+        fd = sock.fileno()
+        state = {"done": False}
+
+        def finish() -> None:
+            state["done"] = True
+            self.loop.unregister(fd)
+
+        def reject(reason: str) -> None:
+            finish()
+            log.warning("rejected a connection from %s: %s", _peer_name(sock), reason)
+            sock.close()
+
+        def readable(_: int) -> None:
+            try:
+                data = sock.recv(routing.MAX_KEY + 8)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                reject(f"read failed before routing: {exc}")
+                return
+            if not data:
+                reject("peer hung up before naming a route")
+                return
+            try:
+                key = reader.feed(data)
+            except routing.RouteError as exc:
+                reject(str(exc))
+                return
+            if key is None:
+                return
+            finish()
+            if key in ("", self.address):
+                self._start_listener_handshake(sock)
+            elif self.router is not None:
+                self.router(key, sock)
+            else:
+                log.warning("rejected a connection for %r: no such process here", key)
+                sock.close()
+
+        def expire() -> None:
+            if not state["done"]:
+                reject("no route preamble in time")
+
+        self.loop.register(fd, readable)
+        self.loop.call_later(_HANDSHAKE_TIMEOUT, expire)
 
     def _start_listener_handshake(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        shake = ListenerHandshake(self.secret)
+            interval, silence = self._heartbeat.settings()
+            addr.tune_tcp(sock, interval, silence)
+        shake = ListenerHandshake(self.secret, *self.accepted)
         fd = sock.fileno()
         state = {"done": False}
 
@@ -341,7 +485,7 @@ class Transport:
             state["done"] = True
             self.loop.unregister(fd)
             if reason is not None:
-                log.warning("rejected a connection: %s", reason)
+                log.warning("rejected a connection from %s: %s", _peer_name(sock), reason)
                 sock.close()
 
         def readable(_: int) -> None:
@@ -396,10 +540,27 @@ class Transport:
     def close(self) -> None:
         """Close the listener and every connection."""
         self._closing = True
+        self._heartbeat.stop()
         with self._lock:
             conns = list(self._conns)
         for conn in conns:
             conn.close("transport closed")
-        self.loop.unregister(self._listener.fileno())
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        for listener in self._listeners:
+            self.loop.unregister(listener.fileno())
+            with contextlib.suppress(OSError):
+                listener.close()
+        if self._handoff is not None:
+            self.loop.unregister(self._handoff.fileno())
+            with contextlib.suppress(OSError):
+                self._handoff.close()
+
+
+def _peer_name(sock: socket.socket) -> str:
+    """Who is at the other end of an accepted socket, for log lines."""
+    try:
+        name = sock.getpeername()
+    except OSError:
+        return "an unknown peer"
+    if isinstance(name, tuple):
+        return f"{name[0]}:{name[1]}"
+    return "a local process"

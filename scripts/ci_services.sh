@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The real services the test suite uses, on a fresh Debian machine (run as root; idempotent):
+#   - packages: Slurm (slurmctld, slurmd, slurm-client) with munge; iproute2 and iputils-ping
+#     for the network-namespace hosts; openssh-server/-client for the SSH tests;
+#   - a running two-node Slurm cluster on this machine (scripts/slurm_cluster.sh).
+# Tests that need a service skip, with the reason, when it is absent; in CI it is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(slurmctld slurmd slurm-client munge iproute2 iputils-ping openssh-server openssh-client)
+
+if [[ $(id -u) -ne 0 ]]; then
+    echo "ci_services: must run as root" >&2
+    exit 1
+fi
+
+scripts/apt_install.sh "${PACKAGES[@]}"
+timeout 180 scripts/slurm_cluster.sh start

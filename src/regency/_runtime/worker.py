@@ -1,0 +1,175 @@
+"""The worker daemon: serves its machine as a host to one controller at a time.
+
+A worker listens on one TCP port and holds its job's secret. A controller that proves the secret
+sends :class:`Attach`: it tells the worker the address the controller knows it by, where the
+controller's machine is reached (its gateway), the controller's own secret (wrapped with the
+job's, never in the clear) and its settings. From then on the worker's host agent starts procs
+for that controller; the procs hold the controller's secret and are reached through the worker's
+port. When the controller goes (its connection closes or falls silent), the worker stops every
+proc it started and waits for the next one. A second controller that attaches while one is
+served is refused with an error naming the one being served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import socket
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from regency import config
+from regency._runtime import wire
+from regency._runtime.host_agent import HostAgent, HostSession
+from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.service import Service
+from regency._transport import address
+from regency._transport.auth import AuthenticationError, unwrap_secret
+from regency._transport.transport import PeerUnreachableError
+
+log = logging.getLogger("regency.worker")
+
+_WILDCARDS = ("0.0.0.0", "::", "")  # compared, never bound
+_ORPHAN_STOP_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """A controller asks a worker to serve it (sent to the worker's host service)."""
+
+    controller: str  # the root controller's address
+    job_id: str
+    address: str  # the worker's address as the controller dials it
+    gateway: str  # the controller's TCP address the worker can reach
+    wrapped_secret: bytes  # the controller's secret, wrapped with the job's
+    settings: dict[str, object]  # the controller's regency.config values
+    reply: PortRef
+
+
+class WorkerAgent:
+    """The worker's host service: attaches controllers, then serves their spawn requests."""
+
+    def __init__(self, runtime: ProcRuntime, agent: HostAgent, job_secret: bytes) -> None:
+        self.runtime = runtime
+        self.agent = agent
+        self.job_secret = job_secret
+        self.service = Service("regency-worker", self.handle)
+
+    def handle(self, request: Any) -> None:
+        """Service entry point (runs on the worker service's thread, one request at a time)."""
+        if isinstance(request, Attach):
+            self._attach(request)
+        elif isinstance(request, _Detach):
+            self._detach(request)
+        else:
+            self.agent.handle(request)
+
+    def _attach(self, request: Attach) -> None:
+        current = self.agent.session
+        if current is not None:
+            if current.root == request.controller:
+                self._reply(request.reply, self._description())
+                return
+            log.warning(
+                "refused controller %s: serving controller %s", request.controller, current.root
+            )
+            self._reply(
+                request.reply,
+                {
+                    "error": f"worker {self.runtime.address} already serves controller "
+                    f"{current.root} (job {current.job_id}); a worker serves one controller "
+                    "at a time"
+                },
+            )
+            return
+        try:
+            secret = unwrap_secret(self.job_secret, request.wrapped_secret)
+        except AuthenticationError as exc:
+            self._reply(request.reply, {"error": f"the controller's secret did not unwrap: {exc}"})
+            return
+        config.clear_runtime_config()
+        config.configure(**request.settings)
+        self.runtime.known_as(request.address)
+        transport = self.runtime.transport
+        transport.secret = secret
+        transport.accepted = (self.job_secret,)
+        transport.gateway = request.gateway
+        self.agent.session = HostSession(
+            request.job_id, request.address, request.controller, secret, request.gateway
+        )
+        gone = _ControllerGone(self, request.controller)
+        self.runtime.open_port(gone, watch=[request.controller])
+        log.info("serving controller %s (job %s)", request.controller, request.job_id)
+        self._reply(request.reply, self._description())
+
+    def _detach(self, request: _Detach) -> None:
+        session = self.agent.session
+        if session is None or session.root != request.controller:
+            return
+        log.info(
+            "controller %s is gone (%s); stopping its procs", request.controller, request.reason
+        )
+        self.agent.session = None
+        self.agent.stop_all(f"the controller is gone: {request.reason}", _ORPHAN_STOP_TIMEOUT)
+        transport = self.runtime.transport
+        transport.secret = self.job_secret
+        transport.accepted = ()
+        transport.gateway = None
+        config.clear_runtime_config()
+        log.info("waiting for the next controller")
+
+    def _description(self) -> dict[str, Any]:
+        return {"hostname": socket.gethostname(), "pid": os.getpid()}
+
+    def _reply(self, port: PortRef, value: dict[str, Any]) -> None:
+        with contextlib.suppress(PeerUnreachableError):
+            self.runtime.send_port(port, 0, 0, [pickle.dumps(value, protocol=5)])
+
+
+@dataclass(frozen=True, slots=True)
+class _Detach:
+    controller: str
+    reason: str
+
+
+class _ControllerGone:
+    """Port handler watching the controller a worker serves."""
+
+    def __init__(self, worker: WorkerAgent, controller: str) -> None:
+        self._worker = worker
+        self._controller = controller
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        """Nothing is ever sent here."""
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        # Runs on the I/O thread: the service thread does the stopping, after pending requests.
+        self._worker.service.post(_Detach(self._controller, reason))
+
+
+def advertised(bound: str) -> str:
+    """The address to announce for a listener bound at ``bound``: a wildcard host becomes this
+    machine's primary IP."""
+    host = address.tcp_host(bound)
+    if host not in _WILDCARDS:
+        return bound
+    port = int(bound.rpartition(":")[2])
+    return address.tcp_address(address.primary_ip(), port)
+
+
+def serve(listen: str, job_secret: bytes) -> None:
+    """Serve this machine as a host at ``listen`` (``tcp://HOST:PORT``) forever."""
+    if not address.is_tcp(listen) or address.route_key(listen):
+        raise address.AddressError(f"a worker listens on tcp://HOST:PORT, not {listen!r}")
+    runtime = ProcRuntime(listen, job_secret, "worker")
+    runtime.known_as(advertised(runtime.address))
+    agent = HostAgent(runtime, None)
+    worker = WorkerAgent(runtime, agent, job_secret)
+    runtime.add_service(wire.SERVICE_HOST, worker.service)
+    agent.launcher.start_zygote()
+    print(f"regency worker listening on {runtime.address}", flush=True)
+    threading.Event().wait()

@@ -1,0 +1,168 @@
+"""One TCP port per machine: route preambles, and handing connections over to local processes.
+
+Every dialer of a TCP listener first sends a route preamble, ``RGRT | u8 length | key``, naming
+the process it wants (see :func:`~regency._transport.address.route_key`): ``""`` or the
+listener's own key for the listening process itself, else one of the processes its host started.
+The listener then either runs the authentication handshake itself or passes the socket, over a
+``SOCK_SEQPACKET`` channel, to the process named, which runs the handshake as if it had accepted
+the connection. The preamble is routing data only: nothing in it is trusted or unpickled, and the
+handshake that follows authenticates the peer as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("regency.transport")
+
+MAGIC = b"RGRT"
+MAX_KEY = 255
+HOLD_SECONDS = 30.0  # how long a connection for a process not started yet waits for it
+
+
+class RouteError(ConnectionError):
+    """A connection that did not start with a valid route preamble."""
+
+
+def preamble(key: str) -> bytes:
+    """The bytes a dialer sends first to reach process ``key`` of a host."""
+    raw = key.encode()
+    if len(raw) > MAX_KEY:
+        raise RouteError(f"route key of {len(raw)} bytes is over {MAX_KEY}: {key!r}")
+    return MAGIC + bytes([len(raw)]) + raw
+
+
+class PreambleReader:
+    """Parses a route preamble fed in pieces."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> str | None:
+        """Take bytes; return the key once the preamble is complete (``None`` until then)."""
+        self._buf += data
+        head = len(MAGIC) + 1
+        if not self._buf[: len(MAGIC)] == MAGIC[: len(self._buf)]:
+            raise RouteError("peer did not send a regency route preamble")
+        if len(self._buf) < head:
+            return None
+        total = head + self._buf[len(MAGIC)]
+        if len(self._buf) < total:
+            return None
+        if len(self._buf) > total:
+            raise RouteError("peer sent data before its route was settled")
+        return self._buf[head:total].decode(errors="replace")
+
+
+def handoff_pair() -> tuple[socket.socket, socket.socket]:
+    """A channel to hand connections over: (the host's end, the process's end)."""
+    host, proc = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    host.setblocking(False)
+    return host, proc
+
+
+def receive(channel: socket.socket) -> list[socket.socket] | None:
+    """The connections waiting on a handoff channel (non-blocking); ``None`` once it is closed."""
+    received: list[socket.socket] = []
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(channel, 1, 8)
+        except (BlockingIOError, InterruptedError):
+            return received
+        except OSError:
+            data, fds = b"", []
+        received.extend(socket.socket(fileno=fd) for fd in fds)
+        if not data and not fds:
+            return received or None
+
+
+class Switchboard:
+    """The host's side: which local process serves which route key, and connections that wait
+    for a process that is about to start."""
+
+    def __init__(self, call_later: Callable[[float, Callable[[], None]], None]) -> None:
+        self._call_later = call_later
+        self._lock = threading.Lock()
+        self._channels: dict[str, socket.socket] = {}
+        self._waiting: dict[str, list[tuple[float, socket.socket]]] = {}
+        self._gone: set[str] = set()
+
+    def register(self, key: str, channel: socket.socket) -> None:
+        """Process ``key`` takes its connections through ``channel`` from now on."""
+        with self._lock:
+            self._channels[key] = channel
+            waiting = self._waiting.pop(key, [])
+        for _, sock in waiting:
+            self._pass(key, channel, sock)
+
+    def unregister(self, key: str) -> None:
+        """Process ``key`` is gone: refuse its connections from now on."""
+        with self._lock:
+            channel = self._channels.pop(key, None)
+            self._gone.add(key)
+            waiting = self._waiting.pop(key, [])
+        for _, sock in waiting:
+            sock.close()
+        if channel is not None:
+            channel.close()
+
+    def route(self, key: str, sock: socket.socket) -> None:
+        """Hand ``sock`` to process ``key`` (now, or once it registers; else close it)."""
+        with self._lock:
+            channel = self._channels.get(key)
+            if channel is None:
+                if key in self._gone:
+                    log.warning("refused a connection for %r: that process is gone", key)
+                    sock.close()
+                    return
+                first = not self._waiting
+                self._waiting.setdefault(key, []).append((time.monotonic(), sock))
+        if channel is not None:
+            self._pass(key, channel, sock)
+        elif first:
+            self._call_later(HOLD_SECONDS, self._expire)
+
+    def _pass(self, key: str, channel: socket.socket, sock: socket.socket) -> None:
+        try:
+            socket.send_fds(channel, [b"c"], [sock.fileno()])
+        except OSError as exc:
+            log.warning("could not hand a connection to %r: %s", key, exc)
+        finally:
+            sock.close()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        expired: list[tuple[str, socket.socket]] = []
+        with self._lock:
+            for key, waiting in list(self._waiting.items()):
+                keep = [(t, s) for t, s in waiting if now - t < HOLD_SECONDS]
+                expired.extend((key, s) for t, s in waiting if now - t >= HOLD_SECONDS)
+                if keep:
+                    self._waiting[key] = keep
+                else:
+                    del self._waiting[key]
+            again = bool(self._waiting)
+        for key, sock in expired:
+            log.warning("refused a connection for %r: no such process started in time", key)
+            with contextlib.suppress(OSError):
+                sock.close()
+        if again:
+            self._call_later(HOLD_SECONDS, self._expire)
+
+    def close(self) -> None:
+        """Close every channel and waiting connection."""
+        with self._lock:
+            channels = list(self._channels.values())
+            waiting = [s for group in self._waiting.values() for _, s in group]
+            self._channels.clear()
+            self._waiting.clear()
+        for sock in (*channels, *waiting):
+            with contextlib.suppress(OSError):
+                sock.close()

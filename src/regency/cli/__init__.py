@@ -1,0 +1,74 @@
+"""The ``regency`` command (also ``python -m regency``).
+
+``regency worker --listen tcp://HOST:PORT [--secret-file PATH]`` runs a worker daemon that serves
+this machine as a host to a controller (see ``docs/multihost.md``). The job secret comes from
+``--secret-file`` or the ``REGENCY_JOB_SECRET`` environment variable (hex); without one the
+command exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from regency.job._attach import SECRET_ENV
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="regency", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    worker = commands.add_parser("worker", help="serve this machine as a host")
+    worker.add_argument(
+        "--listen", required=True, metavar="tcp://HOST:PORT", help="where to listen (port 0: any)"
+    )
+    worker.add_argument(
+        "--secret-file",
+        metavar="PATH",
+        help=f"file holding the job secret in hex (default: ${SECRET_ENV})",
+    )
+    return parser
+
+
+def _read_secret(path: str | None) -> bytes:
+    """The job secret, from ``path`` or the environment; ``ValueError`` if there is none."""
+    from regency.job._attach import secret_from_env
+
+    if path is None:
+        try:
+            return secret_from_env()
+        except ValueError as exc:
+            raise ValueError(f"{exc} and no --secret-file was given") from None
+    with open(path) as f:
+        text = f.read().strip()
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(f"{path} must hold the job secret as a hex string") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``regency`` command line; return the exit status."""
+    args = _parser().parse_args(argv)
+    return _worker(args)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    try:
+        secret = _read_secret(args.secret_file)
+    except (OSError, ValueError) as exc:
+        print(f"regency worker: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO,
+        format="regency worker %(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from regency.job._worker import run_worker_loop_forever
+
+    try:
+        run_worker_loop_forever(address=args.listen, secret=secret)
+    except (OSError, ValueError) as exc:
+        print(f"regency worker: cannot listen on {args.listen}: {exc}", file=sys.stderr)
+        return 2
+    return 0

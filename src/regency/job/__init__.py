@@ -1,0 +1,46 @@
+"""Jobs: where a controller's hosts come from (Monarch's ``monarch.job``).
+
+A worker daemon (``python -m regency worker --listen tcp://HOST:PORT``) serves a machine as a
+host; :func:`attach_to_workers` turns running workers into a ``HostMesh``. Jobs start the workers
+for you and cache themselves so a re-run reconnects::
+
+    from regency.job import ProcessJob
+
+    job = ProcessJob({"hosts": 2})
+    hosts = job.state().hosts                      # HostMesh of 2 worker hosts
+    procs = hosts.spawn_procs(per_host={"gpus": 4})  # {hosts: 2, gpus: 4} procs
+    ...
+    job.kill()
+
+See ``docs/multihost.md``.
+"""
+
+from __future__ import annotations
+
+from regency.job._attach import AttachError, attach_to_workers
+from regency.job._local import LocalJob
+from regency.job._process import ProcessJob
+from regency.job._slurm import SlurmJob
+from regency.job._trait import DEFAULT_JOB_PATH, JobState, JobTrait, job_load, job_loads
+from regency.job._worker import run_worker_loop_forever, worker_command, worker_env
+
+__all__ = [
+    "DEFAULT_JOB_PATH",
+    "AttachError",
+    "JobState",
+    "JobTrait",
+    "LocalJob",
+    "ProcessJob",
+    "SlurmJob",
+    "attach_to_workers",
+    "job_load",
+    "job_loads",
+    "run_worker_loop_forever",
+    "worker_command",
+    "worker_env",
+]
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("regency.job._"):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -1,0 +1,200 @@
+"""The job model: a declarative spec (:class:`JobTrait`) and the meshes it yields (``JobState``).
+
+A job describes hosts to run on. ``apply()`` makes them exist (starts worker daemons, submits an
+allocation); ``state()`` attaches to them and returns one ``HostMesh`` per named mesh. The job
+pickles itself (with its secret) to a cache file, so running the same script again reconnects to
+the running workers instead of starting new ones.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+import os
+import pickle
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from regency._runtime.meshes import HostMesh
+
+DEFAULT_JOB_PATH = ".regency/job_state.pkl"
+_STOP_TIMEOUT = 10.0
+log = logging.getLogger("regency.job")
+
+
+class JobState:
+    """The host meshes of a running job, one attribute per mesh name (``state.trainers``)."""
+
+    def __init__(self, meshes: Mapping[str, HostMesh]) -> None:
+        self._meshes = dict(meshes)
+
+    def __getattr__(self, name: str) -> HostMesh:
+        meshes = self.__dict__.get("_meshes", {})
+        try:
+            return meshes[name]  # type: ignore[no-any-return]
+        except KeyError:
+            raise AttributeError(
+                f"job has no mesh named {name!r}; its meshes are {sorted(meshes)}"
+            ) from None
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self._meshes})
+
+    def __repr__(self) -> str:
+        return f"JobState({', '.join(sorted(self._meshes))})"
+
+
+class JobTrait(abc.ABC):
+    """A job: where the hosts come from, how to start them, and how to tear them down.
+
+    Subclasses implement ``_create`` (start the worker daemons; may return before they are up),
+    ``_running``, ``_worker_addresses`` (mesh name -> ``tcp://IP:PORT`` of each host in rank
+    order; may block until known) and ``_kill``; ``_spec`` is what ``can_run`` compares. Every
+    worker of a job holds ``secret``, generated here and pickled with the job.
+    """
+
+    def __init__(self) -> None:
+        self.secret: bytes = os.urandom(32)
+        self.apply_id: str | None = None
+        self._state: JobState | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def apply(self) -> None:
+        """Create the job's hosts unless they are running already; stamp a new ``apply_id``."""
+        if not self._running():
+            self._create()
+        self.apply_id = uuid.uuid4().hex
+
+    def state(self, cached_path: str | Path | None = DEFAULT_JOB_PATH) -> JobState:
+        """Attach to the job's hosts, creating them if needed, and return their meshes.
+
+        With ``cached_path``, a job pickled there by an earlier run is reused when it is still
+        running and ``can_run`` this spec (no new allocation); otherwise it is killed, the file
+        removed, this job applied and pickled there (mode 0600).
+        """
+        if self._state is not None and self._running():
+            return self._state
+        path = Path(cached_path) if cached_path is not None else None
+        if self.apply_id is None and path is not None:
+            cached = _load_cache(path)
+            if cached is not None:
+                if cached._running() and cached.can_run(self):
+                    self._adopt(cached)
+                    self._state = self._connect()
+                    return self._state
+                cached.kill()
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        if self.apply_id is None or not self._running():
+            self.apply()
+        self._state = self._connect()
+        if path is not None:
+            self.dump(path)
+        return self._state
+
+    def kill(self) -> None:
+        """Stop this controller's procs on the job's hosts, then tear the hosts down.
+
+        Idempotent.
+        """
+        state, self._state = self._state, None
+        if state is not None:
+            for name, mesh in state._meshes.items():
+                try:
+                    mesh.stop().get(timeout=_STOP_TIMEOUT)
+                except Exception as exc:  # the hosts go anyway; their procs with them
+                    log.warning(
+                        "stopping the procs of mesh %r before the kill failed: %s", name, exc
+                    )
+        self._kill()
+
+    def can_run(self, spec: JobTrait) -> bool:
+        """Whether this (running) job can serve ``spec``: same type and same ``_spec()``."""
+        return type(spec) is type(self) and spec._spec() == self._spec()
+
+    # -- pickling ------------------------------------------------------------------------------
+
+    def dumps(self) -> bytes:
+        """The job, pickled (its secret included: keep it private)."""
+        return pickle.dumps(self)
+
+    def dump(self, path: str | Path) -> None:
+        """Pickle the job to ``path`` (mode 0600; parent directories are created)."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(self.dumps())
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_state"] = None  # meshes belong to the controller that attached them
+        return state
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def _spec(self) -> Any:
+        """What ``can_run`` compares: the job's declarative parameters."""
+        return None
+
+    def _adopt(self, running: JobTrait) -> None:
+        """Take over a running job's identity (secret, workers) found in the cache."""
+        self.__dict__.update(running.__getstate__())
+
+    def _connect(self) -> JobState:
+        """Attach to every mesh's workers."""
+        from regency.job._attach import attach_to_workers
+
+        return JobState(
+            {
+                name: attach_to_workers(addresses, secret=self.secret, name=name)
+                for name, addresses in self._worker_addresses().items()
+            }
+        )
+
+    @abc.abstractmethod
+    def _create(self) -> None:
+        """Start the worker daemons (may return before they are up)."""
+
+    @abc.abstractmethod
+    def _running(self) -> bool:
+        """Whether the job's workers are (still) running."""
+
+    @abc.abstractmethod
+    def _worker_addresses(self) -> dict[str, list[str]]:
+        """Mesh name -> ``tcp://IP:PORT`` of each of its hosts, in rank order."""
+
+    @abc.abstractmethod
+    def _kill(self) -> None:
+        """Tear the workers down."""
+
+
+def job_loads(data: bytes) -> JobTrait:
+    """A job from :meth:`JobTrait.dumps` bytes."""
+    job = pickle.loads(data)
+    if not isinstance(job, JobTrait):
+        raise TypeError(f"expected a pickled regency job, got {type(job).__name__}")
+    return job
+
+
+def job_load(path: str | Path) -> JobTrait:
+    """A job from a file written by :meth:`JobTrait.dump`."""
+    return job_loads(Path(path).read_bytes())
+
+
+def _load_cache(path: Path) -> JobTrait | None:
+    """The job cached at ``path``, or ``None`` when there is none or it cannot be read."""
+    try:
+        return job_load(path)
+    except FileNotFoundError:
+        return None
+    except Exception:
+        # A cache from another version or a torn write: start afresh.
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None

@@ -1,0 +1,158 @@
+"""Shared by the worker and ProcessJob tests: raw worker daemons, actors, process checks."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from regency.actor import Actor, current_rank, endpoint, this_host
+from regency.job import worker_command, worker_env
+from regency.job._process import ProcessJob, _alive, _group_members, _start_time
+
+LISTENING = re.compile(r"regency worker listening on (tcp://\S+)")
+
+
+class Probe(Actor):
+    """Answers where it runs; can call a peer, sleep, or spawn on its own host."""
+
+    def __init__(self, peer: object = None) -> None:
+        self.peer = peer
+
+    @endpoint
+    def where(self) -> dict[str, object]:
+        return {
+            "rank": dict(current_rank()),
+            "pid": os.getpid(),
+            "host": this_host()._hosts[0].agent,
+        }
+
+    @endpoint
+    def value(self, scale: int) -> int:
+        return scale * (1 + current_rank().rank)
+
+    @endpoint
+    def ping(self, hops: int) -> list[int]:
+        if hops == 0 or self.peer is None:
+            return [os.getpid()]
+        return [os.getpid(), *self.peer.ping.call_one(hops - 1).get(timeout=30)]  # type: ignore[attr-defined]
+
+    @endpoint
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @endpoint
+    def spawn_on_my_host(self) -> dict[str, object]:
+        inner = this_host().spawn_procs(per_host={"local": 1}).spawn("inner", Probe)
+        return inner.where.call_one().get(timeout=30)
+
+
+@dataclass
+class RawWorker:
+    """A worker daemon started with ``python -m regency worker``; stderr is kept for its log."""
+
+    proc: subprocess.Popen[bytes]
+    address: str
+    log: bytearray = field(default_factory=bytearray)
+
+    def wait_for_log(self, text: str, timeout: float = 10) -> str:
+        """Read the worker's stderr until a line containing ``text`` (returns that line)."""
+        assert self.proc.stderr is not None
+        fd = self.proc.stderr.fileno()
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in self.log.decode(errors="replace").splitlines():
+                if text in line:
+                    return line
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {text!r} in the worker's log:\n{self.log.decode()}"
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 65536)
+                assert chunk, f"worker exited:\n{self.log.decode()}"
+                self.log += chunk
+
+
+@contextmanager
+def raw_worker(secret: bytes, listen: str = "tcp://127.0.0.1:0") -> Iterator[RawWorker]:
+    """A worker daemon holding ``secret``, killed (with its process group) afterwards."""
+    proc = subprocess.Popen(
+        worker_command(listen),
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **worker_env(secret)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        found = LISTENING.search(line)
+        assert found, f"worker printed {line!r}"
+        yield RawWorker(proc, found.group(1))
+    finally:
+        kill_group(proc.pid)
+        proc.wait(10)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group and wait until every member is gone."""
+    members = _group_members(pgid)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    for pid, started in members:
+        wait_gone(pid, started)
+
+
+def wait_gone(pid: int, started: int | None = None, timeout: float = 10) -> None:
+    """Wait until process ``pid`` has exited (it need not be our child)."""
+    started = started if started is not None else _start_time(pid)
+    if started is None:
+        return
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while _alive(pid, started):
+            left = deadline - time.monotonic()
+            assert left > 0, f"process {pid} is still alive"
+            select.select([pidfd], [], [], min(left, 0.1))
+    finally:
+        os.close(pidfd)
+
+
+def job_processes(job: ProcessJob) -> list[tuple[int, int]]:
+    """Every live process of a job: each worker's process group (worker, zygote, procs)."""
+    return [
+        member
+        for group in job._workers.values()
+        for worker in group
+        for member in _group_members(worker.pid)
+    ]
+
+
+def kill_and_check(job: ProcessJob) -> None:
+    """``job.kill()``, then check that no process of the job is left."""
+    members = job_processes(job)
+    job.kill()
+    left = [pid for pid, started in members if _alive(pid, started)]
+    assert not left, f"processes left after kill(): {left}"
+
+
+def host_processes(job: ProcessJob, mesh: str, index: int) -> list[tuple[int, int]]:
+    """The live processes of one host of a job (its worker's process group)."""
+    return _group_members(job._workers[mesh][index].pid)

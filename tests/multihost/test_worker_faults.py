@@ -1,0 +1,104 @@
+"""Hosts that die or fall silent: their ranks fail through supervision, other hosts serve on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from _worker_helpers import Probe, host_processes, kill_and_check, wait_gone
+
+import regency.actor
+from regency import config
+from regency.actor import MeshFailure, SupervisionError
+from regency.job import ProcessJob
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def job() -> Iterator[ProcessJob]:
+    job = ProcessJob({"hosts": 2})
+    yield job
+    kill_and_check(job)
+
+
+class Failures:
+    """Records the failures that reach the root, and lets a test wait for them."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, failure: MeshFailure) -> None:
+        with self._cond:
+            self.seen.append(str(failure))
+            self._cond.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 10) -> list[str]:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.seen) >= count, timeout), self.seen
+            return list(self.seen)
+
+
+@pytest.fixture
+def failures(monkeypatch: pytest.MonkeyPatch) -> Failures:
+    recorder = Failures()
+    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", recorder)
+    return recorder
+
+
+def test_worker_killed_mid_call_fails_its_ranks_only(job: ProcessJob, failures: Failures) -> None:
+    hosts = job.state(cached_path=None).hosts
+    lost = job._worker_addresses()["hosts"][1]
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    probes = procs.spawn("probes", Probe)
+    probes.value.call(1).get(timeout=30)
+    doomed = host_processes(job, "hosts", 1)
+    pending = probes.slice(hosts=1).sleep.call(60)
+    os.kill(job._workers["hosts"][1].pid, signal.SIGKILL)  # the daemon only: procs follow it
+    with pytest.raises(SupervisionError) as info:
+        pending.get(timeout=30)
+    message = str(info.value)
+    assert f"its host {lost} was lost" in message, message
+    assert "at ranks [2, 3]" in message, message
+    assert "probes.sleep()" in message
+    # The other host keeps serving, and its procs are untouched.
+    assert [v for _, v in probes.slice(hosts=0).value.call(1).get(timeout=30).items()] == [1, 2]
+    for pid, started in doomed:
+        wait_gone(pid, started)  # the dead worker's procs die with it
+    with pytest.raises(SupervisionError, match=r"rank [23]"):
+        probes.value.call(1).get(timeout=30)
+    seen = failures.wait_for(2)
+    assert any("crashed_ranks=[2]" in f for f in seen), seen
+    assert any("crashed_ranks=[3]" in f for f in seen), seen
+    assert all(lost in f for f in seen), seen
+
+
+def test_stopped_host_is_declared_lost_within_the_heartbeat_timeout(
+    job: ProcessJob, failures: Failures
+) -> None:
+    with config.configured(heartbeat_interval=0.25, heartbeat_timeout=1.5):
+        hosts = job.state(cached_path=None).hosts
+        lost = job._worker_addresses()["hosts"][1]
+        procs = hosts.spawn_procs(per_host={"gpus": 1})
+        probes = procs.spawn("probes", Probe)
+        probes.value.call(1).get(timeout=30)
+        silent = host_processes(job, "hosts", 1)
+        assert len(silent) >= 2, "the worker, its zygote and its proc"
+        for pid, _ in silent:
+            os.kill(pid, signal.SIGSTOP)  # stopped, not closed: no FIN, no RST
+        start = time.monotonic()
+        pending = probes.slice(hosts=1).value.call(1)
+        with pytest.raises(SupervisionError) as info:
+            pending.get(timeout=30)
+        elapsed = time.monotonic() - start
+        message = str(info.value)
+        assert f"its host {lost} was lost" in message, message
+        assert f"no heartbeat from {lost}" in message, message
+        assert elapsed < 1.5 + 0.25 + 2.5, f"declared lost after {elapsed:.2f} s"
+        assert probes.slice(hosts=0).value.call_one(5).get(timeout=30) == 5
+        assert "crashed_ranks=[1]" in failures.wait_for(1)[0]
