@@ -95,6 +95,26 @@ def hosts_and_workers(netns_cluster: NetnsCluster) -> Iterator[tuple[NetnsCluste
         del os.environ["REGENCY_JOB_SECRET"]
 
 
+class Counter(Actor):
+    """Counts broadcasts; answers with its namespace's address."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @endpoint
+    def incr(self) -> None:
+        self.count += 1
+
+    @endpoint
+    def value(self) -> int:
+        return self.count
+
+    @endpoint
+    def ping(self, other: Here) -> str:
+        # A call from one namespace host to an actor on another, over their own addresses.
+        return str(other.ip.call_one().get(timeout=30))
+
+
 def test_actors_on_namespace_hosts(hosts_and_workers: tuple[NetnsCluster, list[str]]) -> None:
     cluster, addresses = hosts_and_workers
     hosts = attach_to_workers(addresses, timeout=30)
@@ -102,6 +122,16 @@ def test_actors_on_namespace_hosts(hosts_and_workers: tuple[NetnsCluster, list[s
     try:
         ips = list(procs.spawn("here", Here).ip.call().get(timeout=60).values())
         assert ips == [h.ip for h in cluster.hosts for _ in range(2)]
+        counters = procs.spawn("counters", Counter)
+        for _ in range(5):
+            counters.incr.broadcast()
+        values = counters.value.call().get(timeout=60)
+        assert list(values.values()) == [5] * len(ips)
+        last = len(cluster.hosts) - 1
+        assert values.item(hosts=last, gpus=1) == 5
+        here = procs.spawn("here2", Here)
+        reached = counters.slice(hosts=0, gpus=0).ping.call_one(here.slice(hosts=last, gpus=1))
+        assert reached.get(timeout=60) == cluster.hosts[last].ip
     finally:
         procs.stop().get(timeout=30)
 
@@ -131,3 +161,49 @@ def test_cut_host_is_declared_lost_and_the_others_serve_on(
         assert any(addresses[1] in f for f in failures.wait_for(1))
         cluster.restore(cut)
         procs.stop().get(timeout=30)
+    # Back on the network, the cut host's worker (which lost its controller too and stopped
+    # its procs) serves the next controller.
+    assert _serves_a_new_controller(addresses[1], cut.ip)
+
+
+NEXT_CONTROLLER = """
+import socket, sys
+from regency.actor import Actor, endpoint
+from regency.job import attach_to_workers
+
+class Here(Actor):
+    def __init__(self, bridge: str) -> None:
+        self.bridge = bridge
+
+    @endpoint
+    def ip(self) -> str:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((self.bridge, 9))
+            return str(probe.getsockname()[0])
+
+procs = attach_to_workers([sys.argv[1]], timeout=10).spawn_procs(per_host={"gpus": 1})
+here = procs.spawn("here", Here, sys.argv[2])
+print("IP", here.ip.call_one().get(timeout=30), flush=True)
+procs.stop().get(timeout=30)
+"""
+
+
+def _serves_a_new_controller(address: str, expected_ip: str, within: float = 40.0) -> bool:
+    """Run controllers in fresh processes until one is served by ``address`` (a worker refuses
+    a second controller until it has given up the first)."""
+    deadline = time.monotonic() + within
+    outputs = []
+    while time.monotonic() < deadline:
+        run = subprocess.run(
+            [sys.executable, "-c", NEXT_CONTROLLER, address, BRIDGE_IP],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=os.environ.copy(),
+        )
+        if run.returncode == 0 and f"IP {expected_ip}" in run.stdout:
+            return True
+        outputs.append(run.stderr[-400:])
+        assert "already serves" in run.stderr, outputs[-1]
+    raise AssertionError(f"no controller was served within {within} s: {outputs[-1:]}")
