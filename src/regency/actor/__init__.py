@@ -89,6 +89,19 @@ return to ignore the failure; raise (the default raises ``SystemExit(1)``) to re
 stderr and end the controller with exit code 1."""
 
 
+# Monarch also offers these two from its actor module; they live in ``regency.job``, which
+# imports this module, so they are looked up on first use.
+_FROM_JOB = ("attach_to_workers", "run_worker_loop_forever")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_JOB:
+        import regency.job
+
+        return getattr(regency.job, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _publish(names: list[str], namespace: dict[str, Any]) -> None:
     for name in names:
         obj = namespace[name]
