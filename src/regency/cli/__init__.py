@@ -4,6 +4,11 @@
 this machine as a host to a controller (see ``docs/multihost.md``). The job secret comes from
 ``--secret-file`` or the ``REGENCY_JOB_SECRET`` environment variable (hex); without one the
 command exits with status 2.
+
+``regency exec [--all | --one | --point DIM=I ...] [--mesh NAME] [--job PATH] -- CMD ...`` runs a
+command on the hosts of the job cached by an earlier ``job.state()`` (``.regency/job_state.pkl``),
+streaming each host's lines prefixed with its rank; ``regency kill [--job PATH]`` tears that job
+down and removes the cache.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from regency.job._attach import SECRET_ENV
 
 
 def _parser() -> argparse.ArgumentParser:
+    from regency.cli._exec import add_exec_parser, add_kill_parser
+
     parser = argparse.ArgumentParser(prog="regency", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     worker = commands.add_parser("worker", help="serve this machine as a host")
@@ -28,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help=f"file holding the job secret in hex (default: ${SECRET_ENV})",
     )
+    add_exec_parser(commands)
+    add_kill_parser(commands)
     return parser
 
 
@@ -51,6 +60,14 @@ def _read_secret(path: str | None) -> bytes:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``regency`` command line; return the exit status."""
     args = _parser().parse_args(argv)
+    if args.command == "exec":
+        from regency.cli._exec import run_exec
+
+        return run_exec(args)
+    if args.command == "kill":
+        from regency.cli._exec import run_kill
+
+        return run_kill(args)
     return _worker(args)
 
 

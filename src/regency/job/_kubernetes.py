@@ -1,0 +1,576 @@
+"""``KubernetesJob``: host meshes made of Kubernetes pods, found by label or created by the job.
+
+Each mesh is ``num_replicas`` pods, one worker daemon per pod, ranked by a pod label.
+
+- **Attach** (no ``image_spec``/``pod_template``): the pods already run a worker daemon on
+  ``port`` (a StatefulSet, say, whose pods carry ``apps.kubernetes.io/pod-index``). The job
+  lists the pods matching ``label_selector``, waits until ``num_replicas`` of them are Running
+  and Ready, orders them by ``pod_rank_label`` and attaches to ``tcp://{pod_ip}:{port}``. The
+  pods must hold the job secret: set ``REGENCY_JOB_SECRET`` in them to ``job.secret.hex()``.
+  ``kill()`` leaves them alone.
+- **Provision** (``image_spec`` or ``pod_template``): ``apply()`` creates, per mesh, an indexed
+  ``batch/v1`` Job (``completionMode: Indexed``, ``parallelism = completions = num_replicas``)
+  whose container runs ``python -m regency worker --listen tcp://0.0.0.0:PORT`` with a TCP
+  readiness probe on the port, and a headless Service over its pods; and, once per job, a
+  ``Secret`` holding the job secret, which reaches each container as ``REGENCY_JOB_SECRET``
+  through ``secretKeyRef`` (on no command line, in no image). Pods are ranked by the Job's
+  ``batch.kubernetes.io/job-completion-index`` label. ``kill()`` deletes exactly what the job
+  created (the Jobs with foreground propagation, so their pods go first; the Services; the
+  Secret) and waits until the pods are gone.
+
+The API objects are injected (``core_api``/``batch_api``); by default they come from the
+in-cluster service account when the controller runs in a pod, else from ``kubeconfig`` (default
+``~/.kube/config``). The controller dials pod IPs directly and the pods dial the controller back,
+so the controller must run in the cluster or on a network that routes pod IPs both ways (there
+is no port-forwarding).
+
+The ``kubernetes`` package is imported only when a job needs it: ``pip install
+'regency[kubernetes]'``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from regency.job._attach import SECRET_ENV
+from regency.job._trait import JobTrait
+from regency.job._worker import worker_command
+
+__all__ = ["ImageSpec", "KubernetesJob"]
+
+STATEFULSET_RANK_LABEL = "apps.kubernetes.io/pod-index"
+JOB_RANK_LABEL = "batch.kubernetes.io/job-completion-index"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+JOB_LABEL = "regency.dev/job"
+MESH_LABEL = "regency.dev/mesh"
+_CONTAINER = "worker"
+_DELETE_TIMEOUT = 120.0
+_MISSING = (
+    "KubernetesJob needs the official Kubernetes client, which is not installed: "
+    "pip install 'regency[kubernetes]'"
+)
+
+
+def _client() -> Any:
+    """The ``kubernetes.client`` module, or an ``ImportError`` naming the extra to install."""
+    try:
+        import kubernetes.client
+    except ImportError as exc:
+        raise ImportError(_MISSING) from exc
+    return kubernetes.client
+
+
+def _not_found(exc: BaseException) -> bool:
+    return getattr(exc, "status", None) == 404
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """The container a provisioned mesh runs: an image with regency installed.
+
+    ``python_exe`` is the interpreter inside the image; ``resources`` becomes the container's
+    requests and limits (e.g. ``{"cpu": "4", "nvidia.com/gpu": "8"}``); ``env`` adds
+    environment variables (not secrets: they are in the Job's manifest).
+    """
+
+    image: str
+    python_exe: str = "python"
+    resources: Mapping[str, str] | None = None
+    env: Mapping[str, str] | None = None
+
+
+@dataclass
+class _Mesh:
+    """One ``add_mesh`` call."""
+
+    name: str
+    num_replicas: int
+    label_selector: str | None
+    pod_rank_label: str
+    image_spec: ImageSpec | None
+    port: int
+    pod_template: Any  # V1PodTemplateSpec | None
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def provisioned(self) -> bool:
+        return self.image_spec is not None or self.pod_template is not None
+
+
+class KubernetesJob(JobTrait):
+    """Host meshes of Kubernetes pods, one worker daemon per pod (see the module docstring).
+
+    ::
+
+        job = KubernetesJob(namespace="training", timeout=600)
+        job.add_mesh("trainers", 4, image_spec=ImageSpec("registry/app:1.0",
+                                                         resources={"nvidia.com/gpu": "8"}))
+        job.add_mesh("servers", 2, label_selector="app=servers")   # pods already running
+        trainers = job.state().trainers.spawn_procs(per_host={"gpus": 8})
+        ...
+        job.kill()   # deletes the trainers' Job, Service and the Secret; servers untouched
+
+    Args:
+        namespace: the namespace the pods (and anything created) live in.
+        timeout: seconds ``state()`` waits for each mesh's pods to be Running and Ready;
+            ``TimeoutError`` names the pods (and ranks) not ready. ``None`` waits indefinitely.
+        kubeconfig: a kubeconfig file for out-of-cluster use (default: in-cluster config when
+            running in a pod, else ``~/.kube/config``).
+        core_api: a ``kubernetes.client.CoreV1Api`` to use (default: built from the config).
+        batch_api: a ``kubernetes.client.BatchV1Api`` to use (default: built from the config).
+        poll_interval: seconds between pod listings while waiting.
+
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        timeout: float | None = None,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        *,
+        core_api: Any = None,
+        batch_api: Any = None,
+        poll_interval: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.namespace = namespace
+        self.timeout = timeout
+        self.kubeconfig = None if kubeconfig is None else os.fspath(kubeconfig)
+        self.poll_interval = poll_interval
+        self.meshes: dict[str, _Mesh] = {}
+        self.run_id = uuid.uuid4().hex[:10]
+        self.created: list[tuple[str, str]] = []  # (kind, name) of what _create made
+        self._core = core_api
+        self._batch = batch_api
+
+    def add_mesh(
+        self,
+        name: str,
+        num_replicas: int,
+        label_selector: str | None = None,
+        pod_rank_label: str = STATEFULSET_RANK_LABEL,
+        image_spec: ImageSpec | str | None = None,
+        port: int = 26600,
+        pod_template: Any = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """Declare mesh ``name`` of ``num_replicas`` pods.
+
+        With ``image_spec`` (an :class:`ImageSpec` or an image name) or ``pod_template`` (a
+        ``V1PodTemplateSpec`` or its dict; its container named ``worker``, else its first, gets
+        the worker command unless it has one, the port and the secret) the job creates the
+        pods; otherwise it attaches to the pods matching ``label_selector``, ranked by
+        ``pod_rank_label``. ``labels`` and ``annotations`` go on everything created.
+        """
+        if not name.isidentifier():
+            raise ValueError(f"mesh name {name!r} is not a Python identifier")
+        if name in self.meshes:
+            raise ValueError(f"mesh {name!r} was already added")
+        if not isinstance(num_replicas, int) or num_replicas < 1:
+            raise ValueError(f"mesh {name!r} needs a positive num_replicas, not {num_replicas!r}")
+        if not 0 < port < 65536:
+            raise ValueError(f"port must be 1..65535, not {port}")
+        if isinstance(image_spec, str):
+            image_spec = ImageSpec(image_spec)
+        if pod_template is not None and isinstance(pod_template, Mapping):
+            pod_template = _model(dict(pod_template), "V1PodTemplateSpec")
+        mesh = _Mesh(
+            name,
+            num_replicas,
+            label_selector,
+            pod_rank_label,
+            image_spec,
+            port,
+            copy.deepcopy(pod_template),
+            dict(labels or {}),
+            dict(annotations or {}),
+        )
+        if not mesh.provisioned and not label_selector:
+            raise ValueError(
+                f"mesh {name!r}: give label_selector (attach to running pods) or "
+                "image_spec/pod_template (create them)"
+            )
+        if mesh.provisioned:
+            mesh.pod_rank_label = JOB_RANK_LABEL  # what an indexed Job labels its pods with
+        self.meshes[name] = mesh
+
+    # -- names and labels -----------------------------------------------------------------------
+
+    def resource_name(self, mesh: str) -> str:
+        """The name of the Job and Service created for ``mesh`` (a DNS label)."""
+        base = re.sub(r"[^a-z0-9-]", "-", mesh.lower()).strip("-")[:40] or "mesh"
+        return f"regency-{base}-{self.run_id}"
+
+    @property
+    def secret_name(self) -> str:
+        """The name of the Secret holding the job secret."""
+        return f"regency-secret-{self.run_id}"
+
+    def _labels(self, mesh: _Mesh | None) -> dict[str, str]:
+        labels = {} if mesh is None else dict(mesh.labels)
+        labels.update({MANAGED_BY: "regency", JOB_LABEL: self.run_id})
+        if mesh is not None:
+            labels[MESH_LABEL] = self.resource_name(mesh.name).removeprefix("regency-")
+        return labels
+
+    def selector(self, mesh: str) -> str:
+        """The label selector of a mesh's pods."""
+        spec = self.meshes[mesh]
+        if not spec.provisioned:
+            assert spec.label_selector is not None
+            return spec.label_selector
+        labels = self._labels(spec)
+        return f"{JOB_LABEL}={labels[JOB_LABEL]},{MESH_LABEL}={labels[MESH_LABEL]}"
+
+    # -- manifests ------------------------------------------------------------------------------
+
+    def secret_manifest(self) -> Any:
+        """The ``V1Secret`` holding the job secret (hex) under ``REGENCY_JOB_SECRET``."""
+        k8s = _client()
+        return k8s.V1Secret(
+            api_version="v1",
+            kind="Secret",
+            metadata=k8s.V1ObjectMeta(name=self.secret_name, labels=self._labels(None)),
+            type="Opaque",
+            string_data={SECRET_ENV: self.secret.hex()},
+        )
+
+    def service_manifest(self, mesh: str) -> Any:
+        """The headless ``V1Service`` over a provisioned mesh's pods."""
+        k8s = _client()
+        spec = self.meshes[mesh]
+        labels = self._labels(spec)
+        return k8s.V1Service(
+            api_version="v1",
+            kind="Service",
+            metadata=k8s.V1ObjectMeta(
+                name=self.resource_name(mesh), labels=labels, annotations=spec.annotations or None
+            ),
+            spec=k8s.V1ServiceSpec(
+                cluster_ip="None",
+                selector={JOB_LABEL: labels[JOB_LABEL], MESH_LABEL: labels[MESH_LABEL]},
+                publish_not_ready_addresses=True,
+                ports=[k8s.V1ServicePort(name="regency", port=spec.port, target_port=spec.port)],
+            ),
+        )
+
+    def job_manifest(self, mesh: str) -> Any:
+        """The indexed ``V1Job`` running a provisioned mesh's worker daemons."""
+        k8s = _client()
+        spec = self.meshes[mesh]
+        if not spec.provisioned:
+            raise ValueError(f"mesh {mesh!r} attaches to running pods; it has no Job")
+        labels = self._labels(spec)
+        template = (
+            copy.deepcopy(spec.pod_template)
+            if spec.pod_template is not None
+            else k8s.V1PodTemplateSpec(spec=k8s.V1PodSpec(containers=[]))
+        )
+        if template.metadata is None:
+            template.metadata = k8s.V1ObjectMeta()
+        template.metadata.labels = {**(template.metadata.labels or {}), **labels}
+        if spec.annotations:
+            template.metadata.annotations = {
+                **(template.metadata.annotations or {}),
+                **spec.annotations,
+            }
+        pod = template.spec
+        if pod is None:
+            pod = template.spec = k8s.V1PodSpec(containers=[])
+        pod.restart_policy = pod.restart_policy or "Never"
+        pod.subdomain = self.resource_name(mesh)  # DNS names under the headless Service
+        containers = list(pod.containers or [])
+        chosen = next((c for c in containers if c.name == _CONTAINER), None)
+        if chosen is None and containers:
+            chosen = containers[0]
+        if chosen is None:
+            chosen = k8s.V1Container(name=_CONTAINER)
+            containers.append(chosen)
+        pod.containers = containers
+        self._fill_container(k8s, chosen, spec)
+        return k8s.V1Job(
+            api_version="batch/v1",
+            kind="Job",
+            metadata=k8s.V1ObjectMeta(
+                name=self.resource_name(mesh), labels=labels, annotations=spec.annotations or None
+            ),
+            spec=k8s.V1JobSpec(
+                completion_mode="Indexed",
+                completions=spec.num_replicas,
+                parallelism=spec.num_replicas,
+                backoff_limit=0,
+                template=template,
+            ),
+        )
+
+    def _fill_container(self, k8s: Any, container: Any, spec: _Mesh) -> None:
+        image = spec.image_spec
+        if image is not None:
+            container.image = image.image
+        if container.image is None:
+            raise ValueError(f"mesh {spec.name!r}: the pod template's container has no image")
+        if not container.command and not container.args:
+            python = image.python_exe if image is not None else "python"
+            container.command = worker_command(f"tcp://0.0.0.0:{spec.port}", python=python)
+        env = [e for e in (container.env or []) if e.name != SECRET_ENV]
+        if image is not None and image.env:
+            env += [k8s.V1EnvVar(name=k, value=v) for k, v in sorted(image.env.items())]
+        env.append(
+            k8s.V1EnvVar(
+                name=SECRET_ENV,
+                value_from=k8s.V1EnvVarSource(
+                    secret_key_ref=k8s.V1SecretKeySelector(name=self.secret_name, key=SECRET_ENV)
+                ),
+            )
+        )
+        container.env = env
+        ports = list(container.ports or [])
+        if all(p.container_port != spec.port for p in ports):
+            ports.append(k8s.V1ContainerPort(name="regency", container_port=spec.port))
+        container.ports = ports
+        if container.readiness_probe is None:
+            container.readiness_probe = k8s.V1Probe(
+                tcp_socket=k8s.V1TCPSocketAction(port=spec.port), period_seconds=1
+            )
+        if image is not None and image.resources:
+            container.resources = k8s.V1ResourceRequirements(
+                requests=dict(image.resources), limits=dict(image.resources)
+            )
+
+    # -- the API --------------------------------------------------------------------------------
+
+    def _apis(self) -> tuple[Any, Any]:
+        if self._core is None or self._batch is None:
+            k8s = _client()
+            api_client = _api_client(self.kubeconfig)
+            self._core = self._core or k8s.CoreV1Api(api_client)
+            self._batch = self._batch or k8s.BatchV1Api(api_client)
+        return self._core, self._batch
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_core"] = state["_batch"] = None  # API clients belong to this process
+        return state
+
+    def _adopt(self, running: JobTrait) -> None:
+        apis = self._core, self._batch  # keep the API objects this spec was given
+        super()._adopt(running)
+        self._core, self._batch = apis
+
+    # -- JobTrait hooks -------------------------------------------------------------------------
+
+    def _spec(self) -> Any:
+        return (self.namespace, tuple(sorted(self.meshes.items())))
+
+    def _create(self) -> None:
+        if not self.meshes:
+            raise ValueError("KubernetesJob has no meshes: call add_mesh() first")
+        provisioned = [m for m in self.meshes.values() if m.provisioned]
+        if not provisioned:
+            return  # attach only: nothing to create
+        core, batch = self._apis()
+        try:
+            core.create_namespaced_secret(self.namespace, self.secret_manifest())
+            self.created.append(("Secret", self.secret_name))
+            for mesh in provisioned:
+                core.create_namespaced_service(self.namespace, self.service_manifest(mesh.name))
+                self.created.append(("Service", self.resource_name(mesh.name)))
+                batch.create_namespaced_job(self.namespace, self.job_manifest(mesh.name))
+                self.created.append(("Job", self.resource_name(mesh.name)))
+        except BaseException:
+            self._kill()
+            raise
+
+    def _running(self) -> bool:
+        if not self.meshes:
+            return False
+        core, batch = self._apis()
+        for mesh in self.meshes.values():
+            if mesh.provisioned:
+                if ("Job", self.resource_name(mesh.name)) not in self.created:
+                    return False
+                try:
+                    job = batch.read_namespaced_job(self.resource_name(mesh.name), self.namespace)
+                except Exception as exc:
+                    if _not_found(exc):
+                        return False
+                    raise
+                if _job_finished(job):
+                    return False
+            elif isinstance(_rank_pods(self._pods(core, mesh), mesh), str):
+                return False  # attach mode: running means its pods are ready now
+        return True
+
+    def _worker_addresses(self) -> dict[str, list[str]]:
+        core, _ = self._apis()
+        return {name: self._wait_for_pods(core, mesh) for name, mesh in self.meshes.items()}
+
+    def _kill(self) -> None:
+        if not self.created:
+            return
+        core, batch = self._apis()
+        deleters = {
+            "Job": batch.delete_namespaced_job,
+            "Service": core.delete_namespaced_service,
+            "Secret": core.delete_namespaced_secret,
+        }
+        client = _client()
+        for kind, name in reversed(self.created):
+            try:
+                deleters[kind](
+                    name,
+                    self.namespace,
+                    body=client.V1DeleteOptions(propagation_policy="Foreground"),
+                )
+            except Exception as exc:
+                if not _not_found(exc):
+                    raise
+        # Wait until the pods of what was deleted are gone, so nothing of this job is left.
+        meshes = [
+            m for m in self.meshes.values() if ("Job", self.resource_name(m.name)) in self.created
+        ]
+        deadline = time.monotonic() + _DELETE_TIMEOUT
+        for mesh in meshes:
+            while self._pods(core, mesh):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the pods of Job {self.resource_name(mesh.name)} are still there "
+                        f"{_DELETE_TIMEOUT:.0f}s after deleting it; kill() again to retry"
+                    )
+                time.sleep(self.poll_interval)  # the API offers no cheaper wait than a watch
+        self.created = []
+        self.run_id = uuid.uuid4().hex[:10]  # a new apply creates new objects
+
+    # -- finding the pods -----------------------------------------------------------------------
+
+    def _pods(self, core: Any, mesh: _Mesh) -> list[Any]:
+        listing = core.list_namespaced_pod(self.namespace, label_selector=self.selector(mesh.name))
+        return list(listing.items or [])
+
+    def _wait_for_pods(self, core: Any, mesh: _Mesh) -> list[str]:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            ranked = _rank_pods(self._pods(core, mesh), mesh)
+            if not isinstance(ranked, str):
+                return [f"tcp://{pod.status.pod_ip}:{mesh.port}" for pod in ranked]
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"KubernetesJob mesh {mesh.name!r} (namespace {self.namespace!r}, selector "
+                    f"{self.selector(mesh.name)!r}): not ready within timeout={self.timeout:g}s: "
+                    f"{ranked}"
+                )
+            time.sleep(self.poll_interval)  # polling the API server, at poll_interval
+
+
+def _job_finished(job: Any) -> bool:
+    for condition in (job.status.conditions if job.status else None) or []:
+        if condition.type in ("Complete", "Failed") and condition.status == "True":
+            return True
+    return False
+
+
+def _ready(pod: Any) -> bool:
+    status = pod.status
+    if status is None or status.phase != "Running" or not status.pod_ip:
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+
+
+def _rank_pods(pods: list[Any], mesh: _Mesh) -> list[Any] | str:
+    """The mesh's pods in rank order when all are ready, else why not (a description).
+
+    Pods being deleted or finished are ignored. A live pod without a valid rank label, two live
+    pods with one rank, or a rank outside ``0..num_replicas-1`` raise ``ValueError``.
+    """
+    by_rank: dict[int, Any] = {}
+    for pod in pods:
+        meta = pod.metadata
+        phase = pod.status.phase if pod.status else None
+        if meta.deletion_timestamp is not None or phase in ("Succeeded", "Failed"):
+            continue
+        value = (meta.labels or {}).get(mesh.pod_rank_label)
+        if value is None or not str(value).isdigit():
+            raise ValueError(
+                f"mesh {mesh.name!r}: pod {meta.name} has no valid rank label "
+                f"{mesh.pod_rank_label!r} (value {value!r})"
+            )
+        rank = int(value)
+        if rank >= mesh.num_replicas:
+            raise ValueError(
+                f"mesh {mesh.name!r}: pod {meta.name} has rank {rank}, but num_replicas="
+                f"{mesh.num_replicas} (does the selector match more pods than the mesh?)"
+            )
+        if rank in by_rank:
+            raise ValueError(
+                f"mesh {mesh.name!r}: pods {by_rank[rank].metadata.name} and {meta.name} "
+                f"both have rank {rank} ({mesh.pod_rank_label})"
+            )
+        by_rank[rank] = pod
+    problems = []
+    missing = [r for r in range(mesh.num_replicas) if r not in by_rank]
+    if missing:
+        problems.append(f"no pod for ranks {missing}")
+    not_ready = [
+        f"{pod.metadata.name} (rank {rank}, {_describe(pod)})"
+        for rank, pod in sorted(by_rank.items())
+        if not _ready(pod)
+    ]
+    if not_ready:
+        problems.append("pods not ready: " + ", ".join(not_ready))
+    if problems:
+        return "; ".join(problems)
+    return [by_rank[rank] for rank in range(mesh.num_replicas)]
+
+
+def _describe(pod: Any) -> str:
+    status = pod.status
+    if status is None:
+        return "no status"
+    parts = [status.phase or "Unknown"]
+    for container in status.container_statuses or []:
+        waiting = container.state.waiting if container.state else None
+        if waiting is not None and waiting.reason:
+            parts.append(waiting.reason)
+    if status.phase == "Running" and not status.pod_ip:
+        parts.append("no pod IP")
+    elif status.phase == "Running":
+        parts.append("not Ready")
+    return ", ".join(parts)
+
+
+def _api_client(kubeconfig: str | None) -> Any:
+    """An ``ApiClient``: in-cluster config in a pod (unless a kubeconfig is named), else one."""
+    from kubernetes import config
+
+    k8s = _client()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        configuration = k8s.Configuration()
+        load_incluster: Any = config.load_incluster_config  # the client's functions are untyped
+        load_incluster(client_configuration=configuration)
+        return k8s.ApiClient(configuration)
+    from_file: Any = config.new_client_from_config
+    return from_file(config_file=kubeconfig)
+
+
+def _model(data: dict[str, Any], type_name: str) -> Any:
+    """A client model from its JSON-like dict (camelCase keys, as in a manifest)."""
+    api = _client().ApiClient()
+    try:
+        return api.deserialize(json.dumps(data), type_name, "application/json")
+    except TypeError:  # clients before the pydantic rewrite take a response object
+
+        class _Response:
+            def __init__(self, text: str) -> None:
+                self.data = text
+
+        return api.deserialize(_Response(json.dumps(data)), type_name)
