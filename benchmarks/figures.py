@@ -97,6 +97,10 @@ class Plan:
     fault_sleep_s: float = 60.0
     rdma_mib: int = 64
     rdma_reps: int = 15
+    multihost_procs: int = 4
+    host_loss_trials: int = 5
+    heartbeat_timeout_s: float = 2.0
+    host_loss_wait_s: float = 30.0
 
     @classmethod
     def quick(cls) -> Plan:
@@ -116,6 +120,7 @@ class Plan:
             payload_reps=2,
             fault_trials=2,
             rdma_reps=3,
+            host_loss_trials=2,
         )
 
 
@@ -507,6 +512,81 @@ def fig_rdma(a: RDMAAdapter, plan: Plan) -> Metrics:
     return metrics
 
 
+class MultihostAdapter(Protocol):
+    """What the multi-host figures need (regency only: ``multihost_bench.py``)."""
+
+    def spawn(self, where: str, n: int) -> AbstractContextManager[Any]:
+        """``n`` benchmark actors spread over two hosts: ``"tcp"`` (two ProcessJob worker hosts)
+        or ``"local"`` (``this_host()``, unix sockets); yields ``(mesh, one)``, ``one`` being a
+        single actor (on the second host for ``"tcp"``)."""
+        ...
+
+    def call(self, group: Any, method: str) -> list[Any]:
+        """Call ``method`` on every actor of ``group`` and return all the replies."""
+        ...
+
+    def call_one(self, group: Any, method: str) -> Any:
+        """Send ``method`` to the single actor of ``group``; return a future of its reply."""
+        ...
+
+    def wait(self, future: Any) -> Any:
+        """Block for one future from :meth:`call_one`."""
+        ...
+
+    def slurm_first_reply(self) -> tuple[float | None, str]:
+        """Seconds from ``SlurmJob.state()`` to an actor's first reply, or None and why not."""
+        ...
+
+    def host_loss(self, heartbeat_timeout_s: float, wait_s: float) -> tuple[float, str]:
+        """SIGSTOP a worker host (and its procs) under a pending call; seconds until the call's
+        future fails, and the error."""
+        ...
+
+    def close(self) -> None:
+        """Shut the runtime down."""
+        ...
+
+
+def fig_multihost_calls(a: MultihostAdapter, plan: Plan) -> Metrics:
+    """call_one round trip and call+gather over 4 procs: two TCP worker hosts vs this host."""
+    metrics: Metrics = {}
+    for where in ("local", "tcp"):
+        with a.spawn(where, plan.multihost_procs) as (mesh, one):
+            round_trips(a, one, plan.warmup)  # type: ignore[arg-type]
+            samples = round_trips(a, one, plan.round_trips)  # type: ignore[arg-type]
+            for _ in range(plan.gather_warmup):
+                a.call(mesh, "ping")
+            gathers = [elapsed(lambda: a.call(mesh, "ping")) for _ in range(plan.gather_iters)]
+        metrics[f"mh_{where}_call_one_median_us"] = median(samples) * 1e6
+        metrics[f"mh_{where}_call_one_p99_us"] = percentile(samples, 99) * 1e6
+        metrics[f"mh_{where}_gather_median_ms"] = median(gathers) * 1e3
+    metrics["mh_procs"] = plan.multihost_procs
+    return metrics
+
+
+def fig_multihost_slurm(a: MultihostAdapter, plan: Plan) -> Metrics:
+    """Seconds from ``SlurmJob.state()`` to the first reply, or the reason it was skipped."""
+    seconds, note = a.slurm_first_reply()
+    return {"mh_slurm_first_reply_s": seconds, "mh_slurm_note": note}
+
+
+def fig_host_loss(a: MultihostAdapter, plan: Plan) -> Metrics:
+    """SIGSTOP a worker host under a pending call: time until the future fails."""
+    samples, errors = [], []
+    for _ in range(plan.host_loss_trials):
+        seconds, error = a.host_loss(plan.heartbeat_timeout_s, plan.host_loss_wait_s)
+        samples.append(seconds)
+        errors.append(error)
+    return {
+        "host_loss_median_ms": median(samples) * 1e3,
+        "host_loss_max_ms": max(samples) * 1e3,
+        "host_loss_trials": len(samples),
+        "host_loss_heartbeat_timeout_s": plan.heartbeat_timeout_s,
+        "host_loss_samples_ms": [s * 1e3 for s in samples],
+        "host_loss_error_example": errors[0] if errors else None,
+    }
+
+
 @dataclass(frozen=True)
 class Figure:
     """A unit of work with its own timeout; it produces one or more metrics."""
@@ -531,10 +611,17 @@ FIGURES: tuple[Figure, ...] = (
 FAULT_FIGURES: tuple[Figure, ...] = (Figure("fault_detect", fig_fault_detect, 480),)
 # Run by rdma_bench.py (regency and Monarch; Ray has no RDMABuffer).
 RDMA_FIGURES: tuple[Figure, ...] = (Figure("rdma", fig_rdma, 240),)
+# Run by multihost_bench.py (regency only): ProcessJob worker hosts, Slurm, host loss.
+MULTIHOST_FIGURES: tuple[Figure, ...] = (
+    Figure("multihost_calls", fig_multihost_calls, 180),
+    Figure("multihost_slurm", fig_multihost_slurm, 180),
+    Figure("host_loss", fig_host_loss, 240),
+)
 ACTOR_FIGURE_NAMES = tuple(f.name for f in FIGURES)
 FAULT_FIGURE_NAMES = tuple(f.name for f in FAULT_FIGURES)
 RDMA_FIGURE_NAMES = tuple(f.name for f in RDMA_FIGURES)
-FIGURE_NAMES = ACTOR_FIGURE_NAMES + FAULT_FIGURE_NAMES + RDMA_FIGURE_NAMES
+MULTIHOST_FIGURE_NAMES = tuple(f.name for f in MULTIHOST_FIGURES)
+FIGURE_NAMES = ACTOR_FIGURE_NAMES + FAULT_FIGURE_NAMES + RDMA_FIGURE_NAMES + MULTIHOST_FIGURE_NAMES
 STARTUP_TIMEOUT_S = 180.0
 
 
@@ -592,7 +679,7 @@ def main(
     """Connect to the ``--system`` chosen among ``connectors``, run the figures, print JSON.
 
     ``figures`` is the program's catalogue: :data:`FIGURES`, :data:`FAULT_FIGURES` or
-    :data:`RDMA_FIGURES`.
+    :data:`RDMA_FIGURES` or :data:`MULTIHOST_FIGURES`.
     """
     args = parse_args(list(connectors), argv, [f.name for f in figures])
     by_name = {f.name: f for f in figures}

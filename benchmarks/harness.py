@@ -31,12 +31,16 @@ from figures import (
     FAULT_FIGURES,
     FIGURE_NAMES,
     FIGURES,
+    MULTIHOST_FIGURE_NAMES,
+    MULTIHOST_FIGURES,
     RDMA_FIGURE_NAMES,
     RDMA_FIGURES,
     STARTUP_TIMEOUT_S,
 )
 
-TIMEOUTS = {f.name: f.timeout_s for f in (*FIGURES, *FAULT_FIGURES, *RDMA_FIGURES)}
+TIMEOUTS = {
+    f.name: f.timeout_s for f in (*FIGURES, *FAULT_FIGURES, *RDMA_FIGURES, *MULTIHOST_FIGURES)
+}
 LOG_DIR = REPO_ROOT / ".bench-venvs" / "logs"
 POLL_S = 0.2
 
@@ -97,10 +101,26 @@ def peer_specs(regency_python: Path) -> list[SystemSpec]:
             Program("rdma_bench.py", args, RDMA_FIGURE_NAMES),
         )
 
+    regency_only = {
+        name: "regency only: the multi-host figures measure regency's worker hosts, not a peer"
+        for name in MULTIHOST_FIGURE_NAMES
+    }
     return [
-        SystemSpec("regency", "regency", regency_python, monarch_api("regency")),
         SystemSpec(
-            "monarch", "Monarch 0.7", venvs / "monarch" / "bin" / "python", monarch_api("monarch")
+            "regency",
+            "regency",
+            regency_python,
+            (
+                *monarch_api("regency"),
+                Program("multihost_bench.py", (), MULTIHOST_FIGURE_NAMES),
+            ),
+        ),
+        SystemSpec(
+            "monarch",
+            "Monarch 0.7",
+            venvs / "monarch" / "bin" / "python",
+            monarch_api("monarch"),
+            regency_only,
         ),
         SystemSpec(
             "ray",
@@ -112,7 +132,8 @@ def peer_specs(regency_python: Path) -> list[SystemSpec]:
             ),
             {
                 "rdma": "Ray has no equivalent of `RDMABuffer`: no one-sided reads or writes of"
-                " another process's memory (objects go through its object store instead)"
+                " another process's memory (objects go through its object store instead)",
+                **regency_only,
             },
         ),
     ]

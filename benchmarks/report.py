@@ -343,6 +343,61 @@ def render_rdma_notes(results: Sequence[SystemResult]) -> str:
     return "\n".join(lines)
 
 
+MULTIHOST_LEGEND = (
+    "regency only (`multihost_bench.py`). **Calls**: 4 procs with one benchmark actor each,"
+    " either on two `ProcessJob` worker hosts (worker daemons on this machine, 2 procs each,"
+    " reached over TCP through each worker's port) or on `this_host()` (unix sockets):"
+    " `call_one` round trips to one actor (on the second host; 200 warmup, then 2,000, each"
+    " timed alone: median and nearest-rank p99) and `call().get()` gathering all 4 (20 warmup,"
+    ' then the median of 200). **Slurm**: from `SlurmJob({"hosts": 2}).state()` until an'
+    " actor on a fresh proc there answers `call_one`, when `scripts/slurm_cluster.sh status`"
+    " finds a cluster. **Host loss**: a fresh 2-host `ProcessJob` attached with"
+    " `heartbeat_timeout` configured; an actor on host 1 is in a 60 s call when the benchmark"
+    " SIGSTOPs that host's worker, zygote and procs; the time runs from the signal until the"
+    " pending future raises (detection is expected between `heartbeat_timeout` and"
+    " `heartbeat_timeout` + `heartbeat_interval`, 1 s by default)."
+)
+
+
+def render_multihost_table(results: Sequence[SystemResult]) -> str:
+    """Return the "Multi-host" table of regency's figures ("" when none was measured)."""
+    r = next((r for r in results if r.key == "regency"), None)
+    if r is None or not any(k.startswith(("mh_", "host_loss_")) for k in r.metrics):
+        return ""
+    m = r.metrics
+    lines = [
+        "| figure | this host (unix sockets) | 2 worker hosts (TCP) |",
+        "|---|---:|---:|",
+    ]
+    for label, key in (
+        ("call_one median (µs)", "call_one_median_us"),
+        ("call_one p99 (µs)", "call_one_p99_us"),
+        (f"call + gather, {m.get('mh_procs', 4):.0f} procs, median (ms)", "gather_median_ms"),
+    ):
+        lines.append(
+            f"| {label} | {fmt(m.get(f'mh_local_{key}'))} | {fmt(m.get(f'mh_tcp_{key}'))} |"
+        )
+    lines += ["", "| figure | value | note |", "|---|---:|---|"]
+    slurm = m.get("mh_slurm_first_reply_s")
+    note = m.get("mh_slurm_note") or r.errors.get("multihost_slurm", "not run")
+    lines.append(f"| `SlurmJob.state()` to first reply (s) | {fmt(slurm)} | {note} |")
+    if "host_loss_median_ms" in m:
+        timeout = m.get("host_loss_heartbeat_timeout_s")
+        trials = m.get("host_loss_trials", 0)
+        lines.append(
+            f"| host loss detected, median (ms) | {fmt(m.get('host_loss_median_ms'))} |"
+            f" heartbeat_timeout = {timeout:g} s; {trials:.0f} trials |"
+        )
+        lines.append(
+            f"| host loss detected, max (ms) | {fmt(m.get('host_loss_max_ms'))} |"
+            f" heartbeat_timeout = {timeout:g} s |"
+        )
+    else:
+        why = r.errors.get("host_loss", "not run")
+        lines.append(f"| host loss detected (ms) | - | {why} |")
+    return "\n".join(lines)
+
+
 def render_errors(results: Sequence[SystemResult]) -> str:
     """Return a bullet list of the failed figures, one bullet per system and distinct error."""
     items = []
@@ -493,6 +548,10 @@ def render_results_md(doc: dict[str, Any], results: Sequence[SystemResult]) -> s
         )
         + "\n\n"
         + render_rdma_notes(results),
+        "## Multi-host\n\n"
+        + MULTIHOST_LEGEND
+        + "\n\n"
+        + (render_multihost_table(results) or "Not measured in this run."),
         "## Targets of the core, supervision and performance issues\n\nRatios from this same"
         " run. The peers' figures move by 20-35% between runs on this machine (see "
         "benchmarks/README.md), so a ratio near its bound can land on either side. The "

@@ -1,7 +1,8 @@
 """Benchmark regency alone (``make bench``) and print the table.
 
 Runs ``actor_bench.py --system regency``, then ``fault_bench.py --system regency`` (the
-``fault_detect`` figure) and ``rdma_bench.py --system regency`` (the ``rdma`` figure) under
+``fault_detect`` figure), ``rdma_bench.py --system regency`` (the ``rdma`` figure) and
+``multihost_bench.py`` (``multihost_calls``, ``multihost_slurm``, ``host_loss``) under
 ``harness.py`` with the regency interpreter
 (``.venv/bin/python`` by default). For the comparison with torchmonarch and Ray, run
 ``run_peers.py`` (``make bench-peers``).
@@ -22,6 +23,7 @@ from report import (
     has_actor_figures,
     render_errors,
     render_fault_table,
+    render_multihost_table,
     render_rdma_table,
     render_table,
 )
@@ -47,6 +49,9 @@ def main() -> int:
     rdma_table = render_rdma_table([result])
     if rdma_table:
         print("\nRDMA transfers:\n\n" + rdma_table)
+    multihost_table = render_multihost_table([result])
+    if multihost_table:
+        print("\nMulti-host:\n\n" + multihost_table)
     errors = render_errors([result])
     if errors:
         print("\nFailed figures:\n" + errors)
