@@ -515,10 +515,15 @@ def fig_rdma(a: RDMAAdapter, plan: Plan) -> Metrics:
 class MultihostAdapter(Protocol):
     """What the multi-host figures need (regency only: ``multihost_bench.py``)."""
 
+    def hosts(self) -> tuple[str, str]:
+        """What the worker hosts of ``spawn("tcp")`` and ``host_loss`` are: a kind
+        (``"netns"``: network namespaces; ``"process"``: ProcessJob workers) and a note."""
+        ...
+
     def spawn(self, where: str, n: int) -> AbstractContextManager[Any]:
-        """``n`` benchmark actors spread over two hosts: ``"tcp"`` (two ProcessJob worker hosts)
-        or ``"local"`` (``this_host()``, unix sockets); yields ``(mesh, one)``, ``one`` being a
-        single actor (on the second host for ``"tcp"``)."""
+        """``n`` benchmark actors spread over two hosts: ``"tcp"`` (two worker hosts, see
+        :meth:`hosts`) or ``"local"`` (``this_host()``, unix sockets); yields ``(mesh, one)``,
+        ``one`` being a single actor (on the second host for ``"tcp"``)."""
         ...
 
     def call(self, group: Any, method: str) -> list[Any]:
@@ -538,8 +543,9 @@ class MultihostAdapter(Protocol):
         ...
 
     def host_loss(self, heartbeat_timeout_s: float, wait_s: float) -> tuple[float, str]:
-        """SIGSTOP a worker host (and its procs) under a pending call; seconds until the call's
-        future fails, and the error."""
+        """Cut a worker host off under a pending call (its link down on namespace hosts, else
+        SIGSTOP of its worker and procs); seconds until the call's future fails, and the
+        error."""
         ...
 
     def close(self) -> None:
@@ -548,7 +554,7 @@ class MultihostAdapter(Protocol):
 
 
 def fig_multihost_calls(a: MultihostAdapter, plan: Plan) -> Metrics:
-    """call_one round trip and call+gather over 4 procs: two TCP worker hosts vs this host."""
+    """call_one round trip and call+gather over 4 procs: two worker hosts (TCP) vs this host."""
     metrics: Metrics = {}
     for where in ("local", "tcp"):
         with a.spawn(where, plan.multihost_procs) as (mesh, one):
@@ -561,6 +567,7 @@ def fig_multihost_calls(a: MultihostAdapter, plan: Plan) -> Metrics:
         metrics[f"mh_{where}_call_one_p99_us"] = percentile(samples, 99) * 1e6
         metrics[f"mh_{where}_gather_median_ms"] = median(gathers) * 1e3
     metrics["mh_procs"] = plan.multihost_procs
+    metrics["mh_hosts"], metrics["mh_hosts_note"] = a.hosts()
     return metrics
 
 
@@ -571,7 +578,7 @@ def fig_multihost_slurm(a: MultihostAdapter, plan: Plan) -> Metrics:
 
 
 def fig_host_loss(a: MultihostAdapter, plan: Plan) -> Metrics:
-    """SIGSTOP a worker host under a pending call: time until the future fails."""
+    """Cut a worker host off under a pending call: time until the future fails."""
     samples, errors = [], []
     for _ in range(plan.host_loss_trials):
         seconds, error = a.host_loss(plan.heartbeat_timeout_s, plan.host_loss_wait_s)
@@ -584,6 +591,7 @@ def fig_host_loss(a: MultihostAdapter, plan: Plan) -> Metrics:
         "host_loss_heartbeat_timeout_s": plan.heartbeat_timeout_s,
         "host_loss_samples_ms": [s * 1e3 for s in samples],
         "host_loss_error_example": errors[0] if errors else None,
+        "host_loss_hosts": a.hosts()[0],
     }
 
 
@@ -611,7 +619,7 @@ FIGURES: tuple[Figure, ...] = (
 FAULT_FIGURES: tuple[Figure, ...] = (Figure("fault_detect", fig_fault_detect, 480),)
 # Run by rdma_bench.py (regency and Monarch; Ray has no RDMABuffer).
 RDMA_FIGURES: tuple[Figure, ...] = (Figure("rdma", fig_rdma, 240),)
-# Run by multihost_bench.py (regency only): ProcessJob worker hosts, Slurm, host loss.
+# Run by multihost_bench.py (regency only): worker hosts (netns or ProcessJob), Slurm, host loss.
 MULTIHOST_FIGURES: tuple[Figure, ...] = (
     Figure("multihost_calls", fig_multihost_calls, 180),
     Figure("multihost_slurm", fig_multihost_slurm, 180),

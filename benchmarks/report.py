@@ -344,19 +344,27 @@ def render_rdma_notes(results: Sequence[SystemResult]) -> str:
 
 
 MULTIHOST_LEGEND = (
-    "regency only (`multihost_bench.py`). **Calls**: 4 procs with one benchmark actor each,"
-    " either on two `ProcessJob` worker hosts (worker daemons on this machine, 2 procs each,"
-    " reached over TCP through each worker's port) or on `this_host()` (unix sockets):"
-    " `call_one` round trips to one actor (on the second host; 200 warmup, then 2,000, each"
-    " timed alone: median and nearest-rank p99) and `call().get()` gathering all 4 (20 warmup,"
-    ' then the median of 200). **Slurm**: from `SlurmJob({"hosts": 2}).state()` until an'
-    " actor on a fresh proc there answers `call_one`, when `scripts/slurm_cluster.sh status`"
-    " finds a cluster. **Host loss**: a fresh 2-host `ProcessJob` attached with"
-    " `heartbeat_timeout` configured; an actor on host 1 is in a 60 s call when the benchmark"
-    " SIGSTOPs that host's worker, zygote and procs; the time runs from the signal until the"
-    " pending future raises (detection is expected between `heartbeat_timeout` and"
-    " `heartbeat_timeout` + `heartbeat_interval`, 1 s by default)."
+    "regency only (`multihost_bench.py`). **Worker hosts**: when the benchmark runs as root and"
+    " `ip netns` works, 2 network namespaces (`tests/multihost/netns.py`: each its own address"
+    " on a Linux bridge, one worker daemon each, attached with `attach_to_workers`), else 2"
+    " `ProcessJob` worker daemons on this machine (127.0.0.1); the table's heading and note"
+    " say which were used. **Calls**: 4 procs with one benchmark actor each, either on the 2"
+    " worker hosts (2 procs each, reached over TCP through each worker's port) or on"
+    " `this_host()` (unix sockets): `call_one` round trips to one actor (on the second host;"
+    " 200 warmup, then 2,000, each timed alone: median and nearest-rank p99) and"
+    " `call().get()` gathering all 4 (20 warmup, then the median of 200). **Slurm**: from"
+    ' `SlurmJob({"hosts": 2}).state()` until an actor on a fresh proc there answers'
+    " `call_one`, when `scripts/slurm_cluster.sh status` finds a cluster. **Host loss**: 2"
+    " fresh worker hosts attached with `heartbeat_timeout` configured; an actor on host 1 is in"
+    " a 60 s call when the benchmark cuts that host off: on namespace hosts its link goes down"
+    " (`ip link set … down`: silent, no socket error), on `ProcessJob` hosts its worker,"
+    " zygote and procs are SIGSTOPped; the time runs from the cut until the pending future"
+    " raises (detection is expected between `heartbeat_timeout` and `heartbeat_timeout` +"
+    " `heartbeat_interval`, 1 s by default)."
 )
+
+HOSTS_HEADING = {"netns": "2 namespace hosts (TCP)", "process": "2 ProcessJob hosts (TCP)"}
+LOSS_HOW = {"netns": "link cut (`ip link set … down`)", "process": "SIGSTOP"}
 
 
 def render_multihost_table(results: Sequence[SystemResult]) -> str:
@@ -365,8 +373,9 @@ def render_multihost_table(results: Sequence[SystemResult]) -> str:
     if r is None or not any(k.startswith(("mh_", "host_loss_")) for k in r.metrics):
         return ""
     m = r.metrics
+    heading = HOSTS_HEADING.get(str(m.get("mh_hosts")), "2 worker hosts (TCP)")
     lines = [
-        "| figure | this host (unix sockets) | 2 worker hosts (TCP) |",
+        f"| figure | this host (unix sockets) | {heading} |",
         "|---|---:|---:|",
     ]
     for label, key in (
@@ -377,6 +386,8 @@ def render_multihost_table(results: Sequence[SystemResult]) -> str:
         lines.append(
             f"| {label} | {fmt(m.get(f'mh_local_{key}'))} | {fmt(m.get(f'mh_tcp_{key}'))} |"
         )
+    if m.get("mh_hosts_note"):
+        lines += ["", f"Worker hosts: {m['mh_hosts_note']}."]
     lines += ["", "| figure | value | note |", "|---|---:|---|"]
     slurm = m.get("mh_slurm_first_reply_s")
     note = m.get("mh_slurm_note") or r.errors.get("multihost_slurm", "not run")
@@ -384,13 +395,15 @@ def render_multihost_table(results: Sequence[SystemResult]) -> str:
     if "host_loss_median_ms" in m:
         timeout = m.get("host_loss_heartbeat_timeout_s")
         trials = m.get("host_loss_trials", 0)
+        kind = m.get("host_loss_hosts")
+        how = f"{HOSTS_HEADING[kind][2:-6]}, {LOSS_HOW[kind]}; " if kind in LOSS_HOW else ""
         lines.append(
             f"| host loss detected, median (ms) | {fmt(m.get('host_loss_median_ms'))} |"
-            f" heartbeat_timeout = {timeout:g} s; {trials:.0f} trials |"
+            f" {how}heartbeat_timeout = {timeout:g} s; {trials:.0f} trials |"
         )
         lines.append(
             f"| host loss detected, max (ms) | {fmt(m.get('host_loss_max_ms'))} |"
-            f" heartbeat_timeout = {timeout:g} s |"
+            f" {how}heartbeat_timeout = {timeout:g} s |"
         )
     else:
         why = r.errors.get("host_loss", "not run")
