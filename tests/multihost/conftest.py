@@ -1,7 +1,8 @@
 """Multi-host fixtures: network namespaces as hosts, and the real Slurm test cluster.
 
 ``netns_cluster``: three namespaces on a bridge (see ``netns.py``), torn down after the test.
-Skipped, with the reason, when not root or ``ip netns`` does not work.
+Skipped, with the reason, when not root or ``ip netns`` does not work. ``hosts_and_workers``: the
+same with a worker daemon listening on each namespace's own address.
 
 ``slurm_cluster``: the Slurm cluster that ``scripts/slurm_cluster.sh start`` runs (CI starts it
 in ``.ci/run``). Skipped, with the reason, when no controller answers or fewer than two nodes
@@ -11,6 +12,7 @@ are up, so a developer machine without Slurm still passes.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +28,10 @@ if _HERE not in sys.path:
 
 from netns import NetnsCluster, unavailable_reason  # noqa: E402
 
+from regency.job import worker_command, worker_env  # noqa: E402
+
 _START_HINT = "start one with `sudo scripts/slurm_cluster.sh start`"
+LISTENING = re.compile(r"regency worker listening on (tcp://\S+)")
 
 
 @pytest.fixture
@@ -37,6 +42,39 @@ def netns_cluster() -> Iterator[NetnsCluster]:
         pytest.skip(f"network namespaces unavailable: {reason}")
     with NetnsCluster(3) as cluster:
         yield cluster
+
+
+def start_netns_workers(cluster: NetnsCluster, secret: bytes) -> list[str]:
+    """A worker daemon on every namespace host, listening on the host's own address."""
+    addresses = []
+    for host in cluster.hosts:
+        proc = cluster.popen(
+            host,
+            worker_command(f"tcp://{host.ip}:0"),
+            env={**os.environ, **worker_env(secret)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the worker prints it once bound, or exits
+        found = LISTENING.search(line)
+        assert found, f"worker on {host.netns} printed {line!r} (exit status {proc.poll()})"
+        assert found.group(1).startswith(f"tcp://{host.ip}:")
+        addresses.append(found.group(1))
+    return addresses
+
+
+@pytest.fixture
+def hosts_and_workers(netns_cluster: NetnsCluster) -> Iterator[tuple[NetnsCluster, list[str]]]:
+    """A worker daemon on each namespace host; their addresses; the job secret in the env."""
+    secret = os.urandom(32)
+    addresses = start_netns_workers(netns_cluster, secret)
+    os.environ["REGENCY_JOB_SECRET"] = secret.hex()
+    try:
+        yield netns_cluster, addresses
+    finally:
+        del os.environ["REGENCY_JOB_SECRET"]
 
 
 @dataclass(frozen=True)

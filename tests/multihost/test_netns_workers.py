@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import cloudpickle
 import pytest
@@ -18,14 +16,12 @@ from netns import BRIDGE_IP, NetnsCluster
 import regency.actor
 from regency import config
 from regency.actor import Actor, MeshFailure, SupervisionError, endpoint
-from regency.job import attach_to_workers, worker_command, worker_env
+from regency.job import attach_to_workers
 
 pytestmark = pytest.mark.timeout(120)
 
 # Workers start fresh interpreters that cannot import this module: ship its actors by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-LISTENING = re.compile(r"regency worker listening on (tcp://\S+)")
 
 
 class Here(Actor):
@@ -56,43 +52,11 @@ class Failures:
             return list(self.seen)
 
 
-def _start_workers(cluster: NetnsCluster, secret: bytes) -> list[str]:
-    """A worker daemon on every namespace host, listening on the host's own address."""
-    addresses = []
-    for host in cluster.hosts:
-        proc = cluster.popen(
-            host,
-            worker_command(f"tcp://{host.ip}:0"),
-            env={**os.environ, **worker_env(secret)},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # the worker prints it once bound, or exits
-        found = LISTENING.search(line)
-        assert found, f"worker on {host.netns} printed {line!r} (exit status {proc.poll()})"
-        assert found.group(1).startswith(f"tcp://{host.ip}:")
-        addresses.append(found.group(1))
-    return addresses
-
-
 @pytest.fixture
 def failures(monkeypatch: pytest.MonkeyPatch) -> Failures:
     recorder = Failures()
     monkeypatch.setattr(regency.actor, "unhandled_fault_hook", recorder)
     return recorder
-
-
-@pytest.fixture
-def hosts_and_workers(netns_cluster: NetnsCluster) -> Iterator[tuple[NetnsCluster, list[str]]]:
-    secret = os.urandom(32)
-    addresses = _start_workers(netns_cluster, secret)
-    os.environ["REGENCY_JOB_SECRET"] = secret.hex()
-    try:
-        yield netns_cluster, addresses
-    finally:
-        del os.environ["REGENCY_JOB_SECRET"]
 
 
 class Counter(Actor):

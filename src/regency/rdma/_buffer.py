@@ -119,7 +119,10 @@ class RDMABuffer:
         handle = self._handle
         if handle.device != "cpu" and handle.cuda_ipc is None:
             handle = handle._replace(cuda_ipc=self._export_cuda())
-        return _rebuild, (handle,)
+        # Rebuilt through the class as ``regency.rdma`` names it: unpickling then imports the
+        # package (whose lock serializes threads) rather than this submodule, which a thread
+        # could otherwise start loading while another thread is importing the package.
+        return RDMABuffer._from_handle, (handle,)
 
     def _export_cuda(self) -> Any:
         h = self._handle
@@ -211,10 +214,6 @@ class RDMABuffer:
         h = self._handle
         where = "" if h.device == "cpu" else f", device={h.device}"
         return f"RDMABuffer({h.nbytes} bytes, owner={h.owner}{where})"
-
-
-def _rebuild(handle: BufferHandle) -> RDMABuffer:
-    return RDMABuffer._from_handle(handle)
 
 
 def _drop_remote(h: BufferHandle) -> None:
