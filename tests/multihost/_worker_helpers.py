@@ -8,12 +8,13 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from regency.actor import Actor, current_rank, endpoint, this_host
+from regency.actor import Actor, MeshFailure, current_rank, endpoint, this_host
 from regency.job import worker_command, worker_env
 from regency.job._process import ProcessJob, _alive, _group_members, _start_time
 
@@ -156,3 +157,21 @@ def kill_and_check(job: ProcessJob) -> None:
 def host_processes(job: ProcessJob, mesh: str, index: int) -> list[tuple[int, int]]:
     """The live processes of one host of a job (its worker's process group)."""
     return _group_members(job._workers[mesh][index].pid)
+
+
+class Failures:
+    """Records the failures that reach the root, and lets a test wait for them."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, failure: MeshFailure) -> None:
+        with self._cond:
+            self.seen.append(str(failure))
+            self._cond.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 10) -> list[str]:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.seen) >= count, timeout), self.seen
+            return list(self.seen)

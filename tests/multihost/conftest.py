@@ -26,12 +26,22 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
+from _worker_helpers import Failures  # noqa: E402
 from netns import NetnsCluster, unavailable_reason  # noqa: E402
 
+import regency.actor  # noqa: E402
 from regency.job import worker_command, worker_env  # noqa: E402
 
 _START_HINT = "start one with `sudo scripts/slurm_cluster.sh start`"
 LISTENING = re.compile(r"regency worker listening on (tcp://\S+)")
+
+
+@pytest.fixture
+def failures(monkeypatch: pytest.MonkeyPatch) -> Failures:
+    """Failures that reach the root are recorded here instead of ending the test run."""
+    recorder = Failures()
+    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", recorder)
+    return recorder
 
 
 @pytest.fixture

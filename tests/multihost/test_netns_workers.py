@@ -6,16 +6,15 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import cloudpickle
 import pytest
+from _worker_helpers import Failures
 from netns import BRIDGE_IP, NetnsCluster
 
-import regency.actor
 from regency import config
-from regency.actor import Actor, MeshFailure, SupervisionError, endpoint
+from regency.actor import Actor, SupervisionError, endpoint
 from regency.job import attach_to_workers
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,31 +31,6 @@ class Here(Actor):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((BRIDGE_IP, 9))  # no packet is sent: this only picks the route
             return str(probe.getsockname()[0])
-
-
-class Failures:
-    """The failures that reach the root, with a way to wait for them."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, failure: MeshFailure) -> None:
-        with self._cond:
-            self.seen.append(str(failure))
-            self._cond.notify_all()
-
-    def wait_for(self, count: int, timeout: float = 10) -> list[str]:
-        with self._cond:
-            assert self._cond.wait_for(lambda: len(self.seen) >= count, timeout), self.seen
-            return list(self.seen)
-
-
-@pytest.fixture
-def failures(monkeypatch: pytest.MonkeyPatch) -> Failures:
-    recorder = Failures()
-    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", recorder)
-    return recorder
 
 
 class Counter(Actor):

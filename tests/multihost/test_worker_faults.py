@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-from _worker_helpers import Probe, host_processes, kill_and_check, wait_gone
+from _worker_helpers import Failures, Probe, host_processes, kill_and_check, wait_gone
 
-import regency.actor
 from regency import config
-from regency.actor import MeshFailure, SupervisionError
+from regency.actor import SupervisionError
 from regency.job import ProcessJob
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,31 +22,6 @@ def job() -> Iterator[ProcessJob]:
     job = ProcessJob({"hosts": 2})
     yield job
     kill_and_check(job)
-
-
-class Failures:
-    """Records the failures that reach the root, and lets a test wait for them."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, failure: MeshFailure) -> None:
-        with self._cond:
-            self.seen.append(str(failure))
-            self._cond.notify_all()
-
-    def wait_for(self, count: int, timeout: float = 10) -> list[str]:
-        with self._cond:
-            assert self._cond.wait_for(lambda: len(self.seen) >= count, timeout), self.seen
-            return list(self.seen)
-
-
-@pytest.fixture
-def failures(monkeypatch: pytest.MonkeyPatch) -> Failures:
-    recorder = Failures()
-    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", recorder)
-    return recorder
 
 
 def test_worker_killed_mid_call_fails_its_ranks_only(job: ProcessJob, failures: Failures) -> None:
