@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from regency.actor import ProcMesh, this_host
+
 MAGIC = b"RGCY\x01"
 NONCE = 32
 MAC = 32
@@ -290,3 +292,10 @@ def tagged(stdout: str, tag: str) -> Any:
         if line.startswith(tag + " "):
             return json.loads(line[len(tag) + 1 :])
     raise AssertionError(f"no {tag!r} line in {stdout!r}")
+
+
+def tracked_procs(cleanup: tuple[list[ProcMesh], list[int]], gpus: int = 1) -> ProcMesh:
+    """A fresh proc mesh on this host that the ``cleanup`` fixture stops at teardown."""
+    procs = this_host().spawn_procs(per_host={"gpus": gpus})
+    cleanup[0].append(procs)
+    return procs

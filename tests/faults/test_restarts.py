@@ -15,14 +15,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _fault_helpers import kill_all, proc_alive, wait_gone, wait_until
+from _fault_helpers import proc_alive, wait_gone, wait_until
 
-import regency.actor
 from regency.actor import (
     Actor,
     MeshFailure,
@@ -76,27 +75,6 @@ class Worker(Actor):
 def infos(mesh: Any, n: int) -> list[dict[str, Any]]:
     values = mesh.info.call().get(timeout=SPAWN)
     return [values.item(hosts=0, gpus=i) for i in range(n)]
-
-
-@pytest.fixture
-def hook(monkeypatch: pytest.MonkeyPatch) -> list[MeshFailure]:
-    """Failures reaching this process's root, recorded by a replaced ``unhandled_fault_hook``."""
-    seen: list[MeshFailure] = []
-    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", seen.append)
-    return seen
-
-
-@pytest.fixture
-def cleanup() -> Iterator[tuple[list[ProcMesh], list[int]]]:
-    """Proc meshes to stop and pids to make sure of at teardown."""
-    meshes: list[ProcMesh] = []
-    pids: list[int] = []
-    yield meshes, pids
-    for procs in meshes:
-        with contextlib.suppress(Exception):
-            procs.stop().get(timeout=30)
-    wait_gone(pids, 10)
-    kill_all(pids)
 
 
 def _quiet(get: Callable[[], list[Any]]) -> list[Any]:

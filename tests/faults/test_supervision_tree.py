@@ -20,14 +20,21 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _fault_helpers import Controller, kill_all, proc_alive, wait_gone, wait_until, write_script
+from _fault_helpers import (
+    Controller,
+    kill_all,
+    proc_alive,
+    tracked_procs,
+    wait_gone,
+    wait_until,
+    write_script,
+)
 
-import regency.actor
 from regency import config
 from regency.actor import (
     Actor,
@@ -180,27 +187,6 @@ class Tree:
 
     def pids(self) -> list[int]:
         return [self.top_pid, self.sup_pid, *self.worker_pids]
-
-
-@pytest.fixture
-def hook(monkeypatch: pytest.MonkeyPatch) -> list[MeshFailure]:
-    """Failures reaching this process's root, recorded by a replaced ``unhandled_fault_hook``."""
-    seen: list[MeshFailure] = []
-    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", seen.append)
-    return seen
-
-
-@pytest.fixture
-def cleanup() -> Iterator[tuple[list[ProcMesh], list[int]]]:
-    """Proc meshes to stop and pids to make sure of at teardown."""
-    meshes: list[ProcMesh] = []
-    pids: list[int] = []
-    yield meshes, pids
-    for procs in meshes:
-        with contextlib.suppress(Exception):
-            procs.stop().get(timeout=30)
-    wait_gone(pids, 10)
-    kill_all(pids)
 
 
 @pytest.fixture
@@ -422,9 +408,7 @@ class Holder(Actor):
 def test_failures_on_a_reference_go_to_the_owner_not_the_holder(
     cleanup: tuple[list[ProcMesh], list[int]], hook: list[MeshFailure]
 ) -> None:
-    meshes, _ = cleanup
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
-    meshes.append(procs)
+    procs = tracked_procs(cleanup)
     owner = procs.spawn("owner", MeshOwner)
     holder = procs.spawn("holder", Holder)
     ref = owner.victims_ref.call_one().get(timeout=SPAWN)
@@ -641,9 +625,7 @@ def test_owner_stops_actor_mesh_and_proc_mesh(
 
 
 def test_slices_cannot_stop(cleanup: tuple[list[ProcMesh], list[int]]) -> None:
-    meshes, _ = cleanup
-    procs = this_host().spawn_procs(per_host={"gpus": 2})
-    meshes.append(procs)
+    procs = tracked_procs(cleanup, 2)
     workers = procs.spawn("workers", Worker)
     assert sorted(workers.echo.call(1).get(timeout=SPAWN).values()) == [1, 1]
     with pytest.raises(RuntimeError):
@@ -656,9 +638,7 @@ def test_slices_cannot_stop(cleanup: tuple[list[ProcMesh], list[int]]) -> None:
 def test_received_references_cannot_stop(
     cleanup: tuple[list[ProcMesh], list[int]], hook: list[MeshFailure]
 ) -> None:
-    meshes, _ = cleanup
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
-    meshes.append(procs)
+    procs = tracked_procs(cleanup)
     workers = procs.spawn("workers", Worker)
     holder = procs.spawn("holder", Holder)
     assert workers.echo.call_one(1).get(timeout=SPAWN) == 1
@@ -738,9 +718,7 @@ class SelfEnder(Actor):
 def test_actor_stops_itself_gracefully(
     cleanup: tuple[list[ProcMesh], list[int]], hook: list[MeshFailure]
 ) -> None:
-    meshes, _ = cleanup
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
-    meshes.append(procs)
+    procs = tracked_procs(cleanup)
     # The actor takes a second to clean up: the next call arrives meanwhile, after the stop
     # was asked for, and must be refused as "stopped" (not dropped).
     ender = procs.spawn("ender", SelfEnder, 1.0)
@@ -769,9 +747,7 @@ def test_actor_aborts_or_kills_itself(
     reason: str | None,
     expected: str,
 ) -> None:
-    meshes, _ = cleanup
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
-    meshes.append(procs)
+    procs = tracked_procs(cleanup)
     ender = procs.spawn("ender", SelfEnder)
     assert ender.echo.call_one(1).get(timeout=SPAWN) == 1
     with contextlib.suppress(Exception):
