@@ -299,3 +299,18 @@ def tracked_procs(cleanup: tuple[list[ProcMesh], list[int]], gpus: int = 1) -> P
     procs = this_host().spawn_procs(per_host={"gpus": gpus})
     cleanup[0].append(procs)
     return procs
+
+
+QUIET = 0.5  # how long a test watches for a notice that must not come
+
+
+def quiet(get: Callable[[], list[Any]]) -> list[Any]:
+    """Whatever ``get`` returns within ``QUIET`` seconds (it should stay empty)."""
+    seen: list[Any] = []
+
+    def any_seen() -> bool:
+        seen[:] = get()
+        return bool(seen)
+
+    wait_until(any_seen, QUIET, interval=0.05)
+    return seen

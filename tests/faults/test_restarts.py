@@ -15,12 +15,11 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _fault_helpers import proc_alive, wait_gone, wait_until
+from _fault_helpers import QUIET, proc_alive, quiet, wait_gone, wait_until
 
 from regency.actor import (
     Actor,
@@ -36,7 +35,6 @@ from regency.actor import (
 pytestmark = pytest.mark.timeout(120)
 
 SPAWN = 60.0
-QUIET = 0.5
 
 INITS = 0  # constructors run in this process (a restarted rank lives in a fresh one)
 
@@ -75,18 +73,6 @@ class Worker(Actor):
 def infos(mesh: Any, n: int) -> list[dict[str, Any]]:
     values = mesh.info.call().get(timeout=SPAWN)
     return [values.item(hosts=0, gpus=i) for i in range(n)]
-
-
-def _quiet(get: Callable[[], list[Any]]) -> list[Any]:
-    """Whatever ``get`` returns within ``QUIET`` seconds (it should stay empty)."""
-    seen: list[Any] = []
-
-    def any_seen() -> bool:
-        seen[:] = get()
-        return bool(seen)
-
-    wait_until(any_seen, QUIET, interval=0.05)
-    return seen
 
 
 def _spawn(
@@ -129,7 +115,7 @@ def test_one_for_one_restarts_only_the_killed_rank(
     assert [after[r]["inits"] for r in (0, 2)] == [1, 1]
     assert sorted(mesh.echo.call(7).get(timeout=10).values()) == [7, 7, 7]
     assert not wait_gone([before[1]["pid"]], 5)
-    assert _quiet(lambda: list(hook)) == [], "a restart is not an unhandled failure"
+    assert quiet(lambda: list(hook)) == [], "a restart is not an unhandled failure"
 
 
 def test_one_for_all_restarts_every_rank(
@@ -147,7 +133,7 @@ def test_one_for_all_restarts_every_rank(
     assert [i["arg"] for i in after] == ["all"] * 3
     assert [i["inits"] for i in after] == [1, 1, 1]
     assert sorted(mesh.echo.call(1).get(timeout=10).values()) == [1, 1, 1]
-    assert _quiet(lambda: list(hook)) == []
+    assert quiet(lambda: list(hook)) == []
     procs.stop().get(timeout=30)
     left = wait_gone([*old, *(i["pid"] for i in after)], 10)
     assert not left, f"procs {left} outlived the proc mesh"
@@ -168,7 +154,7 @@ def test_actor_failure_restarts_under_one_for_one(
     assert after[0]["pid"] != before[0]["pid"]
     assert after[1]["pid"] == before[1]["pid"]
     assert sorted(mesh.echo.call(3).get(timeout=10).values()) == [3, 3]
-    assert _quiet(lambda: list(hook)) == []
+    assert quiet(lambda: list(hook)) == []
 
 
 def test_restart_intensity_exceeded_escalates(
@@ -182,7 +168,7 @@ def test_restart_intensity_exceeded_escalates(
         mesh.restarted(n).get(timeout=30)
         victim = mesh.slice(gpus=0).pid.call_one().get(timeout=SPAWN)
         pids.append(victim)
-        assert _quiet(lambda: list(hook)) == []
+        assert quiet(lambda: list(hook)) == []
     os.kill(victim, signal.SIGKILL)
 
     assert wait_until(lambda: bool(hook), 15), "exceeding the restart intensity was not escalated"
@@ -283,7 +269,7 @@ def test_owner_observes_restarts(
     assert after[1] != before[1]
     # The owner returned False to both notices and still lives: they were not escalations.
     assert len(owner.seen.call_one().get(timeout=10)) == 2
-    assert _quiet(lambda: list(hook)) == []
+    assert quiet(lambda: list(hook)) == []
 
 
 def test_stop_after_restarts_stops_the_replacement_procs(
@@ -307,7 +293,7 @@ def test_stop_after_restarts_stops_the_replacement_procs(
     assert proc_alive(before[1]["pid"])
     procs.stop().get(timeout=30)
     assert not wait_gone([i["pid"] for i in before], 10)
-    assert _quiet(lambda: list(hook)) == []
+    assert quiet(lambda: list(hook)) == []
 
 
 # -- validation ------------------------------------------------------------------------------

@@ -26,9 +26,11 @@ from typing import Any
 
 import pytest
 from _fault_helpers import (
+    QUIET,
     Controller,
     kill_all,
     proc_alive,
+    quiet,
     tracked_procs,
     wait_gone,
     wait_until,
@@ -51,7 +53,6 @@ from regency.actor import (
 pytestmark = pytest.mark.timeout(120)
 
 SPAWN = 60.0  # seconds to wait for procs and actors to come up (2 slow cores)
-QUIET = 0.5  # how long a test watches for a notice that must not come
 
 
 # -- recording what each level saw -----------------------------------------------------------
@@ -233,18 +234,6 @@ def _wait_seen(get: Callable[[], list[dict[str, Any]]], n: int, timeout: float =
     return seen
 
 
-def _quiet(get: Callable[[], list[Any]]) -> list[Any]:
-    """Whatever ``get`` returns within ``QUIET`` seconds (it should stay empty)."""
-    seen: list[Any] = []
-
-    def any_seen() -> bool:
-        seen[:] = get()
-        return bool(seen)
-
-    wait_until(any_seen, QUIET, interval=0.05)
-    return seen
-
-
 # -- three levels deep -----------------------------------------------------------------------
 
 
@@ -277,8 +266,8 @@ def test_worker_failure_handled_by_its_supervisor(
 
     # Handled: it stops at Sup. Neither Top nor the root hears of it, Sup carries on, and the
     # healthy rank keeps working while the failed one fails fast.
-    assert _quiet(lambda: tree.top.seen.call_one().get(timeout=10)) == []
-    assert _quiet(lambda: list(hook)) == []
+    assert quiet(lambda: tree.top.seen.call_one().get(timeout=10)) == []
+    assert quiet(lambda: list(hook)) == []
     assert tree.sup.call_worker.call_one(0).get(timeout=10) == {"value": 0}
     dead = tree.sup.call_worker.call_one(1).get(timeout=10)
     assert dead.get("supervision"), dead
@@ -307,7 +296,7 @@ def test_unhandled_worker_failure_fails_the_supervisor(
     assert later.get("supervision"), later
     assert "and all its descendants have failed" in later["message"]
     # Top handled it; nothing reaches the root, and Top (and Sup's proc) carry on.
-    assert _quiet(lambda: list(hook)) == []
+    assert quiet(lambda: list(hook)) == []
     assert len(tree.top.seen.call_one().get(timeout=10)) == 1
     assert proc_alive(tree.sup_pid)
 
@@ -326,7 +315,7 @@ def test_supervise_raising_sends_a_chained_failure_up(
     later = outcome(lambda: tree.sup.seen.call_one().get(timeout=10))
     assert later.get("supervision"), later
     assert not wait_gone(tree.worker_pids, 15)
-    assert _quiet(lambda: list(hook)) == []
+    assert quiet(lambda: list(hook)) == []
 
 
 def test_unhandled_all_the_way_reaches_the_root_hook(
@@ -420,9 +409,9 @@ def test_failures_on_a_reference_go_to_the_owner_not_the_holder(
     for notice in seen:
         assert notice["mesh_name"] == "victims"
         assert "broken through a reference" in notice["str"]
-    assert _quiet(lambda: holder.seen.call_one().get(timeout=10)) == []
+    assert quiet(lambda: holder.seen.call_one().get(timeout=10)) == []
     assert holder.echo.call_one("still here").get(timeout=10) == "still here"
-    assert _quiet(lambda: list(hook)) == []
+    assert quiet(lambda: list(hook)) == []
     assert len(owner.seen.call_one().get(timeout=10)) == 2
 
 
@@ -507,7 +496,7 @@ def test_cleanup_on_graceful_stop_runs_after_owned_meshes_stopped(
     later = outcome(lambda: cleaner.get_child_pid.call_one().get(timeout=10))
     assert later.get("supervision"), later
     assert "stopped" in later["message"], later
-    assert _quiet(lambda: list(hook)) == [], "a graceful stop is not a failure"
+    assert quiet(lambda: list(hook)) == [], "a graceful stop is not a failure"
 
 
 def test_cleanup_on_failure_gets_the_exception(
@@ -621,7 +610,7 @@ def test_owner_stops_actor_mesh_and_proc_mesh(
     assert not wait_gone(proc_pids, 10)
     later = outcome(lambda: second.echo.call(3).get(timeout=10))
     assert later.get("supervision"), later
-    assert _quiet(lambda: list(hook)) == []
+    assert quiet(lambda: list(hook)) == []
 
 
 def test_slices_cannot_stop(cleanup: tuple[list[ProcMesh], list[int]]) -> None:
@@ -647,7 +636,7 @@ def test_received_references_cannot_stop(
         assert result.get("runtime"), f"{mesh!r} stopped by a holder of a reference: {result}"
     assert workers.echo.call_one(2).get(timeout=10) == 2
     assert holder.echo.call_one(3).get(timeout=10) == 3
-    assert _quiet(lambda: list(hook)) == []
+    assert quiet(lambda: list(hook)) == []
 
 
 class HostStopper(Actor):
@@ -689,7 +678,7 @@ def test_host_mesh_stop_stops_the_procs_spawned_from_it(
     assert stopper.call_workers.call_one().get(timeout=10).get("supervision")
     # The host itself stays up for its owner: the actor that asked lives on.
     assert stopper.echo.call_one("up").get(timeout=10) == "up"
-    assert _quiet(lambda: list(hook)) == []
+    assert quiet(lambda: list(hook)) == []
 
 
 # -- lifecycle: an actor stops, kills or aborts itself --------------------------------------
@@ -727,7 +716,7 @@ def test_actor_stops_itself_gracefully(
     later = outcome(lambda: ender.echo.call_one(2).get(timeout=10))
     assert later.get("supervision"), later
     assert "stopped" in later["message"], later
-    assert _quiet(lambda: list(hook)) == [], "a self-stop is not a failure"
+    assert quiet(lambda: list(hook)) == [], "a self-stop is not a failure"
 
 
 @pytest.mark.parametrize(
@@ -795,7 +784,7 @@ def test_get_or_spawn_controller_on_a_failed_controller_raises(hook: list[MeshFa
     assert wait_until(lookup_fails, 10), "a failed controller was handed out again"
     assert isinstance(errors[-1], SupervisionError), repr(errors[-1])
     assert name in str(errors[-1])
-    assert _quiet(lambda: list(hook)) == [], "the registry handles its controllers' failures"
+    assert quiet(lambda: list(hook)) == [], "the registry handles its controllers' failures"
 
 
 # -- undeliverable messages ------------------------------------------------------------------
@@ -863,7 +852,7 @@ def test_undeliverable_message(
         assert "targets" in envelope["dest"]
         assert "sender" in envelope["sender"]
         assert sender.echo.call_one("alive").get(timeout=10) == "alive"
-        assert _quiet(lambda: list(hook)) == []
+        assert quiet(lambda: list(hook)) == []
     else:
         assert wait_until(lambda: bool(hook), 15), "the undeliverable message was not escalated"
         (failure,) = _quiet_more(hook)
