@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from netns import NetnsCluster
 
-from regency.actor import Actor, endpoint
+from regency.actor import Actor, endpoint, this_host
 from regency.job import attach_to_workers
 from regency.rdma import RDMABuffer, RDMAError
 
@@ -105,3 +105,23 @@ def test_a_transfer_from_a_cut_off_host_fails_within_its_timeout(
             assert time.monotonic() - started < 10
     finally:
         procs.stop().get(timeout=30)
+
+
+def test_a_buffer_owned_on_the_controllers_machine_is_read_from_a_namespace_host(
+    hosts_and_workers: tuple[NetnsCluster, list[str]],
+) -> None:
+    _, addresses = hosts_and_workers
+    remote = attach_to_workers(addresses, timeout=30).spawn_procs(per_host={"gpus": 1})
+    local = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        owner = local.spawn("owner", Owner)
+        peer = remote.spawn("peer", Peer).slice(hosts=2, gpus=0)
+        buf = owner.make.call_one(11).get(timeout=60)
+        # The owner serves every interface of this machine: the peer dials it on the address
+        # its host reaches the controller by.
+        assert peer.read.call_one(buf).get(timeout=90) == digest(random_bytes(11))
+        written = peer.write.call_one(buf, 12).get(timeout=90)
+        assert owner.digest.call_one(11).get(timeout=60) == written
+    finally:
+        local.stop().get(timeout=30)
+        remote.stop().get(timeout=30)

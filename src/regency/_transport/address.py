@@ -51,6 +51,11 @@ def tcp_host(address: str) -> str:
     return _split_tcp(address)[0]
 
 
+def tcp_port(address: str) -> int:
+    """The port of a TCP address."""
+    return _split_tcp(address)[1]
+
+
 def route_key(address: str) -> str:
     """What a dialer names in its route preamble to reach ``address`` through its host.
 

@@ -23,6 +23,8 @@ import os
 import threading
 import warnings
 
+from regency._runtime import state
+from regency._transport import address
 from regency.rdma import _cma, _ibv_probe
 from regency.rdma._errors import RDMABackendError, RDMAFallbackWarning, RDMATcpFallbackWarning
 from regency.rdma._handle import BufferHandle
@@ -35,6 +37,34 @@ _lock = threading.Lock()
 _cma_denied = False
 _ibverbs_denied: set[str] = set()
 _warned: set[tuple[str, str]] = set()
+
+
+# Owners on the controller's machine (unix-addressed procs) serve transfers on every interface.
+WILDCARD = "0.0.0.0"
+
+
+def service_host(proc_address: str) -> str:
+    """The interface an owner's transfer service listens on: its proc's own, or all of them."""
+    if address.is_tcp(proc_address):
+        return address.tcp_host(proc_address)
+    return WILDCARD
+
+
+def service_address(handle: BufferHandle) -> str:
+    """Where this process dials the owner's transfer service over TCP.
+
+    An owner listening on every interface of the controller's machine is dialed on the address
+    this process reaches that machine by (its gateway to the controller) when it runs on another
+    host, and on loopback from the controller's machine itself (which has no gateway).
+    """
+    served = handle.tcp_address
+    if address.tcp_host(served) != WILDCARD:
+        return served
+    port = address.tcp_port(served)
+    gateway = state.runtime().transport.gateway
+    if gateway is None or this_host().shares_unix_sockets_with(handle.host):
+        return address.tcp_address("127.0.0.1", port)
+    return address.tcp_address(address.tcp_host(gateway), port)
 
 
 def check_backend_name(name: str) -> str:

@@ -20,13 +20,6 @@ from regency.rdma._service import ensure_service
 DEFAULT_TIMEOUT = 60
 
 
-def _tcp_host(proc_address: str) -> str:
-    """The interface the transfer service listens on: the proc's own, or loopback."""
-    if proc_address.startswith("tcp://"):
-        return proc_address[len("tcp://") :].rpartition(":")[0].strip("[]")
-    return "127.0.0.1"
-
-
 class RDMABuffer:
     """A registered range of memory that other processes read and write without its owner.
 
@@ -82,7 +75,7 @@ class RDMABuffer:
         try:
             service = ensure_service(
                 rt.secret,
-                _tcp_host(rt.address),
+                _backends.service_host(rt.address),
                 f"regency-rdma-{rt.job_id}-{os.getpid()}-{os.urandom(6).hex()}",
             )
             started = start_time(os.getpid())
@@ -220,7 +213,10 @@ def _drop_remote(h: BufferHandle) -> None:
     here = this_host()
     if here.shares_memory_with(h.host) and not is_running(h.pid, h.start_time):
         return
-    target = h.unix_address if here.shares_unix_sockets_with(h.host) else h.tcp_address
+    if here.shares_unix_sockets_with(h.host):
+        target = h.unix_address
+    else:
+        target = _backends.service_address(h)
     try:
         _stream.drop(target, state.runtime().secret, h, time.monotonic() + DEFAULT_TIMEOUT)
     except (ConnectionError, TimeoutError) as exc:

@@ -85,9 +85,10 @@ def prepare(handle: BufferHandle, data: Any, *, write: bool) -> Transfer:
 
 
 def _owner_gone(t: Transfer, why: str) -> RDMAOwnerGoneError:
-    _stream.forget(t.handle.tcp_address)
+    served = _backends.service_address(t.handle)
+    _stream.forget(served)
+    _ibv_client.forget(served)
     _shm.forget(t.handle.unix_address)
-    _ibv_client.forget(t.handle.tcp_address)
     return RDMAOwnerGoneError(
         f"{t.describe()} failed: the owner's process (pid {t.handle.pid} at "
         f"{t.handle.proc_address}) {why}"
@@ -164,7 +165,7 @@ def _run_service(t: Transfer, deadline: float, backend: str) -> None:
     h = t.handle
     secret = state.runtime().secret
     move = _shm.transfer if backend == "shm" else _stream.transfer
-    target = h.unix_address if backend == "shm" else h.tcp_address
+    target = h.unix_address if backend == "shm" else _backends.service_address(h)
     if not t.local.is_cuda:
         move(target, secret, h, t.local, t.nbytes, write=t.write, deadline=deadline)
         return
@@ -180,7 +181,7 @@ def _run_ibverbs(t: Transfer, deadline: float) -> None:
     h = t.handle
     secret = state.runtime().secret
     _ibv_client.transfer(
-        h.tcp_address, secret, h, t.local, t.nbytes, write=t.write, deadline=deadline
+        _backends.service_address(h), secret, h, t.local, t.nbytes, write=t.write, deadline=deadline
     )
 
 
