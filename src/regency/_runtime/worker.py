@@ -103,7 +103,13 @@ class WorkerAgent:
         )
         gone = _ControllerGone(self, request.controller)
         self.runtime.open_port(gone, watch=[request.controller])
-        log.info("serving controller %s (job %s)", request.controller, request.job_id)
+        # The controller's own address is a unix one, reached from here through its gateway.
+        log.info(
+            "serving controller %s through %s (job %s)",
+            request.controller,
+            request.gateway,
+            request.job_id,
+        )
         self._reply(request.reply, self._description())
 
     def _detach(self, request: _Detach) -> None:
