@@ -154,6 +154,31 @@ def kill_and_check(job: ProcessJob) -> None:
     assert not left, f"processes left after kill(): {left}"
 
 
+def stop_processes(pids: list[int], timeout: float = 10) -> None:
+    """SIGSTOP ``pids`` and wait until the kernel shows every one of them stopped.
+
+    A stop takes effect when each thread of the process next enters the kernel, which under load
+    can be after a message already in its socket was answered; a test that needs silence waits.
+    """
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        running = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rpartition(")")[2].split()[0]
+            except OSError:
+                continue
+            if state != "T":
+                running.append((pid, state))
+        if not running:
+            return
+        assert time.monotonic() < deadline, f"not stopped after {timeout} s: {running}"
+        time.sleep(0.005)
+
+
 def host_processes(job: ProcessJob, mesh: str, index: int) -> list[tuple[int, int]]:
     """The live processes of one host of a job (its worker's process group)."""
     return _group_members(job._workers[mesh][index].pid)

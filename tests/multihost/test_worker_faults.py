@@ -8,7 +8,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from _worker_helpers import Failures, Probe, host_processes, kill_and_check, wait_gone
+from _worker_helpers import (
+    Failures,
+    Probe,
+    host_processes,
+    kill_and_check,
+    stop_processes,
+    wait_gone,
+)
 
 from regency import config
 from regency.actor import SupervisionError
@@ -62,8 +69,7 @@ def test_stopped_host_is_declared_lost_within_the_heartbeat_timeout(
         probes.value.call(1).get(timeout=30)
         silent = host_processes(job, "hosts", 1)
         assert len(silent) >= 2, "the worker, its zygote and its proc"
-        for pid, _ in silent:
-            os.kill(pid, signal.SIGSTOP)  # stopped, not closed: no FIN, no RST
+        stop_processes([pid for pid, _ in silent])  # stopped, not closed: no FIN, no RST
         start = time.monotonic()
         pending = probes.slice(hosts=1).value.call(1)
         with pytest.raises(SupervisionError) as info:
