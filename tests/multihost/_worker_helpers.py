@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from regency.actor import Actor, MeshFailure, current_rank, endpoint, this_host
 from regency.job import worker_command, worker_env
@@ -200,3 +201,15 @@ class Failures:
         with self._cond:
             assert self._cond.wait_for(lambda: len(self.seen) >= count, timeout), self.seen
             return list(self.seen)
+
+
+def all_cmdlines() -> str:
+    """Every process's command line on this machine, one per line (to look for secrets)."""
+    lines = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                lines.append(Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace"))
+            except OSError:
+                continue
+    return "\n".join(lines)

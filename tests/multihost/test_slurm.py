@@ -13,6 +13,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
+from _worker_helpers import all_cmdlines
 
 from regency.actor import Actor, endpoint
 from regency.job import SlurmJob, job_load
@@ -90,17 +91,6 @@ def _processes_of_job(job_id: str) -> list[int]:
     return pids
 
 
-def _cmdlines() -> str:
-    lines = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                lines.append(Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace"))
-            except OSError:
-                continue
-    return "\n".join(lines)
-
-
 def _nodes_of(job_state: Any, mesh: str) -> list[tuple[str, str]]:
     procs = getattr(job_state, mesh).spawn_procs(per_host={"gpus": 1})
     try:
@@ -120,7 +110,7 @@ def test_actors_run_on_both_nodes(make_job: MakeJob, tmp_path: Path) -> None:
     assert sorted(n for n, _ in nodes) == ["node1", "node2"]
     assert {j for _, j in nodes} == {job.job_id}
     # The secret travelled through the environment, on no command line.
-    assert job.secret.hex() not in _cmdlines()
+    assert job.secret.hex() not in all_cmdlines()
     assert job.secret.hex() not in job.batch_script()
     assert all(job.secret.hex() not in arg for arg in job.sbatch_args())
 

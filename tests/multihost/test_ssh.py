@@ -26,7 +26,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from _worker_helpers import wait_gone
+from _worker_helpers import all_cmdlines, wait_gone
 from netns import BRIDGE_IP, Host, NetnsCluster
 
 from regency.actor import Actor, endpoint, this_host
@@ -186,17 +186,6 @@ def _regency_processes(cluster: NetnsCluster, hosts: list[Host]) -> dict[int, st
     return found
 
 
-def _all_cmdlines() -> str:
-    lines = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                lines.append(Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace"))
-            except OSError:
-                continue
-    return "\n".join(lines)
-
-
 def _files_under(path: Path) -> list[Path]:
     return [p for p in path.rglob("*") if p.is_file()]
 
@@ -216,7 +205,7 @@ def test_actors_run_on_the_ssh_hosts_and_kill_leaves_nothing(
 
     # The secret is on no command line (the machines' processes and ssh's), in no file.
     secret = job.secret.hex()
-    assert secret not in _all_cmdlines()
+    assert secret not in all_cmdlines()
     assert secret not in job.remote_command()
     assert all(secret not in " ".join(job.ssh_command(h.ip)) for h in served)
     assert job.job_dir is not None
