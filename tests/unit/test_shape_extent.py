@@ -26,8 +26,8 @@ def test_extent_is_an_ordered_mapping() -> None:
 
 def test_extent_str_and_repr() -> None:
     e = Extent(["hosts", "gpus"], [2, 4])
-    assert str(e) == "{'hosts': 2, 'gpus': 4}"
-    assert repr(e) == "{'hosts': 2, 'gpus': 4}"
+    assert str(e) == "{hosts: 2, gpus: 4}"
+    assert repr(e) == "{hosts: 2, gpus: 4}"
     assert str(Extent([], [])) == "{}"
 
 

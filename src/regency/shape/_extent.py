@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import NoReturn
 
 from ._errors import DimensionNotFoundError
+from ._text import label_key
 
 
 def _check_labels(labels: Sequence[str], what: str) -> tuple[str, ...]:
@@ -24,7 +25,7 @@ def _check_labels(labels: Sequence[str], what: str) -> tuple[str, ...]:
 
 
 class Extent(Mapping[str, int]):
-    """The labelled sizes of a dense N-dimensional space, e.g. ``{'hosts': 2, 'gpus': 4}``.
+    """The labelled sizes of a dense N-dimensional space, e.g. ``{hosts: 2, gpus: 4}``.
 
     An extent is a read-only mapping from label to size, in dimension order::
 
@@ -109,8 +110,9 @@ class Extent(Mapping[str, int]):
         return self._hash
 
     def __repr__(self) -> str:
+        # Monarch's form: ``{hosts: 2, gpus: 4}``, labels quoted only when not identifier-like.
         inner = ", ".join(
-            f"{label!r}: {n}" for label, n in zip(self._labels, self._sizes, strict=True)
+            f"{label_key(label)}: {n}" for label, n in zip(self._labels, self._sizes, strict=True)
         )
         return "{" + inner + "}"
 
@@ -206,8 +208,9 @@ class Point(Mapping[str, int]):
 
     def __repr__(self) -> str:
         ext = self._extent
+        # Monarch puts every label in single quotes as is, without escaping.
         inner = ", ".join(
-            f"{label!r}: {c}/{n}"
+            f"'{label}': {c}/{n}"
             for label, c, n in zip(ext._labels, self._coords, ext._sizes, strict=True)
         )
         return "{" + inner + "}"

@@ -11,6 +11,7 @@ from . import _ops
 from ._errors import DimensionNotFoundError
 from ._extent import Extent, Point, _check_labels
 from ._slice import Slice
+from ._text import quoted
 
 
 class Shape:
@@ -257,7 +258,7 @@ class Shape:
         return "{" + ",".join(f"{label}={n}" for label, n in dims) + "}"
 
     def __repr__(self) -> str:
-        labels = ", ".join(f'"{label}"' for label in self._labels)
+        labels = ", ".join(quoted(label) for label in self._labels)
         return f"Shape {{ labels: [{labels}], slice: {self._slice!r} }}"
 
     def __reduce__(self) -> tuple[type[Shape], tuple[list[str], Slice]]:
