@@ -72,7 +72,7 @@ class Worker(Actor):
 
 def infos(mesh: Any, n: int) -> list[dict[str, Any]]:
     values = mesh.info.call().get(timeout=SPAWN)
-    return [values.item(hosts=0, gpus=i) for i in range(n)]
+    return [values.item(gpus=i) for i in range(n)]
 
 
 def _spawn(
@@ -220,7 +220,7 @@ class Owner(Actor):
     @endpoint
     def worker_pids(self) -> list[int]:
         values = self.workers.pid.call().get(timeout=SPAWN)
-        return [values.item(hosts=0, gpus=i) for i in range(2)]
+        return [values.item(gpus=i) for i in range(2)]
 
     @endpoint
     def wait_restarted(self, count: int) -> int:

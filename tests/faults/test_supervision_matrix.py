@@ -178,7 +178,7 @@ class Owner(Actor):
 
 def actor_path(cls: type, mesh: str, rank: int, size: int = 4) -> str:
     """The qualified name of a root-owned actor, as failures print it."""
-    point = f"{{'hosts': 0/1, 'gpus': {rank}/{size}}}"
+    point = f"{{'gpus': {rank}/{size}}}"
     return f"<root>.<{cls.__module__}.{cls.__qualname__} {mesh}{point}>"
 
 
@@ -253,7 +253,7 @@ def make_procs() -> Iterator[Callable[..., tuple[ProcMesh, list[int]]]]:
         procs = this_host().spawn_procs(per_host={"gpus": gpus})
         probe = procs.spawn(f"probe{len(made)}", Worker)
         found = probe.pid.call().get(timeout=T)
-        pids = [found.item(hosts=0, gpus=i) for i in range(gpus)]
+        pids = [found.item(gpus=i) for i in range(gpus)]
         made.append((procs, pids))
         return procs, pids
 
@@ -685,8 +685,8 @@ def test_owner_supervise_receives_the_failed_ranks_and_handles_them(
         assert seen["is_child"]
         assert seen["crashed_ranks"] == [1]
         child = (
-            f"<root>.<{Owner.__module__}.Owner owner_ok{{'hosts': 0/1, 'gpus': 0/1}}>"
-            f".<{Worker.__module__}.Worker child{{'hosts': 0/1, 'gpus': 1/2}}>"
+            f"<root>.<{Owner.__module__}.Owner owner_ok{{'gpus': 0/1}}>"
+            f".<{Worker.__module__}.Worker child{{'gpus': 1/2}}>"
         )
         assert child in seen["text"]
         assert "child boom on rank 1" in seen["text"]
@@ -719,12 +719,12 @@ def test_owner_supervise_declining_escalates_to_the_root(
         owner.break_child.call_one(0).get(timeout=T)
         (failure,) = wait_failures(faults, "owner_no", 1)
         assert failure.crashed_ranks == [0]
-        owner_path = f"<root>.<{Owner.__module__}.Owner owner_no{{'hosts': 0/1, 'gpus': 0/1}}>"
+        owner_path = f"<root>.<{Owner.__module__}.Owner owner_no{{'gpus': 0/1}}>"
         assert failure.event.actor == owner_path
         assert f"The actor {owner_path} and all its descendants have failed" in str(failure)
         assert "child boom on rank 0" in failure.root_cause
         assert f"{owner_path}.<{Worker.__module__}.Worker child" in failure.root_cause
-        assert "child{'hosts': 0/1, 'gpus': 0/2}" in failure.root_cause
+        assert "child{'gpus': 0/2}" in failure.root_cause
         assert "child boom on rank 0" in failure.report()
 
         err, _ = supervision_error(lambda: owner.ping.call_one().get(timeout=T))
@@ -914,7 +914,7 @@ def test_root_fault_hook_outcomes(tmp_path: Path, mode: str, code: int) -> None:
     assert "unhandled supervision failure" in err, described
     assert "mesh 'doomed' failed at ranks [1]" in err, described
     assert "unhandled boom" in err, described
-    assert "doomed{'hosts': 0/1, 'gpus': 1/2}" in err, described
+    assert "doomed{'gpus': 1/2}" in err, described
     if mode == "raises":
         assert "RuntimeError: hook refuses doomed" in err, described
     else:

@@ -128,12 +128,12 @@ class Sup(Actor):
     @endpoint
     def worker_pids(self) -> list[int]:
         values = self.workers.pid.call().get(timeout=SPAWN)
-        return [values.item(hosts=0, gpus=i) for i in range(2)]
+        return [values.item(gpus=i) for i in range(2)]
 
     @endpoint
     def worker_names(self) -> list[str]:
         values = self.workers.name.call().get(timeout=SPAWN)
-        return [values.item(hosts=0, gpus=i) for i in range(2)]
+        return [values.item(gpus=i) for i in range(2)]
 
     @endpoint
     def fail_worker(self, rank: int, text: str) -> None:
@@ -214,11 +214,11 @@ def _check_worker_name(tree: Tree) -> None:
     for rank, name in enumerate(tree.worker_names):
         pattern = (
             re.escape("<root>.")
-            + _qualified(Top, "top", "{'hosts': 0/1, 'gpus': 0/1}")
+            + _qualified(Top, "top", "{'gpus': 0/1}")
             + r"\."
-            + _qualified(Sup, "sup", "{'hosts': 0/1, 'gpus': 0/1}")
+            + _qualified(Sup, "sup", "{'gpus': 0/1}")
             + r"\."
-            + _qualified(Worker, "workers", f"{{'hosts': 0/1, 'gpus': {rank}/2}}")
+            + _qualified(Worker, "workers", f"{{'gpus': {rank}/2}}")
         )
         assert re.fullmatch(pattern, name), name
 

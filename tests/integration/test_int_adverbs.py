@@ -70,8 +70,8 @@ def ranked(procs4: ProcMesh) -> Iterator[ActorMesh[Ranked]]:
 def test_call_returns_value_mesh_shaped_like_the_mesh(ranked: ActorMesh[Ranked]) -> None:
     vm = ranked.rank_of.call().get(timeout=T)
     assert isinstance(vm, ValueMesh)
-    assert vm.sizes == {"hosts": 1, "gpus": 4}
-    assert list(vm.extent.labels) == ["hosts", "gpus"]
+    assert vm.sizes == {"gpus": 4}
+    assert list(vm.extent.labels) == ["gpus"]
     assert len(vm) == 4
     assert vm.size() == 4
     assert vm.size("gpus") == 4
@@ -84,8 +84,8 @@ def test_value_mesh_items_are_point_value_pairs_in_rank_order(ranked: ActorMesh[
     for i, (point, _) in enumerate(items):
         assert isinstance(point, Point)
         assert point.rank == i
-        assert dict(point) == {"hosts": 0, "gpus": i}
-        assert str(point) == f"{{'hosts': 0/1, 'gpus': {i}/4}}"
+        assert dict(point) == {"gpus": i}
+        assert str(point) == f"{{'gpus': {i}/4}}"
 
 
 def test_value_mesh_values_in_rank_order(ranked: ActorMesh[Ranked]) -> None:
@@ -100,16 +100,16 @@ def test_value_mesh_iteration_yields_point_value_pairs(ranked: ActorMesh[Ranked]
 
 def test_value_mesh_item_by_coordinates(ranked: ActorMesh[Ranked]) -> None:
     vm = ranked.scaled.call(7).get(timeout=T)
-    assert vm.item(hosts=0, gpus=3) == 21
+    assert vm.item(gpus=3) == 21
     assert vm.get(2) == 14
     with pytest.raises(KeyError):
-        vm.item(gpus=3)  # every dimension must be given
+        vm.item()  # every dimension must be given
     with pytest.raises(KeyError):
-        vm.item(hosts=0, gpus=1, racks=0)  # unknown dimension
+        vm.item(gpus=1, racks=0)  # unknown dimension
 
 
 def test_value_mesh_item_on_a_singleton_needs_no_coordinates(ranked: ActorMesh[Ranked]) -> None:
-    vm = ranked.slice(hosts=0, gpus=2).rank_of.call().get(timeout=T)
+    vm = ranked.slice(gpus=2).rank_of.call().get(timeout=T)
     assert len(vm) == 1
     assert vm.sizes == {}
     assert vm.item() == 2
@@ -118,14 +118,14 @@ def test_value_mesh_item_on_a_singleton_needs_no_coordinates(ranked: ActorMesh[R
 def test_value_mesh_slicing(ranked: ActorMesh[Ranked]) -> None:
     vm = ranked.rank_of.call().get(timeout=T)
     middle = vm.slice(gpus=slice(1, 3))
-    assert middle.sizes == {"hosts": 1, "gpus": 2}
+    assert middle.sizes == {"gpus": 2}
     assert list(middle.values()) == [1, 2]
-    assert middle.item(hosts=0, gpus=0) == 1
+    assert middle.item(gpus=0) == 1
     one = vm.slice(gpus=3)
-    assert one.sizes == {"hosts": 1}
-    assert one.item(hosts=0) == 3
+    assert one.sizes == {}
+    assert one.item() == 3
     assert list(vm.flatten("rank").slice(rank=slice(0, 4, 2)).values()) == [0, 2]
-    assert vm.rename(gpus="ranks").item(hosts=0, ranks=1) == 1
+    assert vm.rename(gpus="ranks").item(ranks=1) == 1
 
 
 def test_value_mesh_pickles(ranked: ActorMesh[Ranked]) -> None:
@@ -135,7 +135,7 @@ def test_value_mesh_pickles(ranked: ActorMesh[Ranked]) -> None:
     assert list(copy.values()) == [0, 3, 6, 9]
     assert [dict(p) for p, _ in copy] == [dict(p) for p, _ in vm]
     sliced = pickle.loads(pickle.dumps(vm.slice(gpus=slice(2, 4))))
-    assert sliced.sizes == {"hosts": 1, "gpus": 2}
+    assert sliced.sizes == {"gpus": 2}
     assert list(sliced.values()) == [6, 9]
 
 
@@ -143,7 +143,7 @@ def test_value_mesh_travels_to_an_actor(ranked: ActorMesh[Ranked]) -> None:
     vm = ranked.scaled.call(2).get(timeout=T)
     total, sizes = ranked.slice(gpus=0).total.call_one(vm).get(timeout=T)
     assert total == 0 + 2 + 4 + 6
-    assert sizes == {"hosts": 1, "gpus": 4}
+    assert sizes == {"gpus": 4}
 
 
 def test_value_mesh_constructor() -> None:

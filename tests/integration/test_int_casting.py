@@ -115,11 +115,11 @@ def test_procs_inherit_the_fanout(nodes: ActorMesh[Node]) -> None:
 
 def test_call_through_the_tree_returns_every_rank_in_order(nodes: ActorMesh[Node]) -> None:
     vm = nodes.where.call().get(timeout=T)
-    assert vm.sizes == {"hosts": 1, "gpus": N}
+    assert vm.sizes == {"gpus": N}
     for i, (point, (rank, message_rank)) in enumerate(vm):
         assert point.rank == i
         assert rank == i
-        assert message_rank == dict(point) == {"hosts": 0, "gpus": i}
+        assert message_rank == dict(point) == {"gpus": i}
     odd = nodes.slice(gpus=slice(1, 8, 2)).rank_of.call().get(timeout=T)
     assert list(odd.values()) == [1, 3, 5, 7]
     part = nodes.slice(gpus=slice(2, 7)).where.call().get(timeout=T)

@@ -57,23 +57,23 @@ def _spawn_ranks(mesh: ActorMesh[Where]) -> list[int]:
 
 def test_whole_mesh_message_rank_equals_spawn_rank(where: ActorMesh[Where]) -> None:
     for i, (point, w) in enumerate(where.where.call().get(timeout=T)):
-        assert w["spawn_rank"] == {"hosts": 0, "gpus": i}
-        assert w["message_rank"] == dict(point) == {"hosts": 0, "gpus": i}
+        assert w["spawn_rank"] == {"gpus": i}
+        assert w["message_rank"] == dict(point) == {"gpus": i}
         assert w["message_linear"] == w["spawn_linear"] == i
-        assert w["current_size"] == {"hosts": 1, "gpus": 4}
+        assert w["current_size"] == {"gpus": 4}
 
 
 def test_slice_with_an_int_drops_the_dimension(where: ActorMesh[Where]) -> None:
     one = where.slice(gpus=1)
     assert len(one) == 1
-    assert one.sizes == {"hosts": 1}
+    assert one.sizes == {}
     w = one.where.call_one().get(timeout=T)
-    assert w["spawn_rank"] == {"hosts": 0, "gpus": 1}
-    assert w["message_rank"] == {"hosts": 0}
-    assert w["current_size"] == {"hosts": 1}
+    assert w["spawn_rank"] == {"gpus": 1}
+    assert w["message_rank"] == {}
+    assert w["current_size"] == {}
     vm = one.where.call().get(timeout=T)
-    assert vm.sizes == {"hosts": 1}
-    assert vm.item(hosts=0)["spawn_rank"]["gpus"] == 1
+    assert vm.sizes == {}
+    assert vm.item()["spawn_rank"]["gpus"] == 1
 
 
 @pytest.mark.parametrize(
@@ -84,13 +84,13 @@ def test_slice_with_a_range_keeps_the_dimension_and_ranks_relative(
     where: ActorMesh[Where], selection: Any, expected_spawn: list[int]
 ) -> None:
     part = where.slice(gpus=selection)
-    assert part.sizes == {"hosts": 1, "gpus": len(expected_spawn)}
+    assert part.sizes == {"gpus": len(expected_spawn)}
     replies = list(part.where.call().get(timeout=T).items())
     assert [w["spawn_rank"]["gpus"] for _, w in replies] == expected_spawn
     for i, (point, w) in enumerate(replies):
-        assert w["message_rank"] == dict(point) == {"hosts": 0, "gpus": i}
+        assert w["message_rank"] == dict(point) == {"gpus": i}
         assert w["message_linear"] == i
-        assert w["current_size"] == {"hosts": 1, "gpus": len(expected_spawn)}
+        assert w["current_size"] == {"gpus": len(expected_spawn)}
 
 
 def test_slice_of_a_slice(where: ActorMesh[Where]) -> None:
@@ -108,10 +108,10 @@ def test_current_rank_is_the_message_rank(where: ActorMesh[Where]) -> None:
 def test_instance_str_names_creator_class_name_and_spawn_rank(where: ActorMesh[Where]) -> None:
     module = Where.__module__
     for i, w in enumerate(where.where.call().get(timeout=T).values()):
-        assert w["instance"] == f"<root>.<{module}.Where where{{'hosts': 0/1, 'gpus': {i}/4}}>"
+        assert w["instance"] == f"<root>.<{module}.Where where{{'gpus': {i}/4}}>"
     # Sending to a slice does not change who the actor is.
     w = where.slice(gpus=3).where.call_one().get(timeout=T)
-    assert w["instance"] == f"<root>.<{module}.Where where{{'hosts': 0/1, 'gpus': 3/4}}>"
+    assert w["instance"] == f"<root>.<{module}.Where where{{'gpus': 3/4}}>"
 
 
 def test_controller_context_is_root() -> None:
@@ -133,21 +133,21 @@ def test_flatten(where: ActorMesh[Where]) -> None:
 
 def test_rename(where: ActorMesh[Where]) -> None:
     renamed = where.rename(gpus="ranks")
-    assert renamed.sizes == {"hosts": 1, "ranks": 4}
+    assert renamed.sizes == {"ranks": 4}
     vm = renamed.where.call().get(timeout=T)
-    assert vm.item(hosts=0, ranks=3)["message_rank"] == {"hosts": 0, "ranks": 3}
+    assert vm.item(ranks=3)["message_rank"] == {"ranks": 3}
     assert renamed.slice(ranks=1).where.call_one().get(timeout=T)["spawn_rank"]["gpus"] == 1
 
 
 def test_split(where: ActorMesh[Where]) -> None:
     grid = where.split(gpus=("dp", "tp"), tp=2)
-    assert grid.sizes == {"hosts": 1, "dp": 2, "tp": 2}
+    assert grid.sizes == {"dp": 2, "tp": 2}
     for i, (point, w) in enumerate(grid.where.call().get(timeout=T)):
         assert w["spawn_rank"]["gpus"] == i
-        assert w["message_rank"] == dict(point) == {"hosts": 0, "dp": i // 2, "tp": i % 2}
+        assert w["message_rank"] == dict(point) == {"dp": i // 2, "tp": i % 2}
     assert _spawn_ranks(grid.slice(dp=1)) == [2, 3]
     assert _spawn_ranks(grid.slice(tp=1)) == [1, 3]
-    assert grid.slice(tp=1).where.call().get(timeout=T).sizes == {"hosts": 1, "dp": 2}
+    assert grid.slice(tp=1).where.call().get(timeout=T).sizes == {"dp": 2}
     with pytest.raises(ValueError):
         where.split(gpus=("dp", "tp"), tp=3)  # 4 is not divisible by 3
 
@@ -165,12 +165,12 @@ def test_sliced_proc_mesh_spawns_on_the_selected_procs(
     pids = [w["pid"] for w in where.where.call().get(timeout=T).values()]
     assert len(set(pids)) == 4
     part = procs4.slice(gpus=slice(2, 4))
-    assert part.sizes == {"hosts": 1, "gpus": 2}
+    assert part.sizes == {"gpus": 2}
     mesh = part.spawn("where_part", Where)
     try:
         replies = list(mesh.where.call().get(timeout=T).values())
         assert [w["pid"] for w in replies] == pids[2:]
         # The spawn position is within the proc mesh slice it was spawned on.
-        assert [w["spawn_rank"] for w in replies] == [{"hosts": 0, "gpus": i} for i in (0, 1)]
+        assert [w["spawn_rank"] for w in replies] == [{"gpus": i} for i in (0, 1)]
     finally:
         mesh.stop().get(timeout=T)

@@ -172,7 +172,8 @@ class ActorInstance(InstanceBase):
         return self._proc_mesh
 
     def __str__(self) -> str:
-        return f"{self.creator}.<{self.class_name} {self.name}{self.rank}>"
+        rank = str(self.rank) if len(self.rank) else ""
+        return f"{self.creator}.<{self.class_name} {self.name}{rank}>"
 
     # -- lifecycle (public: ``context().actor_instance``) --------------------------------------
 

@@ -169,9 +169,10 @@ class HostMesh(MeshTrait):
         variables before CUDA starts).
         """
         per_host = dict(per_host or {})
-        overlap = sorted(set(per_host) & set(self._shape.labels))
+        host_labels = tuple(self._shape.labels)
+        overlap = [label for label in per_host if label in host_labels]
         if overlap:
-            raise ValueError(f"per_host dimensions {overlap} overlap the host mesh's dimensions")
+            raise ValueError(f"per_host labels {overlap} overlap with host labels {host_labels}")
         for label, size in per_host.items():
             if not isinstance(size, int) or size <= 0:
                 raise ValueError(f"per_host[{label!r}] must be a positive int, got {size!r}")
@@ -399,7 +400,7 @@ class ProcMesh(MeshTrait):
         if len(self._shape) != 1:
             raise NotImplementedError("host_mesh is only defined for a single-process ProcMesh")
         info = self._procs[self._shape.ranks()[0]]
-        return HostMesh(Shape.from_extent(Extent(["hosts"], [1])), [HostInfo(info.agent)])
+        return HostMesh(Shape.unity(), [HostInfo(info.agent)])
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ProcMesh, (self._shape, self._procs, self._name, self._hosts, False))
@@ -609,7 +610,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         )
 
     def __repr__(self) -> str:
-        return f"ActorMesh({self._class.__qualname__} {self._name}, {self._shape})"
+        # Monarch's text up to its ``inner=<Rust class>`` part, which has no meaning here.
+        return f"ActorMesh(class={self._class}, shape={self._shape})"
 
 
 _TABLES: dict[type, dict[str, tuple[EndpointSpec, ArgumentCheck]]] = {}
@@ -672,13 +674,9 @@ def this_proc_mesh() -> ProcMesh:
 
 
 def this_host_mesh() -> HostMesh:
-    """The host the calling process runs on."""
+    """The host the calling process runs on, as a 0-dimensional mesh (as in Monarch)."""
     state.runtime()
-    return HostMesh(
-        Shape.from_extent(Extent(["hosts"], [1])),
-        [HostInfo(state.host_agent_address())],
-        owned=True,
-    )
+    return HostMesh(Shape.unity(), [HostInfo(state.host_agent_address())], owned=True)
 
 
 def current_context() -> context.Context:

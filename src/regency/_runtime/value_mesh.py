@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from pprint import pformat
+from textwrap import indent
 from typing import Any, Generic, TypeVar
 
 from regency._runtime import codec
@@ -104,8 +106,9 @@ class ValueMesh(MeshTrait, Generic[R]):
         return (_rebuild, (self._shape, [self._value_at(b) for b in range(len(self._store))]))
 
     def __repr__(self) -> str:
-        body = ", ".join(f"{point}: {value!r}" for point, value in self.items())
-        return f"ValueMesh({self._shape}, {{{body}}})"
+        # Monarch's layout: the extent, then the (point, value) pairs pretty-printed.
+        body = indent(pformat(tuple(self.items())), "  ")
+        return f"ValueMesh({self._shape.extent}):\n{body}"
 
     __str__ = __repr__
 

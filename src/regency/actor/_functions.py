@@ -37,7 +37,7 @@ def current_actor_name() -> str:
 
 
 def this_host() -> HostMesh:
-    """The host the current code runs on, as a one-host mesh able to ``spawn_procs``."""
+    """The host the current code runs on: a one-host mesh with no dimensions (as in Monarch)."""
     return this_host_mesh()
 
 

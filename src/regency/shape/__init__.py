@@ -1,7 +1,7 @@
 """Pure-data geometry of meshes: Monarch's ``ndslice`` algebra.
 
 * `Slice` maps N-dimensional coordinates to flat *base ranks* (offset + coords . strides).
-* `Extent` is labelled sizes, ``{'hosts': 2, 'gpus': 4}``; `Point` is one position in it.
+* `Extent` is labelled sizes, ``{hosts: 2, gpus: 4}``; `Point` is one position in it.
 * `Shape` is labels over a `Slice` and carries the mesh operations every mesh type
   delegates to: ``slice``, ``flatten``, ``rename``, ``split``, ``size``, ``sizes``.
 * `Selection` parses and evaluates selection expressions such as ``"(*, 1:3) & (0, *)"``.
