@@ -148,3 +148,21 @@ def test_actor_mesh_repr_names_class_and_shape(seen: ActorMesh[Seen]) -> None:
     assert repr(seen) == f"ActorMesh(class={cls}, shape={{gpus=3}})"
     assert repr(seen.slice(gpus=0)) == f"ActorMesh(class={cls}, shape={{}})"
     assert repr(seen.slice(gpus=slice(0, 1))) == f"ActorMesh(class={cls}, shape={{gpus=1}})"
+
+
+def test_dimension_errors_start_with_monarchs_text() -> None:
+    values = ValueMesh(Shape(["x", "y"], Slice.new_row_major([2, 3])), list(range(6)))
+    with pytest.raises(TypeError, match=r"^Shape does not have dimension labeled 'z'; .*'x', 'y'"):
+        values.slice(z=0)
+    with pytest.raises(IndexError, match=r"^index out of range: index 5 for dimension 'x'"):
+        values.slice(x=5)
+    with pytest.raises(KeyError, match=r"item has extra dimensions: \['z'\]"):
+        values.item(x=0, y=0, z=1)
+    with pytest.raises(ValueError, match=r"^Duplicate dimension name 'y'"):
+        values.rename(x="y")
+    with pytest.raises(
+        ValueError, match=r"^cannot flatten sparse mesh: ndslice.strides=\[3, 1\] != dense_strides"
+    ):
+        values.slice(y=slice(0, 2)).flatten("r")
+    with pytest.raises(KeyError, match="does not have dimension 'z'"):
+        values.size("z")

@@ -220,7 +220,7 @@ def test_rename() -> None:
     assert s.rename(host="gpu", gpu="host").labels == ["gpu", "host"]
     with pytest.raises(ValueError, match="'cpu'"):
         s.rename(cpu="x")
-    with pytest.raises(ValueError, match="duplicate"):
+    with pytest.raises(ValueError, match="Duplicate dimension name"):
         s.rename(host="gpu")
 
 

@@ -91,7 +91,7 @@ class ValueMesh(MeshTrait, Generic[R]):
         labels = self._shape.labels
         extra = sorted(set(coords) - set(labels))
         if extra:
-            raise KeyError(f"unknown dimension(s) {extra}; this mesh has {list(labels)}")
+            raise KeyError(f"item has extra dimensions: {extra}; this mesh has {list(labels)}")
         missing = [label for label in labels if label not in coords]
         if missing:
             raise KeyError(f"item() needs a coordinate for every dimension; missing {missing}")

@@ -28,7 +28,9 @@ def _index_value(value: object, label: str, size: int) -> int:
             f"not {type(value).__name__}"
         ) from None
     if not 0 <= index < size:
-        raise IndexError(f"index {index} out of range for dimension {label!r} of size {size}")
+        raise IndexError(
+            f"index out of range: index {index} for dimension {label!r} of size {size}"
+        )
     return index
 
 
@@ -47,9 +49,11 @@ def slice_dims(
     """Select along named dimensions: an int removes the dim, a slice/range restricts it."""
     unknown = [name for name in dims if name not in labels]
     if unknown:
+        # Monarch's text names the first unknown label; the others and what there is follow.
+        others = f" (nor {tuple(unknown[1:])})" if len(unknown) > 1 else ""
         raise TypeError(
-            f"{describe} does not have dimension(s) named {tuple(unknown)}; "
-            f"its dimensions are {labels}"
+            f"Shape does not have dimension labeled {unknown[0]!r}{others}; "
+            f"{describe} has dimensions {labels}"
         )
     offset = ndslice.offset
     names: list[str] = []
@@ -90,8 +94,8 @@ def flatten(labels: tuple[str, ...], ndslice: Slice, name: str, describe: str) -
     if not is_dense(ndslice):
         dense = list(_row_major_strides(ndslice.sizes))
         raise ValueError(
-            f"cannot flatten sparse mesh {describe}: "
-            f"strides={ndslice.strides} != dense_strides={dense}"
+            f"cannot flatten sparse mesh: ndslice.strides={ndslice.strides} "
+            f"!= dense_strides={dense} ({describe})"
         )
     return (name,), Slice(ndslice.offset, [len(ndslice)], [1])
 
@@ -112,7 +116,10 @@ def rename(
     names = tuple(mapping.get(label, label) for label in labels)
     if len(set(names)) != len(names):
         dups = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"renaming {describe} gives duplicate dimension names {dups}")
+        raise ValueError(
+            f"Duplicate dimension name {dups[0]!r}: renaming {describe} gives duplicate "
+            f"dimension names {dups}"
+        )
     return names, ndslice
 
 
