@@ -1,0 +1,86 @@
+"""Process lifecycle as Monarch has it: first imports in new procs, clean exits, bootstraps,
+host shutdown and Ctrl-C (issue 18, items 7, 8, 10, 11 and 13).
+
+Most scenarios run a controller script of their own in a subprocess: what is checked is what a
+user of the script sees (its exit code, its output).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+def run_script(
+    tmp_path: Path, source: str, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    """Run ``source`` as a controller script (its own ``__main__``); return the finished run."""
+    script = tmp_path / "controller.py"
+    script.write_text(textwrap.dedent(source))
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def describe(run: subprocess.CompletedProcess[str]) -> str:
+    """The run's exit code and output, for assertion messages."""
+    return f"exit code {run.returncode}\n--- stdout\n{run.stdout}\n--- stderr\n{run.stderr}"
+
+
+# -- item 7: several actors of one new proc unpickle their classes at once --------------------
+
+TORCH_CLASSES = """
+import torch.nn
+from regency.actor import Actor, endpoint, this_host
+
+
+class Linear(Actor):
+    kind = torch.nn.Linear
+
+    @endpoint
+    def name(self) -> str:
+        return self.kind.__name__
+
+
+class Parameter(Actor):
+    kind = torch.nn.Parameter
+
+    @endpoint
+    def name(self) -> str:
+        return self.kind.__name__
+
+
+class Module(Actor):
+    kind = torch.nn.Module
+
+    @endpoint
+    def name(self) -> str:
+        return self.kind.__name__
+
+
+if __name__ == "__main__":
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    meshes = [procs.spawn(f"m{i}", cls) for i, cls in enumerate([Linear, Parameter, Module] * 2)]
+    names = [m.name.call().get(timeout=60) for m in meshes]
+    print("NAMES", sorted({v for values in names for _, v in values.items()}))
+    procs.stop().get(timeout=30)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_actors_of_a_new_proc_import_torch_at_once(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    run = run_script(tmp_path, TORCH_CLASSES)
+    assert run.returncode == 0, describe(run)
+    assert "NAMES ['Linear', 'Module', 'Parameter']" in run.stdout, describe(run)
+    assert "partially initialized" not in run.stderr
+    assert "Deadlock" not in run.stderr
