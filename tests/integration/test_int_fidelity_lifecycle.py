@@ -84,3 +84,56 @@ def test_actors_of_a_new_proc_import_torch_at_once(tmp_path: Path) -> None:
     assert "NAMES ['Linear', 'Module', 'Parameter']" in run.stdout, describe(run)
     assert "partially initialized" not in run.stderr
     assert "Deadlock" not in run.stderr
+
+
+# -- item 8: a proc stopped on purpose is never a failure, however slowly it exits ------------
+
+SLOW_EXIT = """
+import atexit
+import sys
+import time
+
+from regency.actor import Actor, endpoint, this_host
+
+
+def linger() -> None:
+    time.sleep(2.5)  # as torch's exit handlers can
+
+
+class Slow(Actor):
+    def __init__(self) -> None:
+        atexit.register(linger)
+
+    @endpoint
+    def value(self) -> int:
+        return 7
+
+
+if __name__ == "__main__":
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    slow = procs.spawn("slow", Slow)
+    print("VALUES", sorted(v for _, v in slow.value.call().get(timeout=60).items()))
+    if sys.argv[1:] == ["stop"]:
+        procs.stop().get(timeout=30)
+    print("DONE")
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("ending", ["exit", "stop"])
+def test_a_clean_run_whose_procs_exit_slowly_exits_0(tmp_path: Path, ending: str) -> None:
+    script = tmp_path / "controller.py"
+    script.write_text(textwrap.dedent(SLOW_EXIT))
+    run = subprocess.run(
+        [sys.executable, str(script), ending],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, describe(run)
+    assert "VALUES [7, 7]" in run.stdout, describe(run)
+    assert "DONE" in run.stdout, describe(run)
+    assert "supervision failure" not in run.stderr, describe(run)
+    assert "connection lost" not in run.stderr, describe(run)

@@ -29,7 +29,7 @@ from regency._runtime.mesh_trait import MeshTrait
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs, new_proc_address
-from regency._runtime.supervision import RestartPolicy
+from regency._runtime.supervision import RestartPolicy, stop_reason
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Shape
 
@@ -240,6 +240,7 @@ def stop_procs(infos: Sequence[ProcInfo], reason: str) -> Future[None]:
     for info in infos:
         by_agent.setdefault(info.agent, []).append(info.addr)
     tracker, port = _open_countdown(len(by_agent), [], "stopping procs")
+    rt.expect_stop([info.addr for info in infos], stop_reason(reason))
     for agent, addrs in by_agent.items():
         try:
             rt.send_control(agent, wire.SERVICE_HOST, StopProcs(tuple(addrs), reason, port))
