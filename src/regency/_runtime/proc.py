@@ -161,11 +161,12 @@ class ProcRuntime:
         with self._lock:
             procs = [p for p in self._host_procs.pop(agent, ()) if p not in self.dead]
         why = f"its host {agent} was lost: {reason}"
+        # Procs being stopped went as asked, whatever became of their host.
+        ends = {proc: self.stopping.pop(proc, why) for proc in procs}
         # Record every loss before telling anyone, so that each account names all the ranks.
-        for proc in procs:
-            self.dead[proc] = why
-        for proc in procs:
-            self._notify_dead(proc, why)
+        self.dead.update(ends)
+        for proc, end in ends.items():
+            self._notify_dead(proc, end)
 
     def close_port(self, port: int, watch: Sequence[str] = ()) -> None:
         """Forget a port; later messages to it are dropped."""
