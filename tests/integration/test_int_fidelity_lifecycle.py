@@ -7,12 +7,18 @@ user of the script sees (its exit code, its output).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+import regency.actor
+from regency.actor import Actor, ActorError, MeshFailure, ProcMesh, endpoint, this_proc
 
 
 def run_script(
@@ -137,3 +143,71 @@ def test_a_clean_run_whose_procs_exit_slowly_exits_0(tmp_path: Path, ending: str
     assert "DONE" in run.stdout, describe(run)
     assert "supervision failure" not in run.stderr, describe(run)
     assert "connection lost" not in run.stderr, describe(run)
+
+
+# -- item 11: the bootstrap runs with the proc serving, and its failure fails the proc's actors -
+
+
+class EnvReader(Actor):
+    @endpoint
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def bootstrap_calling_this_proc() -> None:
+    started = time.monotonic()
+    local = this_proc().spawn("in_bootstrap", EnvReader)
+    same = local.pid.call_one().get(timeout=20) == os.getpid()
+    os.environ["LIFECYCLE_BOOT"] = f"same proc {same} in {time.monotonic() - started:.1f} s"
+
+
+def bootstrap_raising() -> None:
+    raise ValueError("the bootstrap broke on purpose")
+
+
+@pytest.fixture
+def fault_hook(monkeypatch: pytest.MonkeyPatch) -> list[MeshFailure]:
+    """Failures that reach the root, recorded instead of ending the test run."""
+    seen: list[MeshFailure] = []
+    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", seen.append)
+    return seen
+
+
+@pytest.mark.timeout(60)
+def test_a_bootstrap_spawns_and_calls_actors_on_this_proc(
+    make_procs: Callable[..., ProcMesh],
+) -> None:
+    started = time.monotonic()
+    procs = make_procs(2, bootstrap=bootstrap_calling_this_proc)
+    readers = procs.spawn("readers", EnvReader)
+    found = readers.env.call("LIFECYCLE_BOOT").get(timeout=30)
+    assert procs.initialized.get(timeout=30) is True
+    assert time.monotonic() - started < 10  # the stall it replaced was 20 s
+    for _, text in found.items():
+        assert text is not None, "actors ran before the bootstrap had returned"
+        assert text.startswith("same proc True in ")
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_bootstrap_fails_the_spawns_and_calls_on_its_procs(
+    make_procs: Callable[..., ProcMesh], fault_hook: list[MeshFailure]
+) -> None:
+    procs = make_procs(2, bootstrap=bootstrap_raising)
+    readers = procs.spawn("readers", EnvReader)
+    with pytest.raises(ActorError, match="ValueError: the bootstrap broke on purpose"):
+        readers.initialized.get(timeout=30)
+    with pytest.raises(ActorError) as called:
+        readers.env.call("HOME").get(timeout=30)
+    assert "Endpoint call readers.env() failed" in str(called.value)
+    assert "ValueError: the bootstrap broke on purpose" in str(called.value)
+    with pytest.raises(ActorError, match="ValueError: the bootstrap broke on purpose"):
+        procs.initialized.get(timeout=30)
+    later = procs.spawn("later", EnvReader)  # also once the failure is known
+    with pytest.raises(ActorError, match="the bootstrap broke on purpose"):
+        later.pid.call().get(timeout=30)
+    procs.stop().get(timeout=30)
+    assert fault_hook == [], "a failed bootstrap is reported to the caller, not the fault hook"
