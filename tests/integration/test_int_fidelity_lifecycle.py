@@ -8,6 +8,7 @@ user of the script sees (its exit code, its output).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -211,3 +212,70 @@ def test_a_failed_bootstrap_fails_the_spawns_and_calls_on_its_procs(
         later.pid.call().get(timeout=30)
     procs.stop().get(timeout=30)
     assert fault_hook == [], "a failed bootstrap is reported to the caller, not the fault hook"
+
+
+# -- item 13: Ctrl-C shows the controller's KeyboardInterrupt, and nothing from its procs ------
+
+WAIT_FOR_CTRL_C = """
+import os
+import time
+
+from regency.actor import Actor, endpoint, this_host
+
+
+class Pid(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+if __name__ == "__main__":
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    pids = sorted(v for _, v in procs.spawn("pids", Pid).pid.call().get(timeout=60).items())
+    print("READY", *pids, flush=True)
+    time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_prints_only_the_controllers_keyboard_interrupt(tmp_path: Path) -> None:
+    script = tmp_path / "controller.py"
+    script.write_text(textwrap.dedent(WAIT_FOR_CTRL_C))
+    # Its own session and process group, as a terminal runs it; Ctrl-C signals the whole group.
+    controller = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert controller.stdout is not None
+        line = controller.stdout.readline()
+        assert line.startswith("READY"), line
+        pids = [int(p) for p in line.split()[1:]]
+        os.killpg(controller.pid, signal.SIGINT)
+        _, stderr = controller.communicate(timeout=30)
+    finally:
+        if controller.poll() is None:
+            os.killpg(controller.pid, signal.SIGKILL)
+            controller.wait(10)
+    assert controller.returncode == -signal.SIGINT, stderr
+    assert stderr.count("Traceback (most recent call last)") == 1, stderr
+    assert stderr.rstrip().endswith("KeyboardInterrupt"), stderr
+    assert "controller.py" in stderr, stderr
+    for name in ("zygote", "bootstrap", "threading.py"):
+        assert name not in stderr, stderr
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if _alive(p)], "procs outlived their interrupted controller"

@@ -35,6 +35,19 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def ignore_interrupts() -> None:
+    """Let Ctrl-C pass: a terminal sends SIGINT to the controller's whole process group, and
+    the controller handles it (its procs and zygote end with it) without tracebacks of theirs.
+
+    A no-op handler rather than ``SIG_IGN``, which programs that an actor starts would inherit.
+    """
+    signal.signal(signal.SIGINT, _interrupted)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """SIGINT in a proc or the zygote: nothing to do (see :func:`ignore_interrupts`)."""
+
+
 def _read_settings(fd: int) -> dict[str, Any]:
     with os.fdopen(fd, "rb") as pipe:
         settings: dict[str, Any] = pickle.load(pipe)
@@ -50,6 +63,7 @@ def main() -> None:
 
 def serve(settings: dict[str, Any]) -> None:
     """Serve as the proc ``settings`` describes until asked to stop."""
+    ignore_interrupts()
     sys.path[:] = settings["sys_path"]
     os.chdir(settings["cwd"])
     if settings.get("env") is not None:

@@ -77,6 +77,7 @@ def main() -> None:
     """Serve spawn requests until the control socket closes."""
     control = socket.socket(fileno=int(sys.argv[1]))
     bootstrap.die_with_parent(int(sys.argv[2]))
+    bootstrap.ignore_interrupts()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
