@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 import regency.actor
+from regency._runtime.launcher import Launcher
+from regency._transport.io_loop import IOLoop
 from regency.actor import Actor, ActorError, MeshFailure, ProcMesh, endpoint, this_proc
 
 
@@ -279,3 +282,28 @@ def test_ctrl_c_prints_only_the_controllers_keyboard_interrupt(tmp_path: Path) -
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [p for p in pids if _alive(p)], "procs outlived their interrupted controller"
+
+
+# -- shutdown racing a spawn: a controller that exits right after spawn_procs -----------------
+
+
+@pytest.mark.timeout(30)
+def test_a_closed_launcher_starts_no_zygote_and_no_proc() -> None:
+    # A script that exits right after spawn_procs closes its host agent while the zygote is
+    # still starting and the spawn is in flight; neither may start a process afterwards (it
+    # printed "I/O operation on closed epoll object" or "Address already in use" tracebacks).
+    loop = IOLoop("regency-test-launcher")
+    exits: list[tuple[int, int]] = []
+    launcher = Launcher(loop, lambda pid, status: exits.append((pid, status)))
+    ours, theirs = socket.socketpair()
+    try:
+        launcher.close()
+        launcher.start_zygote()
+        assert launcher._zygote is None
+        with pytest.raises(OSError, match="the host agent is shutting down"):
+            launcher.launch({"address": "unix:@regency-test-never"}, theirs)
+    finally:
+        ours.close()
+        theirs.close()
+        loop.stop()
+    assert exits == []
