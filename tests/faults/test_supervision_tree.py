@@ -662,9 +662,26 @@ class HostStopper(Actor):
         return value
 
 
-@pytest.mark.parametrize("how", ["stop", "shutdown"])
+def test_this_host_cannot_be_shut_down(
+    cleanup: tuple[list[ProcMesh], list[int]], hook: list[MeshFailure]
+) -> None:
+    """As in Monarch, ``this_host()`` is a reference: only an attached mesh shuts hosts down."""
+    meshes, pids = cleanup
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    meshes.append(procs)
+    stopper = procs.spawn("stopper", HostStopper)
+    worker_pids = stopper.worker_pids.call_one().get(timeout=SPAWN)
+    pids.extend(worker_pids)
+
+    refused = stopper.stop_host.call_one("shutdown").get(timeout=40)
+    assert refused["message"] == "cannot shut down `HostMesh` that is a reference instead of owned"
+    assert refused["runtime"]
+    assert stopper.worker_pids.call_one().get(timeout=10) == worker_pids
+    assert quiet(lambda: list(hook)) == []
+
+
 def test_host_mesh_stop_stops_the_procs_spawned_from_it(
-    cleanup: tuple[list[ProcMesh], list[int]], hook: list[MeshFailure], how: str
+    cleanup: tuple[list[ProcMesh], list[int]], hook: list[MeshFailure]
 ) -> None:
     meshes, pids = cleanup
     procs = this_host().spawn_procs(per_host={"gpus": 1})
@@ -673,7 +690,7 @@ def test_host_mesh_stop_stops_the_procs_spawned_from_it(
     worker_pids = stopper.worker_pids.call_one().get(timeout=SPAWN)
     pids.extend(worker_pids)
 
-    assert stopper.stop_host.call_one(how).get(timeout=40) == {"value": None}
+    assert stopper.stop_host.call_one("stop").get(timeout=40) == {"value": None}
     assert not wait_gone(worker_pids, 10)
     assert stopper.call_workers.call_one().get(timeout=10).get("supervision")
     # The host itself stays up for its owner: the actor that asked lives on.

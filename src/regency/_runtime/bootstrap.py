@@ -35,6 +35,19 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def ignore_interrupts() -> None:
+    """Let Ctrl-C pass: a terminal sends SIGINT to the controller's whole process group, and
+    the controller handles it (its procs and zygote end with it) without tracebacks of theirs.
+
+    A no-op handler rather than ``SIG_IGN``, which programs that an actor starts would inherit.
+    """
+    signal.signal(signal.SIGINT, _interrupted)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """SIGINT in a proc or the zygote: nothing to do (see :func:`ignore_interrupts`)."""
+
+
 def _read_settings(fd: int) -> dict[str, Any]:
     with os.fdopen(fd, "rb") as pipe:
         settings: dict[str, Any] = pickle.load(pipe)
@@ -50,6 +63,7 @@ def main() -> None:
 
 def serve(settings: dict[str, Any]) -> None:
     """Serve as the proc ``settings`` describes until asked to stop."""
+    ignore_interrupts()
     sys.path[:] = settings["sys_path"]
     os.chdir(settings["cwd"])
     if settings.get("env") is not None:
@@ -81,27 +95,33 @@ def serve(settings: dict[str, Any]) -> None:
     stop = threading.Event()
     watch_parent(runtime, settings["parent_pid"])
 
-    bootstrap_error = None
-    if settings["bootstrap"] is not None:
-        try:
-            fn = pickle.loads(settings["bootstrap"])
-            result = fn()
-            if hasattr(result, "__await__"):
-                import asyncio
-
-                async def wait() -> Any:
-                    return await result
-
-                asyncio.run(wait())
-        except BaseException as exc:
-            bootstrap_error = "".join(traceback.format_exception(exc))
-
-    agent = ProcAgent(runtime, on_stop_proc=lambda _: stop.set(), bootstrap_error=bootstrap_error)
+    # The agent serves before the bootstrap runs, so the bootstrap can use this_proc().
+    agent = ProcAgent(runtime, on_stop_proc=lambda _: stop.set(), booting=True)
     runtime.add_service(wire.SERVICE_PROC, Service("regency-proc-agent", agent.handle))
+    agent.booted(_run_bootstrap(settings["bootstrap"]))
     stop.wait()
     runtime.close()
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _run_bootstrap(payload: bytes | None) -> str | None:
+    """Run the pickled bootstrap callable (awaiting what it returns, if awaitable); return the
+    traceback of what it raised, or ``None``."""
+    if payload is None:
+        return None
+    try:
+        result = pickle.loads(payload)()
+        if hasattr(result, "__await__"):
+            import asyncio
+
+            async def wait() -> Any:
+                return await result
+
+            asyncio.run(wait())
+    except BaseException as exc:
+        return "".join(traceback.format_exception(exc))
+    return None
 
 
 def watch_parent(runtime: Any, parent_pid: int) -> None:

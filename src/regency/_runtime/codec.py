@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -138,6 +140,18 @@ def dumps(obj: Any) -> list[Part]:
     return [out.getbuffer(), *buffers]
 
 
+# STACK_GLOBAL, the only opcode by which a protocol 4+ pickle names a module (and may import it).
+_NAMES_A_MODULE = re.compile(pickle.STACK_GLOBAL)
+# Imports run by unpickling, one thread at a time: several actor threads of a new proc unpickling
+# their first messages at once would otherwise import the same package (torch) concurrently, and
+# packages with circular imports then fail half-initialized or with a _DeadlockError.
+_importing = threading.RLock()
+
+
 def loads(parts: Sequence[Part]) -> Any:
     """Inverse of :func:`dumps`."""
-    return pickle.loads(parts[0], buffers=parts[1:])
+    body = parts[0]
+    if _NAMES_A_MODULE.search(body) is None:  # the common small message: no lock
+        return pickle.loads(body, buffers=parts[1:])
+    with _importing:
+        return pickle.loads(body, buffers=parts[1:])

@@ -86,6 +86,17 @@ class Future(Generic[R]):
                 raise TimeoutError(f"no result within {timeout} s (the remote work goes on)")
         return self._outcome()
 
+    def _wait_quietly(self, timeout: float) -> BaseException | None:
+        """Block until done and return the error (``None`` on success), without ``get``'s
+        warning inside an event loop: for regency's own calls that block by contract."""
+        if not wait_pending(self._pending, timeout):
+            return TimeoutError(f"no result within {timeout} s (the remote work goes on)")
+        try:
+            self._outcome()
+        except Exception as exc:
+            return exc
+        return None
+
     def result(self, timeout: float | None = None) -> R:
         """Alias of :meth:`get`."""
         return self.get(timeout)

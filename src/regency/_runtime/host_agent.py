@@ -28,7 +28,7 @@ from regency._runtime import wire
 from regency._runtime.launcher import Launcher
 from regency._runtime.proc import Part, PortRef, ProcRuntime
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
-from regency._runtime.supervision import STOP_REASON_PREFIX
+from regency._runtime.supervision import stop_reason
 from regency._transport.address import route_key
 from regency._transport.routing import Switchboard, handoff_pair
 from regency._transport.transport import PeerUnreachableError
@@ -165,7 +165,7 @@ class HostAgent:
             if spawned is not None:
                 spawned.discard(child.info.addr)
         if child.stopping is not None:
-            reason = f"{STOP_REASON_PREFIX}{child.stopping})"
+            reason = stop_reason(child.stopping)
         else:
             reason = describe_status(status)
         child.exited.set()
@@ -219,6 +219,7 @@ class HostAgent:
                 continue
             child.stopping = reason
             waiting.append(child)
+            self.runtime.expect_stop([addr], stop_reason(reason))
             try:
                 self.runtime.send_control(addr, wire.SERVICE_PROC, ("stop_proc", reason))
             except PeerUnreachableError:

@@ -45,13 +45,14 @@ class Launcher:
         self._pids: dict[str, int] = {}
         self._zygote_children: set[int] = set()
         self._reader = MessageReader()
+        self._closed = False
 
     # -- the zygote ----------------------------------------------------------------------------
 
     def start_zygote(self) -> None:
         """Start the template process (idempotent; on failure procs start cold)."""
         with self._lock:
-            if self._zygote is not None:
+            if self._zygote is not None or self._closed:
                 return
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -73,7 +74,7 @@ class Launcher:
             finally:
                 theirs.close()
             self._control = ours
-        self._loop.register(ours.fileno(), self._on_control)
+            self._loop.register(ours.fileno(), self._on_control)
 
     def _on_control(self, _: int) -> None:
         control = self._control
@@ -130,10 +131,18 @@ class Launcher:
                 if event.wait(30) and token in self._pids:
                     return self._pids.pop(token)
                 self._spawned.pop(token, None)
+                if self._closed:  # the zygote may have forked it: a cold twin would clash
+                    raise OSError("the host agent is shutting down")
                 log.warning("the zygote did not fork a proc; starting it cold")
         return self._launch_cold(settings, handoff)
 
     def _launch_cold(self, settings: dict[str, Any], handoff: socket.socket) -> int:
+        with self._lock:  # close() waits: the loop must outlive the child's registration
+            if self._closed:
+                raise OSError("the host agent is shutting down")
+            return self._launch_cold_locked(settings, handoff)
+
+    def _launch_cold_locked(self, settings: dict[str, Any], handoff: socket.socket) -> int:
         read_fd, write_fd = os.pipe()
         try:
             popen = subprocess.Popen(
@@ -162,8 +171,10 @@ class Launcher:
 
     def close(self) -> None:
         """Stop the zygote (its remaining children die with it)."""
-        zygote = self._zygote
-        control = self._control
+        with self._lock:  # a zygote still starting (the warm-up at start) is stopped too
+            self._closed = True
+            zygote = self._zygote
+            control = self._control
         if control is not None:
             with contextlib.suppress(OSError):
                 control.shutdown(socket.SHUT_RDWR)

@@ -28,8 +28,14 @@ from regency._runtime.mesh_supervisor import MeshSupervisor
 from regency._runtime.mesh_trait import MeshTrait
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
-from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs, new_proc_address
-from regency._runtime.supervision import RestartPolicy
+from regency._runtime.procs import (
+    ProcInfo,
+    ShutdownHost,
+    SpawnProcs,
+    StopProcs,
+    new_proc_address,
+)
+from regency._runtime.supervision import RestartPolicy, stop_reason
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Shape
 
@@ -108,24 +114,49 @@ class HostInfo:
     agent: str
 
 
+class WorkerLease:
+    """The worker daemons a host mesh was attached to, shared with its slices: whether they have
+    been shut down (then no mesh over them can be used again)."""
+
+    __slots__ = ("shut_down",)
+
+    def __init__(self) -> None:
+        self.shut_down = False
+
+
 class HostMesh(MeshTrait):
     """A mesh of machines; ``spawn_procs`` starts processes on each of them."""
 
-    def __init__(self, shape: Shape, hosts: Sequence[HostInfo], owned: bool = False) -> None:
+    def __init__(
+        self,
+        shape: Shape,
+        hosts: Sequence[HostInfo],
+        owned: bool = False,
+        lease: WorkerLease | None = None,
+    ) -> None:
         self._shape = shape
         self._hosts = list(hosts)
         self._owned = owned
+        self._lease = lease  # None: hosts this mesh cannot shut down (this_host(), references)
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(shape, self._hosts)
+        return HostMesh(shape, self._hosts, lease=self._lease)
 
     def _agents(self) -> set[str]:
         return {self._hosts[b].agent for b in self._shape.ranks()}
 
+    def _check_up(self) -> None:
+        if self._lease is not None and self._lease.shut_down:
+            raise RuntimeError("HostMesh has already been shut down")
+
     def stop(self, reason: str = "host mesh stopped") -> Future[None]:
         """Stop the procs the caller spawned on these hosts; the hosts stay up."""
         if not self._owned:
-            raise NotOwnedError("HostMesh is not owned; must be stopped by its owner")
+            raise NotOwnedError("cannot stop `HostMesh` that is a reference instead of owned")
+        self._check_up()
+        return self._stop_procs(reason)
+
+    def _stop_procs(self, reason: str) -> Future[None]:
         owner = current_instance()
         agents = self._agents()
         procs = [m for m in owner.owned if isinstance(m, ProcMesh) and m._agents() & agents]
@@ -149,12 +180,28 @@ class HostMesh(MeshTrait):
         return Future._from_pending(pending)
 
     def shutdown(self) -> Future[None]:
-        """Stop the caller's procs on these hosts and release the hosts.
+        """Stop the caller's procs on these hosts, then end the worker daemons serving them.
 
-        Hosts of this machine (``this_host()``) are served by the controller itself and stay up
-        while it runs; hosts attached from a job are released by the job.
+        Only the mesh ``attach_to_workers`` (or a job) returned can shut its hosts down; a slice,
+        a mesh received in a message and ``this_host()`` raise ``RuntimeError``. Afterwards the
+        mesh and its slices cannot be used (``RuntimeError("HostMesh has already been shut
+        down")``). ``async with hosts:`` shuts down on exit.
         """
-        return self.stop("host mesh shut down")
+        if not self._owned or self._lease is None:
+            raise NotOwnedError("cannot shut down `HostMesh` that is a reference instead of owned")
+        self._check_up()
+        self._lease.shut_down = True
+        stopped = self._stop_procs("host mesh shut down")
+        agents = sorted({host.agent for host in self._hosts})
+        return _after(stopped, lambda: shutdown_hosts(agents))
+
+    async def __aenter__(self) -> HostMesh:
+        self._check_up()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._lease is not None and not self._lease.shut_down:
+            await self.shutdown()
 
     def spawn_procs(
         self,
@@ -168,6 +215,7 @@ class HostMesh(MeshTrait):
         ``bootstrap`` runs in each new process before any actor (e.g. to set environment
         variables before CUDA starts).
         """
+        self._check_up()
         per_host = dict(per_host or {})
         host_labels = tuple(self._shape.labels)
         overlap = [label for label in per_host if label in host_labels]
@@ -234,6 +282,55 @@ def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> No
     )
 
 
+class _HostsGone:
+    """Port handler completing once every worker asked to shut down is gone (or refused)."""
+
+    def __init__(self, agents: Sequence[str]) -> None:
+        self.pending = Pending()
+        self._left = set(agents)
+        self._errors: list[str] = []
+        self.port = -1
+        if not agents:
+            self.pending.set_result(None)
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        agent, error = pickle.loads(parts[0])
+        self._errors.append(f"{agent}: {error}")
+        self._gone(agent)
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        self._gone(addr)
+
+    def _gone(self, agent: str) -> None:
+        if agent not in self._left:
+            return
+        self._left.discard(agent)
+        if self._left:
+            return
+        state.runtime().close_port(self.port)
+        if self._errors:
+            self.pending.set_exception(
+                ActorError(None, "shutting down the host mesh failed", "\n".join(self._errors))
+            )
+        else:
+            self.pending.set_result(None)
+
+
+def shutdown_hosts(agents: Sequence[str]) -> Future[None]:
+    """Ask the worker daemons at ``agents`` to stop every proc and exit; done once all are gone."""
+    rt = state.runtime()
+    handler = _HostsGone(agents)
+    ref = rt.open_port(handler)
+    handler.port = ref.port
+    for agent in agents:
+        try:
+            rt.send_control(agent, wire.SERVICE_HOST, ShutdownHost(rt.address, ref))
+        except PeerUnreachableError:
+            handler.peer_lost(agent, "unreachable")
+    rt.watch(ref.port, agents)
+    return Future._from_pending(handler.pending)
+
+
 def stop_procs(infos: Sequence[ProcInfo], reason: str) -> Future[None]:
     """Stop procs through their host agents (politely, then by force)."""
     rt = state.runtime()
@@ -241,6 +338,7 @@ def stop_procs(infos: Sequence[ProcInfo], reason: str) -> Future[None]:
     for info in infos:
         by_agent.setdefault(info.agent, []).append(info.addr)
     tracker, port = _open_countdown(len(by_agent), [], "stopping procs")
+    rt.expect_stop([info.addr for info in infos], stop_reason(reason))
     for agent, addrs in by_agent.items():
         try:
             rt.send_control(agent, wire.SERVICE_HOST, StopProcs(tuple(addrs), reason, port))

@@ -95,6 +95,7 @@ class ProcRuntime:
         self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
         self._watchers: dict[str, set[int]] = {}
         self.dead: dict[str, str] = {}
+        self.stopping: dict[str, str] = {}  # proc -> its end's reason: it is stopped on purpose
         self._exit_port: PortRef | None = None
         self._host_procs: dict[str, set[str]] = {}  # remote host agent -> procs started there
 
@@ -160,11 +161,12 @@ class ProcRuntime:
         with self._lock:
             procs = [p for p in self._host_procs.pop(agent, ()) if p not in self.dead]
         why = f"its host {agent} was lost: {reason}"
+        # Procs being stopped went as asked, whatever became of their host.
+        ends = {proc: self.stopping.pop(proc, why) for proc in procs}
         # Record every loss before telling anyone, so that each account names all the ranks.
-        for proc in procs:
-            self.dead[proc] = why
-        for proc in procs:
-            self._notify_dead(proc, why)
+        self.dead.update(ends)
+        for proc, end in ends.items():
+            self._notify_dead(proc, end)
 
     def close_port(self, port: int, watch: Sequence[str] = ()) -> None:
         """Forget a port; later messages to it are dropped."""
@@ -436,8 +438,16 @@ class ProcRuntime:
 
     # -- failures ------------------------------------------------------------------------------
 
+    def expect_stop(self, addrs: Sequence[str], reason: str) -> None:
+        """The procs at ``addrs`` are being stopped on purpose: losing one of them is its stop
+        (recorded as ``reason``), not a failure, however long its process takes to exit."""
+        for addr in addrs:
+            if addr not in self.dead:
+                self.stopping[addr] = reason
+
     def mark_dead(self, addr: str, reason: str) -> None:
         """Record that the process at ``addr`` is gone and fail everything waiting on it."""
+        self.stopping.pop(addr, None)
         if addr in self.dead:
             return
         self.dead[addr] = reason
@@ -449,10 +459,16 @@ class ProcRuntime:
         self._fail_watchers(addr, reason)
 
     def _on_peer_lost(self, addr: str, reason: str) -> None:
+        stop = self.stopping.get(addr)
+        if stop is not None:
+            self.mark_dead(addr, stop)
+            return
         if addr in self.local_children:
             # Our host agent will report how the process ended in a moment (it watches the
             # pid); only if the process lives on is the lost connection itself the news.
-            self.loop.call_later(_EXIT_REPORT_GRACE, lambda: self.mark_dead(addr, reason))
+            self.loop.call_later(
+                _EXIT_REPORT_GRACE, lambda: self.mark_dead(addr, self.stopping.get(addr, reason))
+            )
             return
         self.mark_dead(addr, reason)
 

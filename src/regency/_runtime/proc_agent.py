@@ -10,8 +10,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from regency import config
+from regency._runtime import wire
 from regency._runtime.instance import ActorInstance, SpawnActor
 from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.unbooted import UnbootedInstance
 from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.proc")
@@ -24,19 +26,44 @@ class ProcAgent:
         self,
         runtime: ProcRuntime,
         on_stop_proc: Callable[[str], None] | None = None,
-        bootstrap_error: str | None = None,
+        booting: bool = False,
     ) -> None:
         self.runtime = runtime
         self.instances: dict[int, ActorInstance] = {}
         self._on_stop_proc = on_stop_proc
-        self.bootstrap_error = bootstrap_error
+        self.bootstrap_error: str | None = None
+        # While the proc's bootstrap runs, requests from other processes wait here (their actors
+        # start after it); the bootstrap's own spawns on this proc go ahead.
+        self._held: list[Any] | None = [] if booting else None
         self._lock = threading.Lock()
         self._by_owner: dict[str, set[int]] = {}
 
+    def booted(self, error: str | None) -> None:
+        """The bootstrap returned (``error``: the traceback of what it raised); runs the held
+        requests. Call from any thread: it is queued behind the requests already received."""
+        self.runtime.services[wire.SERVICE_PROC].post(_Booted(error))
+
     def handle(self, request: Any) -> None:
         """Service entry point (runs on the proc agent's own thread)."""
+        if self._held is not None:
+            if isinstance(request, _Booted):
+                held, self._held = self._held, None
+                self.bootstrap_error = request.error
+                for early in held:
+                    self.handle(early)
+                return
+            if not (
+                isinstance(request, SpawnActor) and request.status.addr == self.runtime.address
+            ):
+                self._held.append(request)
+                return
         if isinstance(request, SpawnActor):
-            instance = ActorInstance(self.runtime, request)
+            if self.bootstrap_error is not None:
+                instance: ActorInstance = UnbootedInstance(
+                    self.runtime, request, self.bootstrap_error
+                )
+            else:
+                instance = ActorInstance(self.runtime, request)
             with self._lock:
                 self.instances[request.mesh_id] = instance
             if request.owner is not None and request.owner.addr != self.runtime.address:
@@ -101,6 +128,15 @@ class ProcAgent:
             events.append(event)
         for event in events:
             event.wait(timeout)
+
+
+class _Booted:
+    """The proc's bootstrap returned (posted by the proc itself, never sent)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str | None) -> None:
+        self.error = error
 
 
 class _OwnerGone:

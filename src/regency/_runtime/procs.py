@@ -47,3 +47,15 @@ class StopProcs:
     addrs: tuple[str, ...]
     reason: str
     done: PortRef
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownHost:
+    """Ask a worker daemon to stop every proc and exit (``HostMesh.shutdown``).
+
+    The worker's connection closing is the answer; it writes ``(worker, error)`` to ``done``
+    only to refuse (it serves another controller than ``controller``).
+    """
+
+    controller: str
+    done: PortRef

@@ -71,7 +71,7 @@ class SingletonRegistry(InstanceBase):
                 )
             mesh = self._meshes.get(name)
             if mesh is None:
-                cls, args, kwargs = cloudpickle.loads(payload)
+                cls, args, kwargs = codec.loads([payload])
                 from regency._runtime.meshes import this_proc_mesh
 
                 mesh = this_proc_mesh()._spawn_owned(name, cls, args, kwargs, owner=self)

@@ -20,6 +20,11 @@ from typing import Any, Literal
 STOP_REASON_PREFIX = "stopped ("
 
 
+def stop_reason(why: str) -> str:
+    """How the end of a proc that was stopped on purpose (because ``why``) reads."""
+    return f"{STOP_REASON_PREFIX}{why})"
+
+
 def is_stop_reason(reason: str) -> bool:
     """Whether a proc's end was asked for (a stop), as opposed to a crash."""
     return reason.startswith(STOP_REASON_PREFIX)

@@ -6,8 +6,9 @@ controller's machine is reached (its gateway), the controller's own secret (wrap
 job's, never in the clear) and its settings. From then on the worker's host agent starts procs
 for that controller; the procs hold the controller's secret and are reached through the worker's
 port. When the controller goes (its connection closes or falls silent), the worker stops every
-proc it started and waits for the next one. A second controller that attaches while one is
-served is refused with an error naming the one being served.
+proc it started and waits for the next one; when the controller shuts the host down
+(``HostMesh.shutdown``), the worker stops them and exits. A second controller that attaches
+while one is served is refused with an error naming the one being served.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from regency import config
 from regency._runtime import wire
 from regency._runtime.host_agent import HostAgent, HostSession
 from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.procs import ShutdownHost
 from regency._runtime.service import Service
 from regency._transport import address
 from regency._transport.auth import AuthenticationError, unwrap_secret
@@ -58,6 +60,7 @@ class WorkerAgent:
         self.agent = agent
         self.job_secret = job_secret
         self.service = Service("regency-worker", self.handle)
+        self.finished = threading.Event()  # set once a controller shut this host down
 
     def handle(self, request: Any) -> None:
         """Service entry point (runs on the worker service's thread, one request at a time)."""
@@ -65,8 +68,26 @@ class WorkerAgent:
             self._attach(request)
         elif isinstance(request, _Detach):
             self._detach(request)
+        elif isinstance(request, ShutdownHost):
+            self._shutdown(request)
         else:
             self.agent.handle(request)
+
+    def _shutdown(self, request: ShutdownHost) -> None:
+        session = self.agent.session
+        if session is None or session.root != request.controller:
+            served = "no controller" if session is None else f"controller {session.root}"
+            with contextlib.suppress(PeerUnreachableError):
+                self.runtime.send_port(
+                    request.done,
+                    0,
+                    0,
+                    [pickle.dumps((self.runtime.address, f"it serves {served}"), protocol=5)],
+                )
+            return
+        log.info("controller %s shut this host down; exiting", request.controller)
+        self.agent.shutdown(float(config.get("stop_timeout")))
+        self.finished.set()
 
     def _attach(self, request: Attach) -> None:
         current = self.agent.session
@@ -168,7 +189,8 @@ def advertised(bound: str) -> str:
 
 
 def serve(listen: str, job_secret: bytes) -> None:
-    """Serve this machine as a host at ``listen`` (``tcp://HOST:PORT``) forever."""
+    """Serve this machine as a host at ``listen`` (``tcp://HOST:PORT``) until a controller shuts
+    it down; then raise ``SystemExit(0)``."""
     if not address.is_tcp(listen) or address.route_key(listen):
         raise address.AddressError(f"a worker listens on tcp://HOST:PORT, not {listen!r}")
     runtime = ProcRuntime(listen, job_secret, "worker")
@@ -178,4 +200,6 @@ def serve(listen: str, job_secret: bytes) -> None:
     runtime.add_service(wire.SERVICE_HOST, worker.service)
     agent.launcher.start_zygote()
     print(f"regency worker listening on {runtime.address}", flush=True)
-    threading.Event().wait()
+    worker.finished.wait()
+    runtime.close()
+    raise SystemExit(0)

@@ -75,8 +75,19 @@ def _reap(control: socket.socket) -> None:
 
 def main() -> None:
     """Serve spawn requests until the control socket closes."""
+    zygote = os.getpid()
+    try:
+        _serve()
+    except (BrokenPipeError, ConnectionResetError):
+        if os.getpid() != zygote:  # a proc forked from here: its own failure, not ours
+            raise
+        # The host agent closed the control socket first: it is shutting down.
+
+
+def _serve() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     bootstrap.die_with_parent(int(sys.argv[2]))
+    bootstrap.ignore_interrupts()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

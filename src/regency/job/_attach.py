@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from regency import config
 from regency._runtime import controller, state, wire
-from regency._runtime.meshes import HostInfo, HostMesh
+from regency._runtime.meshes import HostInfo, HostMesh, WorkerLease
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
 from regency._runtime.worker import Attach
@@ -117,4 +117,5 @@ def attach_to_workers(
     if errors:
         raise AttachError(f"attaching {what} failed:\n" + "\n".join(errors))
     shape = Shape.from_extent(Extent(["hosts"], [len(addresses)]))
-    return HostMesh(shape, [HostInfo(worker) for worker in addresses], owned=True)
+    hosts = [HostInfo(worker) for worker in addresses]
+    return HostMesh(shape, hosts, owned=True, lease=WorkerLease())

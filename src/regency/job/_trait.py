@@ -104,11 +104,15 @@ class JobTrait(abc.ABC):
         state, self._state = self._state, None
         if state is not None:
             for name, mesh in state._meshes.items():
+                if mesh._lease is not None and mesh._lease.shut_down:
+                    continue  # HostMesh.shutdown() stopped them already
                 try:
-                    mesh.stop().get(timeout=_STOP_TIMEOUT)
-                except Exception as exc:  # the hosts go anyway; their procs with them
+                    error = mesh.stop()._wait_quietly(_STOP_TIMEOUT)
+                except Exception as exc:
+                    error = exc
+                if error is not None:  # the hosts go anyway; their procs with them
                     log.warning(
-                        "stopping the procs of mesh %r before the kill failed: %s", name, exc
+                        "stopping the procs of mesh %r before the kill failed: %s", name, error
                     )
         self._kill()
 

@@ -12,6 +12,9 @@ from regency.job._attach import SECRET_ENV, secret_from_env
 def run_worker_loop_forever(*, address: str, secret: bytes | None = None) -> NoReturn:
     """Serve this machine as a host at ``address`` until the process is killed.
 
+    A controller that shuts the host down (``HostMesh.shutdown``) ends the loop too: the
+    process then exits with code 0.
+
     ``address`` is ``tcp://HOST:PORT`` (port 0 picks a free one). ``secret`` is the job
     secret (default: ``REGENCY_JOB_SECRET``, hex). Once listening, prints
     ``regency worker listening on tcp://IP:PORT`` on stdout; a wildcard host is shown as this
