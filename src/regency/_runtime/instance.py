@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from regency import config
 from regency._runtime import codec, context, wire
-from regency._runtime.endpoint_def import EndpointSpec, endpoints_of
+from regency._runtime.endpoint_def import EndpointSpec, actor_is_async, endpoints_of
 from regency._runtime.errors import ActorError, SupervisionError
 from regency._runtime.identity import (
     InstanceBase,
@@ -220,7 +220,7 @@ class ActorInstance(InstanceBase):
             self.class_name = f"{cls.__module__}.{cls.__qualname__}"
             for name, prop in endpoints_of(cls).items():
                 self._endpoints[name] = (prop.method, prop.spec)
-            is_async = any(spec.is_async for _, spec in self._endpoints.values())
+            is_async = actor_is_async(cls)
         except BaseException as exc:
             self._report_init(exc)
             self._serve_failed()
@@ -535,7 +535,10 @@ class ActorInstance(InstanceBase):
         timeout = float(config.get("cleanup_timeout"))
         context.set_current(context.Context(self, self.rank))
         try:
-            await asyncio.wait_for(hook(self.actor, exc), timeout)
+            # A sync hook is allowed on an actor whose only async parts are hooks.
+            outcome = hook(self.actor, exc)
+            if inspect.isawaitable(outcome):
+                await asyncio.wait_for(outcome, timeout)
         except asyncio.TimeoutError:
             self._cleanup_failed(f"__cleanup__ took longer than {timeout:g} s", None)
         except BaseException as error:

@@ -7,7 +7,6 @@ and copies received in messages are references that can send but not stop.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import pickle
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -19,7 +18,13 @@ import cloudpickle
 from regency import config
 from regency._runtime import context, state, wire
 from regency._runtime.endpoint import Endpoint, current_instance
-from regency._runtime.endpoint_def import Actor, ArgumentCheck, EndpointSpec, endpoints_of
+from regency._runtime.endpoint_def import (
+    Actor,
+    ArgumentCheck,
+    EndpointSpec,
+    actor_is_async,
+    endpoints_of,
+)
 from regency._runtime.errors import ActorError
 from regency._runtime.future import Future
 from regency._runtime.identity import InstanceBase, new_uid
@@ -291,17 +296,8 @@ class ProcMesh(MeshTrait):
         """
         if not (isinstance(Class, type) and issubclass(Class, Actor)):
             raise ValueError(f"{Class!r} must be a subclass of regency.actor.Actor")
+        actor_is_async(Class)
         specs = endpoints_of(Class)
-        kinds = {prop.spec.is_async for prop in specs.values()}
-        if len(kinds) > 1:
-            raise ValueError(f"{Class.__qualname__} mixes both async and sync endpoints")
-        for hook in ("__supervise__", "__cleanup__"):
-            fn = getattr(Class, hook, None)
-            if fn is not None and kinds and inspect.iscoroutinefunction(fn) not in kinds:
-                raise ValueError(
-                    f"{Class.__qualname__}.{hook} must be {'async' if True in kinds else 'sync'} "
-                    "like its endpoints"
-                )
         clash = sorted(set(specs) & _RESERVED)
         if clash:
             raise ValueError(
