@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,12 +17,17 @@ import pytest
 
 from regency.actor import (
     Actor,
+    Channel,
     MeshFailure,
+    Port,
     ProcMesh,
+    SupervisionError,
     concurrent_endpoint,
+    context,
     endpoint,
     this_host,
 )
+from regency.config import configured
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -173,3 +179,125 @@ def test_concurrent_endpoint_on_a_sync_method_keeps_monarchs_text() -> None:
         class Bad(Actor):
             @concurrent_endpoint
             def f(self) -> None: ...
+
+
+# -- items 3 and 9: a stop does not wait for ever on a busy actor -----------------------------
+
+GRACE = 1.0  # cleanup_timeout for these tests: how long a stop waits for a busy actor
+PROMPT = 6.0  # well under the 10 s stop_timeout that used to end in a force-kill
+
+
+class Helper(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class BlockedAfterSpawning(Actor):
+    """Spawns a helper on its own procs, hands it out through a port, then blocks for ever."""
+
+    def __init__(self, port: Port[Any]) -> None:
+        helper = context().actor_instance.proc_mesh.spawn("helper", Helper)
+        port.send(helper)
+        threading.Event().wait()
+
+    @endpoint
+    def ping(self) -> str:
+        return "never"
+
+
+class AsyncBlockedInInit(Actor):
+    def __init__(self) -> None:
+        threading.Event().wait()
+
+    @endpoint
+    async def ping(self) -> str:
+        return "never"
+
+
+class BlockedInHandler(Actor):
+    @endpoint
+    def block(self) -> None:
+        threading.Event().wait()
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    started = time.monotonic()
+    fn()
+    return time.monotonic() - started
+
+
+def test_an_actor_blocked_in_init_leaves_its_helper_working_and_stops(
+    make_procs: Callable[..., ProcMesh],
+) -> None:
+    with configured(cleanup_timeout=GRACE):
+        procs = make_procs(2)
+    bystander = procs.spawn("bystander", Helper)
+    port, receiver = Channel[Any].open()
+    blocked = procs.spawn("blocked", BlockedAfterSpawning, port)
+    helpers = [receiver.recv().get(timeout=T) for _ in range(2)]
+    pids = set(bystander.pid.call().get(timeout=T).values())
+    for helper in helpers:
+        assert set(helper.pid.call().get(timeout=T).values()) == pids
+    assert GRACE * 0.9 <= _timed(lambda: blocked.stop().get(timeout=T)) < PROMPT
+    with pytest.raises(SupervisionError, match=r"Endpoint call blocked\.ping\(\) failed.*stopped"):
+        blocked.ping.call().get(timeout=T)
+    # The helpers were the blocked actor's: they stop with it. Other meshes carry on.
+    with pytest.raises(SupervisionError, match="stopped"):
+        helpers[0].pid.call().get(timeout=T)
+    assert set(bystander.pid.call().get(timeout=T).values()) == pids
+    assert _timed(lambda: procs.stop().get(timeout=T)) < PROMPT
+
+
+@pytest.mark.parametrize("cls", [AsyncBlockedInInit, BlockedInHandler])
+def test_stop_of_a_busy_actor_returns_after_the_cleanup_timeout(
+    make_procs: Callable[..., ProcMesh], cls: type[Actor]
+) -> None:
+    with configured(cleanup_timeout=GRACE):
+        procs = make_procs(1)
+    busy = procs.spawn("busy", cls)
+    if cls is BlockedInHandler:
+        assert list(busy.ping.call().get(timeout=T).values()) == ["pong"]
+        busy.block.broadcast()
+    queued = busy.ping.call()  # waits behind the blocked constructor or handler
+    assert GRACE * 0.9 <= _timed(lambda: busy.stop().get(timeout=T)) < PROMPT
+    with pytest.raises(SupervisionError, match="stopped"):
+        queued.get(timeout=T)
+    with pytest.raises(SupervisionError, match="stopped"):
+        busy.ping.call().get(timeout=T)
+    assert _timed(lambda: procs.stop().get(timeout=T)) < PROMPT
+
+
+def test_proc_stop_with_an_actor_blocked_in_init_is_bounded_by_the_cleanup_timeout(
+    make_procs: Callable[..., ProcMesh],
+) -> None:
+    with configured(cleanup_timeout=GRACE):
+        procs = make_procs(1)
+    procs.spawn("blocked", AsyncBlockedInInit)
+    procs.spawn("helper", Helper).pid.call().get(timeout=T)
+    assert _timed(lambda: procs.stop().get(timeout=T)) < PROMPT
+
+
+class OwnsMeshOnItsProc(Actor):
+    """The documented pattern: a mesh spawned on the actor's own proc."""
+
+    def __init__(self) -> None:
+        self.child = context().actor_instance.proc.spawn("child", Helper)
+
+    @endpoint
+    def child_pid(self) -> int:
+        return self.child.pid.call_one().get(timeout=T)
+
+
+def test_proc_stop_with_an_owner_of_a_mesh_on_its_own_proc_is_prompt(
+    make_procs: Callable[..., ProcMesh],
+) -> None:
+    procs = make_procs(2)
+    owners = procs.spawn("owners", OwnsMeshOnItsProc)
+    assert len(set(owners.child_pid.call().get(timeout=T).values())) == 2
+    # The proc agent used to wait on itself here for the whole 10 s stop_timeout.
+    assert _timed(lambda: procs.stop().get(timeout=T)) < 3.0
