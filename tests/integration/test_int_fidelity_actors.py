@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -15,8 +16,10 @@ from typing import Any
 
 import pytest
 
+import regency.actor
 from regency.actor import (
     Actor,
+    ActorError,
     Channel,
     MeshFailure,
     Port,
@@ -244,7 +247,9 @@ def test_an_actor_blocked_in_init_leaves_its_helper_working_and_stops(
     for helper in helpers:
         assert set(helper.pid.call().get(timeout=T).values()) == pids
     assert GRACE * 0.9 <= _timed(lambda: blocked.stop().get(timeout=T)) < PROMPT
-    with pytest.raises(SupervisionError, match=r"Endpoint call blocked\.ping\(\) failed.*stopped"):
+    with pytest.raises(
+        SupervisionError, match=r"(?s)Endpoint call blocked\.ping\(\) failed.*stopped"
+    ):
         blocked.ping.call().get(timeout=T)
     # The helpers were the blocked actor's: they stop with it. Other meshes carry on.
     with pytest.raises(SupervisionError, match="stopped"):
@@ -301,3 +306,117 @@ def test_proc_stop_with_an_owner_of_a_mesh_on_its_own_proc_is_prompt(
     assert len(set(owners.child_pid.call().get(timeout=T).values())) == 2
     # The proc agent used to wait on itself here for the whole 10 s stop_timeout.
     assert _timed(lambda: procs.stop().get(timeout=T)) < 3.0
+
+
+# -- item 4: the error texts users match on ---------------------------------------------------
+
+
+class CustomBase(BaseException):
+    pass
+
+
+class Worker(Actor):
+    @endpoint
+    def rank(self) -> int:
+        return context().actor_instance.rank.rank
+
+    @endpoint
+    def die_on(self, rank: int) -> None:
+        if context().actor_instance.rank.rank == rank:
+            os._exit(7)
+
+    @endpoint
+    def base(self) -> None:
+        raise CustomBase("custom base")
+
+    @endpoint
+    def bad(self) -> None:
+        raise ValueError("bad value")
+
+
+def _path(name: str, rank: str) -> str:
+    """A regex for the qualified name of a root-spawned Worker (whatever the mesh's dims)."""
+    return rf"<root>\.<{Worker.__module__}\.Worker {name}\{{[^}}]*'gpus': {rank}\}}>"
+
+
+def _failed(mesh: str, method: str, path: str, reason: str) -> str:
+    return (
+        rf"^Endpoint call {mesh}\.{method}\(\) failed, The actor {path} and all its "
+        rf"descendants have failed:\n  {reason}"
+    )
+
+
+def test_a_crashed_process_reads_as_in_monarch_with_regencys_detail_after(
+    make_procs: Callable[..., ProcMesh], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failures: list[MeshFailure] = []
+    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", failures.append)
+    mesh = make_procs(4).spawn("crash", Worker)
+    with pytest.raises(SupervisionError) as pending:
+        mesh.die_on.call(3).get(timeout=T)
+    monarch = "the process this actor was running on exited with non-zero code 7"
+    text = str(pending.value)
+    assert re.match(_failed("crash", "die_on", _path("crash", "3/4"), monarch), text), text
+    assert "failure on mesh crash at rank 3" in text, text
+    assert "exited with code 7" in text, text
+    with pytest.raises(SupervisionError) as later:
+        mesh.rank.call().get(timeout=T)
+    assert re.match(_failed("crash", "rank", _path("crash", "3/4"), monarch), str(later.value))
+    deadline = time.monotonic() + T
+    while not failures and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (failure,) = failures
+    shown = str(failure)
+    head = r"^MeshFailure\(mesh_name=crash, crashed_ranks=\[3\], event=Supervision event: "
+    assert re.match(rf"{head}actor {_path('crash', '3/4')} failed:\n  {monarch}", shown), shown
+    assert re.match(rf"The actor {_path('crash', '3/4')} and all its descendants", failure.report())
+
+
+def test_a_base_exception_reads_as_in_monarch_now_and_later(procs4: ProcMesh) -> None:
+    mesh = procs4.spawn("based", Worker)
+    one = mesh.slice(gpus=1)
+    path = _path("based", "1/4")
+    with pytest.raises(SupervisionError) as first:
+        one.base.call_one().get(timeout=T)
+    reason = "endpoint base raised CustomBase: custom base"
+    assert re.match(_failed("based", "base", path, reason), str(first.value)), str(first.value)
+    with pytest.raises(SupervisionError) as later:
+        one.rank.call_one().get(timeout=T)
+    assert re.match(_failed("based", "rank", path, reason), str(later.value)), str(later.value)
+    mesh.stop().get(timeout=T)
+
+
+def test_actor_error_text_is_monarchs(procs4: ProcMesh) -> None:
+    mesh = procs4.spawn("erring", Worker)
+    with pytest.raises(ActorError) as info:
+        mesh.bad.call().get(timeout=T)
+    err = info.value
+    assert err.message == "Actor call erring.bad failed."
+    assert err.exception_formatted.startswith(
+        "Traceback of where the remote call failed (most recent call last):\n"
+    )
+    assert "Traceback (most recent call last)" not in err.exception_formatted
+    assert err.exception_formatted.endswith("ValueError: bad value\n")
+    assert str(err) == f"{err.message}\n {err.exception_formatted}"
+    mesh.stop().get(timeout=T)
+
+
+def test_calls_to_a_stopped_mesh_read_as_in_monarch(make_procs: Callable[..., ProcMesh]) -> None:
+    procs = make_procs(2)
+    stopped = procs.spawn("gone", Worker)
+    stopped.rank.call().get(timeout=T)
+    stopped.stop().get(timeout=T)
+    status = rf"Supervision event: actor {_path('gone', '0/2')} has status:\n  stopped: "
+    with pytest.raises(SupervisionError) as info:
+        stopped.rank.call().get(timeout=T)
+    assert re.match(rf"^Endpoint call gone\.rank\(\) failed, {status}", str(info.value))
+    assert "actor mesh gone is stopped" in str(info.value)
+    with_procs = procs.spawn("with_procs", Worker)
+    with_procs.rank.call().get(timeout=T)
+    procs.stop().get(timeout=T)
+    status = rf"Supervision event: actor {_path('with_procs', '0/2')} has status:\n  stopped: "
+    with pytest.raises(SupervisionError) as info:
+        with_procs.rank.call().get(timeout=T)
+    assert re.match(rf"^Endpoint call with_procs\.rank\(\) failed, {status}", str(info.value))
+    with pytest.raises(RuntimeError, match=r"^`ProcMesh` has already been stopped$"):
+        procs.spawn("late", Worker)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from regency import config
 from regency._runtime import codec, context, wire
 from regency._runtime.endpoint_def import EndpointSpec, actor_is_async, endpoints_of
-from regency._runtime.errors import ActorError, SupervisionError
+from regency._runtime.errors import ActorError, SupervisionError, failed_text, stopped_text
 from regency._runtime.identity import (
     InstanceBase,
     new_uid,
@@ -730,15 +730,10 @@ class ActorInstance(InstanceBase):
         if reply is None:
             return
         if self.failed is not None:
-            text = (
-                f"Endpoint call {self.name}.{method}() failed, The actor {self} and all its "
-                f"descendants have failed: {self.failed}"
-            )
+            why = failed_text(str(self), self.failed)
         else:
-            text = (
-                f"Endpoint call {self.name}.{method}() failed, actor mesh {self.name} is "
-                f"stopped: {self.stop_reason}"
-            )
+            why = stopped_text(str(self), self.stop_reason, f"actor mesh {self.name} is stopped")
+        text = f"Endpoint call {self.name}.{method}() failed, {why}"
         self._reply_error(reply, point.rank, SupervisionError(text, f"{self.name}.{method}"))
 
     def _prepare(self, item: Delivery) -> tuple[Any, ...] | None:
@@ -889,8 +884,8 @@ class ActorInstance(InstanceBase):
                 reply,
                 point.rank,
                 SupervisionError(
-                    f"Endpoint call {self.name}.{method}() failed, The actor {self} and all its "
-                    f"descendants have failed: {self.failed}",
+                    f"Endpoint call {self.name}.{method}() failed, "
+                    f"{failed_text(str(self), self.failed or '')}",
                     f"{self.name}.{method}",
                 ),
             )

@@ -292,7 +292,8 @@ class ProcMesh(MeshTrait):
         """Create one ``Class(*args, **kwargs)`` actor in every process; returns at once.
 
         The constructor runs before the actor's first message. A constructor that raises makes
-        that actor fail (calls to it raise ``SupervisionError``) rather than raising here.
+        that actor fail (calls to it raise ``SupervisionError``) rather than raising here. On a
+        stopped mesh this raises ``RuntimeError("`ProcMesh` has already been stopped")``.
         """
         if not (isinstance(Class, type) and issubclass(Class, Actor)):
             raise ValueError(f"{Class!r} must be a subclass of regency.actor.Actor")
@@ -320,9 +321,7 @@ class ProcMesh(MeshTrait):
         owner: InstanceBase | None = None,
     ) -> ActorMesh[Any]:
         if self._stopped:
-            mesh: ActorMesh[Any] = ActorMesh(cls, name, self._shape, self._procs, new_uid(), self)
-            mesh._status = Future._failed(RuntimeError("`ProcMesh` has already been stopped"))
-            return mesh
+            raise RuntimeError("`ProcMesh` has already been stopped")
         owner = owner if owner is not None else current_instance()
         extent = self._shape.extent
         # The actor mesh gets its own copy of the proc list: restarts move its ranks.
@@ -353,7 +352,9 @@ class ProcMesh(MeshTrait):
             # A dead proc cannot host the rank: its watch fails it (and `initialized`).
             with contextlib.suppress(PeerUnreachableError):
                 spawn.send(addr, rank, status, supervisor.port)
-        mesh = ActorMesh(cls, name, self._shape, procs, spawn.mesh_id, self, owned=True)
+        mesh: ActorMesh[Any] = ActorMesh(
+            cls, name, self._shape, procs, spawn.mesh_id, self, owned=True
+        )
         mesh._status = Future._from_pending(tracker.pending)
         mesh._supervisor = supervisor
         supervisor.mesh = mesh
