@@ -420,3 +420,99 @@ def test_calls_to_a_stopped_mesh_read_as_in_monarch(make_procs: Callable[..., Pr
     assert re.match(rf"^Endpoint call with_procs\.rank\(\) failed, {status}", str(info.value))
     with pytest.raises(RuntimeError, match=r"^`ProcMesh` has already been stopped$"):
         procs.spawn("late", Worker)
+
+
+# -- item 6: who an actor is ------------------------------------------------------------------
+
+
+def _identity() -> dict[str, Any]:
+    ctx = context()
+    me = ctx.actor_instance
+    creator = me.creator
+    return {
+        "name": me.name,
+        "class_name": me.class_name,
+        "str": str(me),
+        "rank": dict(me.rank),
+        "message_rank": dict(ctx.message_rank),
+        "current_actor_name": regency.actor.current_actor_name(),
+        "proc_id": me.proc_id,
+        "creator": None
+        if creator is None
+        else {
+            "type": type(creator).__name__,
+            "name": creator.name,
+            "class_name": creator.class_name,
+            "rank": dict(creator.rank),
+            "str": str(creator),
+            "repr": repr(creator),
+            "proc_mesh": type(creator.proc_mesh).__name__,
+            "proc": type(creator.proc).__name__,
+            "creator": None if creator.creator is None else str(creator.creator),
+        },
+    }
+
+
+class Inner(Actor):
+    @endpoint
+    def who(self) -> dict[str, Any]:
+        return _identity()
+
+
+class Outer(Actor):
+    def __init__(self) -> None:
+        self.inner = context().actor_instance.proc.spawn("inner", Inner)
+
+    @endpoint
+    def who(self) -> dict[str, Any]:
+        return _identity()
+
+    @endpoint
+    def inner_who(self) -> dict[str, Any]:
+        return self.inner.who.call_one().get(timeout=T)
+
+
+def test_the_root_is_named_root_and_has_no_class_or_creator() -> None:
+    me = context().actor_instance
+    assert (me.name, me.class_name, me.creator, str(me)) == ("root", None, None, "<root>")
+    assert regency.actor.current_actor_name() == str(me.actor_id)
+
+
+def test_an_actors_creator_is_an_instance_with_a_name(make_procs: Callable[..., ProcMesh]) -> None:
+    outers = make_procs(2).spawn("outer", Outer)
+    module = Outer.__module__
+    for point, outer in outers.who.call().get(timeout=T).items():
+        assert outer["name"] == "outer"
+        assert outer["class_name"] == f"{module}.Outer"
+        assert outer["rank"] == outer["message_rank"] == dict(point)
+        assert outer["str"] == f"<root>.<{module}.Outer outer{point}>"
+        assert outer["current_actor_name"].startswith("outer")
+        assert outer["creator"] == {
+            "type": "CreatorInstance",
+            "name": "root",
+            "class_name": None,
+            "rank": {},
+            "str": "<root>",
+            "repr": "<root>",
+            "proc_mesh": "ProcMesh",
+            "proc": "ProcMesh",
+            "creator": None,
+        }
+    spawner = outers.slice(gpus=1).who.call_one().get(timeout=T)
+    inner = outers.slice(gpus=1).inner_who.call_one().get(timeout=T)
+    # A mesh on a single proc has no dimensions: its actors print no rank at all.
+    assert inner["str"] == f"{spawner['str']}.<{module}.Inner inner>"
+    assert (inner["name"], inner["class_name"], inner["rank"]) == ("inner", f"{module}.Inner", {})
+    assert inner["proc_id"] == spawner["proc_id"]
+    assert inner["current_actor_name"].startswith("inner")
+    assert inner["creator"] == {
+        "type": "CreatorInstance",
+        "name": "outer",
+        "class_name": f"{module}.Outer",
+        "rank": spawner["rank"],
+        "str": spawner["str"],
+        "repr": spawner["str"],
+        "proc_mesh": "ProcMesh",
+        "proc": "ProcMesh",
+        "creator": "<root>",
+    }

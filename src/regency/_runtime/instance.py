@@ -23,6 +23,7 @@ from regency._runtime import codec, context, wire
 from regency._runtime.endpoint_def import EndpointSpec, actor_is_async, endpoints_of
 from regency._runtime.errors import ActorError, SupervisionError, failed_text, stopped_text
 from regency._runtime.identity import (
+    CreatorInstance,
     InstanceBase,
     new_uid,
     wait_stopped,
@@ -62,8 +63,8 @@ class ClientInstance(InstanceBase):
     def __init__(self, runtime: ProcRuntime, is_root: bool) -> None:
         super().__init__()
         self.uid = 1 if is_root else new_uid()
-        self.name = "client" if is_root else f"client[{runtime.address}]"
-        self.class_name = "RootClientActor"
+        self.name = "root" if is_root else f"client[{runtime.address}]"
+        self.class_name = None
         self.rank = context.empty_point()
         self.creator = None
         self.proc_id = runtime.address
@@ -74,8 +75,11 @@ class ClientInstance(InstanceBase):
         """The singleton proc mesh of this process."""
         return self.proc
 
-    def __str__(self) -> str:
-        return "<root>" if self.is_root else f"<client {self.proc_id}>"
+    @property
+    def actor_id(self) -> str:
+        """A unique, printable id; the root's names the client (its ``name`` is ``root``), as
+        Monarch's does."""
+        return f"client{self.rank}@{self.proc_id}" if self.is_root else super().actor_id
 
     def supervise(self, notice: Any) -> None:
         """Failures of meshes spawned outside any actor: the root's go to the fault hook."""
@@ -145,7 +149,7 @@ class SpawnActor:
     rank: int
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
-    creator: str
+    creator: CreatorInstance
     payload: bytes  # cloudpickled (cls, args, kwargs, proc_mesh)
     status: PortRef  # receives (rank, error-text-or-None) once __init__ has run
     owner: PortRef | None  # supervision reports for this mesh go here
@@ -161,7 +165,7 @@ class ActorInstance(InstanceBase):
         self.uid = new_uid()
         self.mesh_id = request.mesh_id
         self.name = request.name
-        self.class_name = "?"
+        self.class_name: str | None = "?"
         self.rank = Point(request.rank, Extent(request.labels, request.sizes))
         self.creator = request.creator
         self.proc_id = runtime.address
@@ -194,9 +198,6 @@ class ActorInstance(InstanceBase):
         """The proc mesh this actor was spawned on."""
         assert self._proc_mesh is not None
         return self._proc_mesh
-
-    def __str__(self) -> str:
-        return f"{self.creator}.<{self.class_name} {self.name}{self.rank}>"
 
     # -- lifecycle (public: ``context().actor_instance``) --------------------------------------
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from regency._runtime import state
 from regency._runtime.errors import failed_text, process_failed, stopped_text
+from regency._runtime.identity import segment
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
 from regency._runtime.procs import ProcInfo
@@ -90,8 +91,7 @@ class MeshSupervisor:
 
     def actor_name(self, rank: int) -> str:
         """The qualified name of the actor at ``rank``, as it would print itself."""
-        point = Point(rank, self.extent)
-        return f"{self.creator}.<{self.class_name} {self.name}{point}>"
+        return f"{self.creator}.{segment(self.class_name, self.name, Point(rank, self.extent))}"
 
     # -- events in (I/O thread, actor threads) ------------------------------------------------
 

@@ -27,7 +27,7 @@ from regency._runtime.endpoint_def import (
 )
 from regency._runtime.errors import ActorError
 from regency._runtime.future import Future
-from regency._runtime.identity import InstanceBase, new_uid
+from regency._runtime.identity import CreatorInstance, InstanceBase, new_uid
 from regency._runtime.instance import SpawnActor
 from regency._runtime.mesh_supervisor import MeshSupervisor
 from regency._runtime.mesh_trait import MeshTrait
@@ -331,7 +331,7 @@ class ProcMesh(MeshTrait):
             name,
             tuple(extent.labels),
             tuple(extent.sizes),
-            str(owner),
+            owner.as_creator(),
             cloudpickle.dumps((cls, args, kwargs, self)),
             self._recipe,
         )
@@ -420,7 +420,7 @@ class _ActorSpawn:
     name: str
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
-    creator: str
+    creator: CreatorInstance
     payload: bytes  # cloudpickled (cls, args, kwargs, proc_mesh)
     recipe: ProcRecipe
 
