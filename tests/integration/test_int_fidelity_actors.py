@@ -386,6 +386,34 @@ def test_a_base_exception_reads_as_in_monarch_now_and_later(procs4: ProcMesh) ->
     mesh.stop().get(timeout=T)
 
 
+class RaisesInInit(Actor):
+    def __init__(self) -> None:
+        raise ValueError("init boom")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_an_init_that_raises_reads_as_in_monarch(
+    make_procs: Callable[..., ProcMesh], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failures: list[MeshFailure] = []
+    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", failures.append)
+    mesh = make_procs(2).spawn("badinit", RaisesInInit)
+    path = rf"<root>\.<{RaisesInInit.__module__}\.RaisesInInit badinit\{{[^}}]*\}}>"
+    for _ in range(2):  # the first call and a later one read alike
+        with pytest.raises(SupervisionError) as info:
+            mesh.ping.call().get(timeout=T)
+        text = str(info.value)
+        assert re.match(_failed("badinit", "ping", path, ""), text), text
+        assert "ValueError: init boom" in text, text
+    deadline = time.monotonic() + T
+    while len(failures) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sorted(f.crashed_ranks for f in failures) == [[0], [1]]
+
+
 def test_actor_error_text_is_monarchs(procs4: ProcMesh) -> None:
     mesh = procs4.spawn("erring", Worker)
     with pytest.raises(ActorError) as info:
