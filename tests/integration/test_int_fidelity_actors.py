@@ -544,3 +544,29 @@ def test_an_actors_creator_is_an_instance_with_a_name(make_procs: Callable[..., 
         "proc": "ProcMesh",
         "creator": "<root>",
     }
+
+
+class Ids(Actor):
+    @endpoint
+    def actor_id(self) -> dict[str, Any]:
+        aid = context().actor_instance.actor_id
+        return {
+            "str": str(aid),
+            "name": regency.actor.current_actor_name(),
+            "attrs": (aid.actor_name, aid.label, aid.is_root, aid.proc_id, aid.addr),
+            "uid": aid.uid,
+            "proc_id": context().actor_instance.proc_id,
+        }
+
+
+def test_actor_id_has_monarchs_attributes(procs4: ProcMesh) -> None:
+    root = context().actor_instance.actor_id
+    assert (root.actor_name, root.label, root.is_root) == ("client", "client", True)
+    assert root.proc_id == root.addr == context().actor_instance.proc_id
+    ids = list(procs4.spawn("ids", Ids).actor_id.call().get(timeout=T).values())
+    for found in ids:
+        assert found["str"] == found["name"]
+        assert found["attrs"] == ("ids", "ids", False, found["proc_id"], found["proc_id"])
+        assert found["uid"].startswith("ids<")
+        assert found["str"].startswith(found["uid"])
+    assert len({found["str"] for found in ids}) == 4

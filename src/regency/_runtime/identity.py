@@ -52,6 +52,36 @@ def qualified_name(instance: InstanceBase | CreatorInstance) -> str:
     return ".".join(reversed(links))
 
 
+class ActorId(str):
+    """An actor's printable, unique id (``current_actor_name()``), with the attributes of
+    Monarch's ``ActorAddr``: ``actor_name`` (= ``label``), ``uid``, ``addr`` (= ``proc_id``, the
+    address of its process) and ``is_root``."""
+
+    actor_name: str
+    uid: str
+    addr: str
+    is_root: bool
+
+    def __new__(cls, actor_name: str, uid: int, rank: Point, addr: str, is_root: bool) -> ActorId:
+        uid_text = f"{actor_name}<{uid:x}>"
+        self = super().__new__(cls, f"{uid_text}{rank if len(rank) else ''}@{addr}")
+        self.actor_name = actor_name
+        self.uid = uid_text
+        self.addr = addr
+        self.is_root = is_root
+        return self
+
+    @property
+    def label(self) -> str:
+        """The actor's name, without its unique suffix."""
+        return self.actor_name
+
+    @property
+    def proc_id(self) -> str:
+        """The address of the actor's process."""
+        return self.addr
+
+
 @dataclass(frozen=True)
 class CreatorInstance:
     """Who spawned an actor (``context().actor_instance.creator``): a picklable snapshot of the
@@ -129,9 +159,9 @@ class InstanceBase:
         return next(counter)
 
     @property
-    def actor_id(self) -> str:
-        """A unique, printable id: ``name[rank]@proc``."""
-        return f"{self.name}{self.rank}@{self.proc_id}"
+    def actor_id(self) -> ActorId:
+        """A unique, printable id, ``name<uid>{rank}@proc``, with Monarch's attributes."""
+        return ActorId(self.name, self.uid, self.rank, self.proc_id, False)
 
     @property
     def proc_mesh(self) -> ProcMesh:

@@ -23,6 +23,7 @@ from regency._runtime import codec, context, wire
 from regency._runtime.endpoint_def import EndpointSpec, actor_is_async, endpoints_of
 from regency._runtime.errors import ActorError, SupervisionError, failed_text, stopped_text
 from regency._runtime.identity import (
+    ActorId,
     CreatorInstance,
     InstanceBase,
     new_uid,
@@ -76,10 +77,12 @@ class ClientInstance(InstanceBase):
         return self.proc
 
     @property
-    def actor_id(self) -> str:
+    def actor_id(self) -> ActorId:
         """A unique, printable id; the root's names the client (its ``name`` is ``root``), as
         Monarch's does."""
-        return f"client{self.rank}@{self.proc_id}" if self.is_root else super().actor_id
+        if not self.is_root:
+            return super().actor_id
+        return ActorId("client", self.uid, self.rank, self.proc_id, True)
 
     def supervise(self, notice: Any) -> None:
         """Failures of meshes spawned outside any actor: the root's go to the fault hook."""
