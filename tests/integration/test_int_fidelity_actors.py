@@ -570,3 +570,13 @@ def test_actor_id_has_monarchs_attributes(procs4: ProcMesh) -> None:
         assert found["uid"].startswith("ids<")
         assert found["str"].startswith(found["uid"])
     assert len({found["str"] for found in ids}) == 4
+
+
+def test_a_controllers_creator_is_the_root() -> None:
+    # Monarch's chain runs through its internal controller_controller actor; regency has none.
+    controller = regency.actor.get_or_spawn_controller("identity_ctl", Inner).get(timeout=T)
+    who = controller.who.call_one().get(timeout=T)
+    assert who["str"] == f"<root>.<{Inner.__module__}.Inner identity_ctl>"
+    assert (who["name"], who["rank"]) == ("identity_ctl", {})
+    assert who["creator"] is not None
+    assert (who["creator"]["name"], who["creator"]["str"]) == ("root", "<root>")
