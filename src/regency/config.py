@@ -13,7 +13,8 @@ key                      default      meaning
 ``stop_timeout``         10.0         seconds a stopping proc gets before it is killed
 ``shm_arena_bytes``      1 GiB        shared memory a proc uses for large parts to same-host peers
 ``cleanup_timeout``      3.0          seconds an actor's ``__cleanup__`` may take before it counts
-                                      as failed
+                                      as failed; also how long a stop waits for an actor busy
+                                      in ``__init__`` or a handler before it goes on without it
 ``heartbeat_interval``   1.0          seconds between heartbeats on an idle TCP connection (to
                                       worker hosts and their procs); also the TCP keepalive period
 ``heartbeat_timeout``    5.0          seconds of silence after which a TCP peer (a stopped

@@ -472,6 +472,13 @@ DEATHS = {
 }
 
 
+MONARCH = {
+    "exit": "exited with non-zero code 3",
+    "sigkill": "failed: Killed(sig=9)",
+    "sigsegv": "failed: Killed(sig=11)",
+}
+
+
 def _die(m: ActorMesh[Worker], pid: int, how: str) -> Any:
     """Start a call on rank 2 that is pending when the proc dies; return its future."""
     target = m.slice(gpus=2)
@@ -500,13 +507,16 @@ def test_proc_death_fails_pending_and_later_calls(
     text = str(err)
     assert text.startswith(f"Endpoint call {name}.{method}() failed, "), text
     assert f"failure on mesh {name} at rank" in text, text
+    monarch = f"the process this actor was running on {MONARCH[how]}"
+    assert f"and all its descendants have failed:\n  {monarch}" in text, text
     assert DEATHS[how] in text, f"the error does not say how the proc died: {text}"
     assert took < 5.0, f"the pending call took {took:.2f} s to fail"
 
     (failure,) = wait_failures(faults, name, 1)
     assert failure.crashed_ranks == [2]
     assert failure.event.actor == actor_path(Worker, name, 2)
-    assert "the process this actor was running on failed" in failure.event.reason
+    # Monarch's words first ("exited with non-zero code 3", "failed: Killed(sig=9)").
+    assert failure.event.reason.startswith(f"the process this actor was running on {MONARCH[how]}")
     assert DEATHS[how] in str(failure)
 
     # Later calls: to that rank, and to the whole mesh, fail fast (the rank a call through a

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from regency._runtime import casting, codec, context, state, wire
-from regency._runtime.errors import SupervisionError
+from regency._runtime.errors import SupervisionError, failed_text, process_failed, stopped_text
 from regency._runtime.future import Future
 from regency._runtime.ports import GatherReply, OnceReply, Port, StreamReply, fail_handler
 from regency._runtime.proc import PortRef
@@ -137,13 +137,22 @@ class Endpoint(Generic[R]):
             # Name the rank in the whole mesh, not its index in this slice.
             ranks = [supervisor.bases.index(route.bases[i]) for i in ranks]
         name = self._mesh._name
+        actor = (
+            supervisor.actor_name(ranks[0])
+            if supervisor is not None and ranks
+            else f"<{self._mesh._class.__qualname__} {name}>"
+        )
         if is_stop_reason(reason):
-            what = f"actor mesh {name} is stopped due to proc mesh shutdown ({reason})"
+            what = stopped_text(
+                actor, reason, f"actor mesh {name} is stopped due to proc mesh shutdown"
+            )
         else:
             at = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks or '?'}"
-            what = (
+            what = failed_text(
+                actor,
+                f"the process this actor was running on {process_failed(reason)}",
                 f"failure on mesh {name} at {at} with event: "
-                f"the process {addr} hosting it failed: {reason}"
+                f"the process {addr} hosting it failed: {reason}",
             )
         return SupervisionError(
             f"Endpoint call {name}.{self._name}() failed, {what}", f"{name}.{self._name}"

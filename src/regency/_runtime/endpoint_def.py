@@ -110,7 +110,7 @@ def _make(
     is_async = inspect.iscoroutinefunction(method)
     if concurrent and not is_async:
         raise ValueError(
-            f"@concurrent_endpoint requires an async method, but {method.__name__} is sync"
+            f"concurrent_endpoint can only wrap async endpoints ({method.__name__} is sync)"
         )
     spec = EndpointSpec(
         method.__name__, is_async, explicit_response_port, concurrent, propagate, instrument
@@ -216,6 +216,44 @@ class Actor:
         logger = logging.getLogger(type(self).__qualname__)
         logger.setLevel(logging.DEBUG)
         return logger
+
+
+def actor_is_async(cls: type) -> bool:
+    """Whether ``cls`` runs on an event loop; ``ValueError`` if its endpoints and hooks disagree.
+
+    An actor is async when one of its endpoints is, or when it has none and an async hook. A sync
+    actor's hooks must all be sync; an async actor's ``__cleanup__`` must be async, while its
+    ``__supervise__`` and ``_handle_undeliverable_message`` may be either (as in Monarch).
+    """
+    kinds: dict[bool, list[str]] = {True: [], False: []}
+    for name, prop in sorted(endpoints_of(cls).items()):
+        kinds[prop.spec.is_async].append(name)
+    sync, async_ = kinds[False], kinds[True]
+    if sync and async_:
+        raise ValueError(
+            f"{cls} mixes both async and sync endpoints. Synchronous endpoints cannot be mixed "
+            f"with async endpoints because they can cause the asyncio loop to deadlock if they "
+            f"wait. sync: {sync} async: {async_}"
+        )
+    hooks = {
+        name: inspect.iscoroutinefunction(getattr(cls, name))
+        for name in ("__cleanup__", "__supervise__", "_handle_undeliverable_message")
+        if getattr(cls, name, None) is not None
+    }
+    if sync:
+        for name, hook_async in hooks.items():
+            if hook_async:
+                raise ValueError(
+                    f"{cls} has sync endpoints, but an async {name}. Make sure {name} is also "
+                    f"synchronous. sync: {sync}"
+                )
+        return False
+    if async_ and hooks.get("__cleanup__") is False:
+        raise ValueError(
+            f"{cls} has async endpoints, but a synchronous __cleanup__. Make sure __cleanup__ "
+            f"is also async. async: {async_}"
+        )
+    return bool(async_) or any(hooks.values())
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointProperty[Any]]:

@@ -11,16 +11,22 @@ Hierarchy::
 
 from __future__ import annotations
 
+import re
+import textwrap
 import traceback
 from typing import Any
+
+_REMOTE_TRACEBACK = "Traceback of where the remote call failed (most recent call last):"
 
 
 class ActorError(Exception):
     """An exception raised inside a remote endpoint (or actor constructor).
 
     ``exception`` is the original exception when it could be carried over (else ``None``),
-    ``message`` says which call failed and ``exception_formatted`` is the remote traceback,
-    including its ``__cause__``/``__context__`` chain.
+    ``message`` says which call failed (``Actor call {mesh}.{method} failed.``) and
+    ``exception_formatted`` is the remote traceback, including its ``__cause__``/``__context__``
+    chain, each ``Traceback`` line reading "Traceback of where the remote call failed" as in
+    Monarch.
     """
 
     def __init__(
@@ -32,15 +38,15 @@ class ActorError(Exception):
         self.exception = exception
         self.message = message
         if exception_formatted is None and exception is not None:
-            exception_formatted = "".join(traceback.format_exception(exception))
+            exception_formatted = "".join(
+                line.replace("Traceback (most recent call last):", _REMOTE_TRACEBACK)
+                for line in traceback.format_exception(exception)
+            )
         self.exception_formatted = exception_formatted or ""
         super().__init__(self.__str__())
 
     def __str__(self) -> str:
-        return (
-            f"{self.message}\nTraceback of where the remote call failed "
-            f"(most recent call last):\n{self.exception_formatted}"
-        )
+        return f"{self.message}\n {self.exception_formatted}"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
@@ -66,6 +72,33 @@ def _portable(exc: BaseException | None) -> BaseException | None:
     except Exception:
         return None
     return exc
+
+
+def failed_text(actor: str, reason: str, detail: str = "") -> str:
+    """Monarch's account of a failed actor, its reason indented below, then regency's detail."""
+    text = f"The actor {actor} and all its descendants have failed:\n{_indent(reason)}"
+    return f"{text}\n  ({detail})" if detail else text
+
+
+def stopped_text(actor: str, reason: str, detail: str = "") -> str:
+    """Monarch's account of a stopped actor, then regency's detail."""
+    text = f"Supervision event: actor {actor} has status:\n{_indent(f'stopped: {reason}')}"
+    return f"{text}\n  ({detail})" if detail else text
+
+
+def process_failed(reason: str) -> str:
+    """How Monarch words a proc's end: "exited with non-zero code 3", "failed: Killed(sig=9)"."""
+    exited = re.fullmatch(r"exited with code (-?\d+)", reason)
+    if exited is not None:
+        return f"exited with non-zero code {exited.group(1)}"
+    killed = re.fullmatch(r"killed by signal \w+ \((\d+)\)", reason)
+    if killed is not None:
+        return f"failed: Killed(sig={killed.group(1)})"
+    return f"failed: {reason}"
+
+
+def _indent(text: str) -> str:
+    return textwrap.indent(text, "  ", lambda line: True)
 
 
 class SupervisionError(RuntimeError):

@@ -8,6 +8,7 @@ import itertools
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from regency.shape import Point
@@ -32,19 +33,87 @@ def new_uid() -> int:
     return int.from_bytes(os.urandom(8), "little") | 1
 
 
+def segment(class_name: str | None, name: str, rank: Point) -> str:
+    """One link of a qualified name, as Monarch prints it: ``<mod.Cls name{'gpus': 0/8}>``.
+
+    The class is left out when there is none (the root), the rank when it has no dimensions.
+    """
+    prefix = "" if class_name is None else f"{class_name} "
+    return f"<{prefix}{name}{rank if len(rank) else ''}>"
+
+
+def qualified_name(instance: InstanceBase | CreatorInstance) -> str:
+    """The chain from the root to ``instance``: ``<root>.<mod.Trainer trainer{'gpus': 0/8}>``."""
+    links: list[str] = []
+    at: InstanceBase | CreatorInstance | None = instance
+    while at is not None:
+        links.append(segment(at.class_name, at.name, at.rank))
+        at = at.creator
+    return ".".join(reversed(links))
+
+
+class ActorId(str):
+    """An actor's printable, unique id (``current_actor_name()``), with the attributes of
+    Monarch's ``ActorAddr``: ``actor_name`` (= ``label``), ``uid``, ``addr`` (= ``proc_id``, the
+    address of its process) and ``is_root``."""
+
+    actor_name: str
+    uid: str
+    addr: str
+    is_root: bool
+
+    def __new__(cls, actor_name: str, uid: int, rank: Point, addr: str, is_root: bool) -> ActorId:
+        uid_text = f"{actor_name}<{uid:x}>"
+        self = super().__new__(cls, f"{uid_text}{rank if len(rank) else ''}@{addr}")
+        self.actor_name = actor_name
+        self.uid = uid_text
+        self.addr = addr
+        self.is_root = is_root
+        return self
+
+    @property
+    def label(self) -> str:
+        """The actor's name, without its unique suffix."""
+        return self.actor_name
+
+    @property
+    def proc_id(self) -> str:
+        """The address of the actor's process."""
+        return self.addr
+
+
+@dataclass(frozen=True)
+class CreatorInstance:
+    """Who spawned an actor (``context().actor_instance.creator``): a picklable snapshot of the
+    spawning instance's identity, with its own ``creator`` up to the root (``None`` above it)."""
+
+    rank: Point
+    proc_mesh: ProcMesh
+    proc: ProcMesh
+    name: str
+    class_name: str | None
+    creator: CreatorInstance | None
+
+    def __repr__(self) -> str:
+        return qualified_name(self)
+
+    __str__ = __repr__
+
+
 class InstanceBase:
     """An actor instance as seen by the code it runs: ``context().actor_instance``.
 
     Attributes follow Monarch: ``actor_id``, ``proc_id``, ``rank`` (spawn position),
-    ``proc_mesh``, ``proc``, ``name``, ``class_name`` and ``creator``. ``str(instance)`` is its
-    qualified chain, e.g. ``<root>.<mod.Trainer trainer{'gpus': 0/8}>``.
+    ``proc_mesh``, ``proc``, ``name``, ``class_name`` (``None`` for the root) and ``creator``
+    (a :class:`CreatorInstance`; ``None`` for the root). ``str(instance)`` is its qualified
+    chain, e.g. ``<root>.<mod.Trainer trainer{'gpus': 0/8}>``.
     """
 
     uid: int
     name: str
-    class_name: str
+    class_name: str | None
     rank: Point
-    creator: str | None
+    creator: CreatorInstance | None
     proc_id: str
 
     def __init__(self) -> None:
@@ -90,9 +159,9 @@ class InstanceBase:
         return next(counter)
 
     @property
-    def actor_id(self) -> str:
-        """A unique, printable id: ``name[rank]@proc``."""
-        return f"{self.name}{self.rank}@{self.proc_id}"
+    def actor_id(self) -> ActorId:
+        """A unique, printable id, ``name<uid>{rank}@proc``, with Monarch's attributes."""
+        return ActorId(self.name, self.uid, self.rank, self.proc_id, False)
 
     @property
     def proc_mesh(self) -> ProcMesh:
@@ -106,8 +175,16 @@ class InstanceBase:
 
         return this_proc_mesh()
 
+    def as_creator(self) -> CreatorInstance:
+        """This instance's identity, to hand to the actors it spawns."""
+        return CreatorInstance(
+            self.rank, self.proc_mesh, self.proc, self.name, self.class_name, self.creator
+        )
+
     def __repr__(self) -> str:
-        return str(self)
+        return qualified_name(self)
+
+    __str__ = __repr__
 
 
 def wait_stopped(futures: list[Future[None]], timeout: float) -> None:

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from regency import config
 from regency._runtime import codec, context, wire
-from regency._runtime.endpoint_def import EndpointSpec, endpoints_of
-from regency._runtime.errors import ActorError, SupervisionError
+from regency._runtime.endpoint_def import EndpointSpec, actor_is_async, endpoints_of
+from regency._runtime.errors import ActorError, SupervisionError, failed_text, stopped_text
 from regency._runtime.identity import (
+    ActorId,
+    CreatorInstance,
     InstanceBase,
     new_uid,
     wait_stopped,
@@ -50,6 +52,7 @@ log = logging.getLogger("regency.actor")
 
 _CACHE_MAX = 4096
 _UNSET: Any = object()
+_FORCE_MARGIN = 0.5  # extra seconds a running __cleanup__ gets before a stop goes on without it
 _STOP = "stop"
 _SUPERVISE = "supervise"
 _WAKE = "wake"
@@ -61,8 +64,8 @@ class ClientInstance(InstanceBase):
     def __init__(self, runtime: ProcRuntime, is_root: bool) -> None:
         super().__init__()
         self.uid = 1 if is_root else new_uid()
-        self.name = "client" if is_root else f"client[{runtime.address}]"
-        self.class_name = "RootClientActor"
+        self.name = "root" if is_root else f"client[{runtime.address}]"
+        self.class_name = None
         self.rank = context.empty_point()
         self.creator = None
         self.proc_id = runtime.address
@@ -73,8 +76,13 @@ class ClientInstance(InstanceBase):
         """The singleton proc mesh of this process."""
         return self.proc
 
-    def __str__(self) -> str:
-        return "<root>" if self.is_root else f"<client {self.proc_id}>"
+    @property
+    def actor_id(self) -> ActorId:
+        """A unique, printable id; the root's names the client (its ``name`` is ``root``), as
+        Monarch's does."""
+        if not self.is_root:
+            return super().actor_id
+        return ActorId("client", self.uid, self.rank, self.proc_id, True)
 
     def supervise(self, notice: Any) -> None:
         """Failures of meshes spawned outside any actor: the root's go to the fault hook."""
@@ -107,6 +115,24 @@ def root_notices() -> Service:
         return _root_service
 
 
+class _Once:
+    """A callback that runs at most once, whichever of its callers gets there first."""
+
+    __slots__ = ("_fn", "_lock", "called")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._fn = fn
+        self._lock = threading.Lock()
+        self.called = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self.called:
+                return
+            self.called = True
+        self._fn()
+
+
 class _Control:
     """A mailbox item for the actor itself rather than an endpoint."""
 
@@ -126,7 +152,7 @@ class SpawnActor:
     rank: int
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
-    creator: str
+    creator: CreatorInstance
     payload: bytes  # cloudpickled (cls, args, kwargs, proc_mesh)
     status: PortRef  # receives (rank, error-text-or-None) once __init__ has run
     owner: PortRef | None  # supervision reports for this mesh go here
@@ -142,7 +168,7 @@ class ActorInstance(InstanceBase):
         self.uid = new_uid()
         self.mesh_id = request.mesh_id
         self.name = request.name
-        self.class_name = "?"
+        self.class_name: str | None = "?"
         self.rank = Point(request.rank, Extent(request.labels, request.sizes))
         self.creator = request.creator
         self.proc_id = runtime.address
@@ -159,6 +185,11 @@ class ActorInstance(InstanceBase):
         self._wake: Callable[[], None] | None = None
         self._points: dict[tuple[int, tuple[str, ...], tuple[int, ...]], Point] = {}
         self._envelopes: dict[tuple[Any, int], tuple[str, Point]] = {}
+        # Set when a stop gave up waiting for the actor's thread (see _force_stop).
+        self._forced = False
+        self._cleanup_started: float | None = None
+        self._stop_lock = threading.Lock()
+        self._inbox: deque[Any] | None = None
         self._thread = threading.Thread(
             target=self._main, name=f"regency-actor-{request.name}", daemon=True
         )
@@ -170,10 +201,6 @@ class ActorInstance(InstanceBase):
         """The proc mesh this actor was spawned on."""
         assert self._proc_mesh is not None
         return self._proc_mesh
-
-    def __str__(self) -> str:
-        rank = str(self.rank) if len(self.rank) else ""
-        return f"{self.creator}.<{self.class_name} {self.name}{rank}>"
 
     # -- lifecycle (public: ``context().actor_instance``) --------------------------------------
 
@@ -202,9 +229,100 @@ class ActorInstance(InstanceBase):
         self._thread.start()
 
     def request_stop(self, done: Callable[[], None], reason: str = "stopped by client") -> None:
-        """Finish queued messages, then stop; ``done`` runs once the actor has stopped."""
+        """Finish queued messages, then stop; ``done`` runs once the actor has stopped.
+
+        An actor whose thread is still busy (in ``__init__`` or a handler) after
+        ``cleanup_timeout`` seconds is stopped without it, as Monarch does.
+        """
         self.stop_reason = reason
-        self.runtime.mailbox(self.mesh_id).post(0, 0, _Control(_STOP, done))
+        once = _Once(done)
+        self.runtime.mailbox(self.mesh_id).post(0, 0, _Control(_STOP, once))
+        grace = float(config.get("cleanup_timeout"))
+        self.runtime.loop.call_later(grace, lambda: self._stop_overdue(once, grace))
+
+    def _stop_overdue(self, once: _Once, grace: float) -> None:
+        # On the I/O thread: the forced stop sends replies, which must not wait here.
+        if once.called:
+            return
+        started = self._cleanup_started
+        if started is not None:
+            # A running __cleanup__ gets its own cleanup_timeout (an async one enforces it
+            # itself: the margin lets it).
+            left = started + grace + _FORCE_MARGIN - time.monotonic()
+            if left > 0:
+                self.runtime.loop.call_later(left, lambda: self._force_later(once, grace))
+                return
+        self._force_later(once, grace)
+
+    def _force_later(self, once: _Once, grace: float) -> None:
+        if not once.called:
+            threading.Thread(
+                target=self._force_stop,
+                args=(once, grace),
+                name=f"regency-force-stop-{self.name}",
+                daemon=True,
+            ).start()
+
+    def _force_stop(self, once: _Once, grace: float) -> None:
+        """Stop without the actor's thread: refuse its messages, stop what it owns, say done.
+
+        The thread, if it ever returns, runs ``__cleanup__`` and ends (see ``_end_forced``).
+        """
+        if once.called:
+            return
+        if self._cleanup_started is not None:
+            self._fail(f"__cleanup__ took longer than {grace:g} s")
+        with self._stop_lock:
+            if once.called or self._forced:
+                return
+            self._forced = True
+            self.stopped = True
+            self.runtime.mailbox(self.mesh_id).attach(self._reject)
+        print(
+            f"regency: actor {self} was still busy {grace:g} s (cleanup_timeout) after it was "
+            "asked to stop; it is stopped without waiting for it",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.stop_owned(f"their owner {self} stopped", None)
+        self._reject_queued()
+        # Unblock the thread if it waits for a message, so that it can end.
+        self._queue.put(_Control(_WAKE))
+        once()
+
+    def _reject_queued(self) -> None:
+        """Refuse every message still waiting in the actor's queues."""
+        inbox = self._inbox
+        while inbox:
+            try:
+                item = inbox.popleft()
+            except IndexError:
+                break
+            self._reject_safely(item)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            self._reject_safely(item)
+
+    def _reject_safely(self, item: Any) -> None:
+        try:
+            self._reject(item)
+        except Exception:
+            log.exception("actor %s dropped a malformed message", self.name)
+
+    def _attach(self, sink: Callable[[Any], None]) -> bool:
+        """Hand the mailbox to ``sink``, unless a forced stop took it (then False)."""
+        with self._stop_lock:
+            if self._forced:
+                return False
+            self.runtime.mailbox(self.mesh_id).attach(sink)
+            return True
+
+    def _end_forced(self) -> None:
+        """The thread of a force-stopped actor got free: clean up late, then end."""
+        self._cleanup_sync(self._failure_error if self.failed is not None else None)
 
     def supervise(self, notice: Any) -> None:
         """Queue a notice about an owned mesh; ``__supervise__`` runs between messages."""
@@ -221,13 +339,13 @@ class ActorInstance(InstanceBase):
             self.class_name = f"{cls.__module__}.{cls.__qualname__}"
             for name, prop in endpoints_of(cls).items():
                 self._endpoints[name] = (prop.method, prop.spec)
-            is_async = any(spec.is_async for _, spec in self._endpoints.values())
+            is_async = actor_is_async(cls)
         except BaseException as exc:
             self._report_init(exc)
             self._serve_failed()
             return
         if not is_async:
-            self.runtime.mailbox(self.mesh_id).attach(self._post_sync)
+            self._attach(self._post_sync)
             self._serve_sync(cls, args, kwargs)
             return
         loop = _new_loop()
@@ -269,11 +387,17 @@ class ActorInstance(InstanceBase):
         handle = self._handle_sync
         idle = self._idle_until
         while True:
+            if self._forced:
+                self._end_forced()
+                return
             try:
                 item = q.get_nowait()
             except queue.Empty:
                 idle()
                 item = q.get()
+            if self._forced:
+                self._reject_safely(item)
+                continue
             if type(item) is _Control:
                 if item.kind is _STOP:
                     self._finish_stop(item.arg)
@@ -311,9 +435,13 @@ class ActorInstance(InstanceBase):
 
     def _serve_failed(self) -> None:
         """After a failure: answer every later message with a ``SupervisionError``."""
-        self.runtime.mailbox(self.mesh_id).attach(self._queue.put)
+        if not self._attach(self._queue.put):
+            return
         while True:
             item = self._queue.get()
+            if self._forced:
+                self._reject_safely(item)
+                return
             if type(item) is _Control:
                 if item.kind is _STOP:
                     self.stopped = True
@@ -340,11 +468,17 @@ class ActorInstance(InstanceBase):
                 scheduled[0] = True
                 loop.call_soon_threadsafe(wake.set)
 
-        self.runtime.mailbox(self.mesh_id).attach(post)
+        self._inbox = inbox
         tasks: set[asyncio.Task[Any]] = set()
-        while self.failed is None:
+        if not self._attach(post):
+            await self._end_forced_async(tasks)
+            return
+        while self.failed is None and not self._forced:
             while inbox and self.failed is None:
                 item = inbox.popleft()
+                if self._forced:
+                    self._reject_safely(item)
+                    break
                 if type(item) is _Control:
                     if item.kind is _STOP:
                         await self._cancel_tasks(tasks)
@@ -364,7 +498,7 @@ class ActorInstance(InstanceBase):
                 except Exception:
                     log.exception("actor %s dropped a malformed message", self.name)
                 item = None
-            if self.failed is not None:
+            if self.failed is not None or self._forced:
                 break
             scheduled[0] = False
             if inbox:
@@ -374,6 +508,9 @@ class ActorInstance(InstanceBase):
             if inbox:
                 continue
             await wake.wait()
+        if self._forced:
+            await self._end_forced_async(tasks)
+            return
         await self._cancel_tasks(tasks)
         await wait_stopped_async(self._owned_stopping, float(config.get("stop_timeout")))
         await self._cleanup_async(self._failure_error)
@@ -382,9 +519,17 @@ class ActorInstance(InstanceBase):
 
     def _requeue(self, inbox: deque[Any]) -> None:
         """Move the async loop's leftover messages to the thread queue, keeping their order."""
-        self.runtime.mailbox(self.mesh_id).attach(self._queue.put)
+        if not self._attach(self._queue.put):
+            self._reject_queued()
+            return
         while inbox:
             self._queue.put(inbox.popleft())
+
+    async def _end_forced_async(self, tasks: set[asyncio.Task[Any]]) -> None:
+        """:meth:`_end_forced` for an async actor."""
+        await self._cancel_tasks(tasks)
+        self._reject_queued()
+        await self._cleanup_async(self._failure_error if self.failed is not None else None)
 
     @staticmethod
     async def _cancel_tasks(tasks: set[asyncio.Task[Any]]) -> None:
@@ -518,7 +663,7 @@ class ActorInstance(InstanceBase):
         if hook is None:
             return
         timeout = float(config.get("cleanup_timeout"))
-        started = time.monotonic()
+        started = self._cleanup_started = time.monotonic()
         token = context.set_current(context.Context(self, self.rank))
         try:
             hook(self.actor, exc)
@@ -534,9 +679,13 @@ class ActorInstance(InstanceBase):
         if hook is None:
             return
         timeout = float(config.get("cleanup_timeout"))
+        self._cleanup_started = time.monotonic()
         context.set_current(context.Context(self, self.rank))
         try:
-            await asyncio.wait_for(hook(self.actor, exc), timeout)
+            # A sync hook is allowed on an actor whose only async parts are hooks.
+            outcome = hook(self.actor, exc)
+            if inspect.isawaitable(outcome):
+                await asyncio.wait_for(outcome, timeout)
         except asyncio.TimeoutError:
             self._cleanup_failed(f"__cleanup__ took longer than {timeout:g} s", None)
         except BaseException as error:
@@ -585,15 +734,10 @@ class ActorInstance(InstanceBase):
         if reply is None:
             return
         if self.failed is not None:
-            text = (
-                f"Endpoint call {self.name}.{method}() failed, The actor {self} and all its "
-                f"descendants have failed: {self.failed}"
-            )
+            why = failed_text(str(self), self.failed)
         else:
-            text = (
-                f"Endpoint call {self.name}.{method}() failed, actor mesh {self.name} is "
-                f"stopped: {self.stop_reason}"
-            )
+            why = stopped_text(str(self), self.stop_reason, f"actor mesh {self.name} is stopped")
+        text = f"Endpoint call {self.name}.{method}() failed, {why}"
         self._reply_error(reply, point.rank, SupervisionError(text, f"{self.name}.{method}"))
 
     def _prepare(self, item: Delivery) -> tuple[Any, ...] | None:
@@ -744,8 +888,8 @@ class ActorInstance(InstanceBase):
                 reply,
                 point.rank,
                 SupervisionError(
-                    f"Endpoint call {self.name}.{method}() failed, The actor {self} and all its "
-                    f"descendants have failed: {self.failed}",
+                    f"Endpoint call {self.name}.{method}() failed, "
+                    f"{failed_text(str(self), self.failed or '')}",
                     f"{self.name}.{method}",
                 ),
             )

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from regency._runtime import state
+from regency._runtime.errors import failed_text, process_failed, stopped_text
+from regency._runtime.identity import segment
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
 from regency._runtime.procs import ProcInfo
@@ -89,8 +91,7 @@ class MeshSupervisor:
 
     def actor_name(self, rank: int) -> str:
         """The qualified name of the actor at ``rank``, as it would print itself."""
-        point = Point(rank, self.extent)
-        return f"{self.creator}.<{self.class_name} {self.name}{point}>"
+        return f"{self.creator}.{segment(self.class_name, self.name, Point(rank, self.extent))}"
 
     # -- events in (I/O thread, actor threads) ------------------------------------------------
 
@@ -118,7 +119,8 @@ class MeshSupervisor:
                     self.mesh_id,
                     rank,
                     self.actor_name(rank),
-                    f"the process this actor was running on failed: {reason}",
+                    f"the process this actor was running on {process_failed(reason)} "
+                    f"(process {addr}: {reason})",
                 )
             self.on_event(event, proc=addr)
 
@@ -133,11 +135,14 @@ class MeshSupervisor:
             if proc is not None and self.procs[base].addr != proc:
                 return  # news from a rank's previous incarnation
             if event.kind == "stopped":
-                self.bad[base] = f"actor mesh {self.name} is stopped: {event.reason}"
+                self.bad[base] = stopped_text(
+                    event.actor, event.reason, f"actor mesh {self.name} is stopped"
+                )
                 return
-            self.bad[base] = (
-                f"failure on mesh {self.name} at rank {event.rank} with event: "
-                f"{event.actor} failed: {event.reason}"
+            self.bad[base] = failed_text(
+                event.actor,
+                event.reason,
+                f"failure on mesh {self.name} at rank {event.rank} with event: actor failed",
             )
             delay = self._budget.admit(time.monotonic()) if self._budget is not None else None
             exceeded = self._budget is not None and delay is None
@@ -226,8 +231,10 @@ class MeshSupervisor:
         """The owner stops the mesh: no more notices or restarts; calls fail with "stopped"."""
         with self._lock:
             self.stopping = True
-            for base in self.bases:
-                self.bad[base] = f"actor mesh {self.name} is stopped: {reason}"
+            for rank, base in enumerate(self.bases):
+                self.bad[base] = stopped_text(
+                    self.actor_name(rank), reason, f"actor mesh {self.name} is stopped"
+                )
         self._cancel.set()
         state.runtime().close_port(self.port.port, self.addresses())
         self.owner.disown(self.mesh)

@@ -7,7 +7,6 @@ and copies received in messages are references that can send but not stop.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import pickle
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -19,10 +18,16 @@ import cloudpickle
 from regency import config
 from regency._runtime import context, state, wire
 from regency._runtime.endpoint import Endpoint, current_instance
-from regency._runtime.endpoint_def import Actor, ArgumentCheck, EndpointSpec, endpoints_of
+from regency._runtime.endpoint_def import (
+    Actor,
+    ArgumentCheck,
+    EndpointSpec,
+    actor_is_async,
+    endpoints_of,
+)
 from regency._runtime.errors import ActorError
 from regency._runtime.future import Future
-from regency._runtime.identity import InstanceBase, new_uid
+from regency._runtime.identity import CreatorInstance, InstanceBase, new_uid
 from regency._runtime.instance import SpawnActor
 from regency._runtime.mesh_supervisor import MeshSupervisor
 from regency._runtime.mesh_trait import MeshTrait
@@ -386,21 +391,13 @@ class ProcMesh(MeshTrait):
         """Create one ``Class(*args, **kwargs)`` actor in every process; returns at once.
 
         The constructor runs before the actor's first message. A constructor that raises makes
-        that actor fail (calls to it raise ``SupervisionError``) rather than raising here.
+        that actor fail (calls to it raise ``SupervisionError``) rather than raising here. On a
+        stopped mesh this raises ``RuntimeError("`ProcMesh` has already been stopped")``.
         """
         if not (isinstance(Class, type) and issubclass(Class, Actor)):
             raise ValueError(f"{Class!r} must be a subclass of regency.actor.Actor")
+        actor_is_async(Class)
         specs = endpoints_of(Class)
-        kinds = {prop.spec.is_async for prop in specs.values()}
-        if len(kinds) > 1:
-            raise ValueError(f"{Class.__qualname__} mixes both async and sync endpoints")
-        for hook in ("__supervise__", "__cleanup__"):
-            fn = getattr(Class, hook, None)
-            if fn is not None and kinds and inspect.iscoroutinefunction(fn) not in kinds:
-                raise ValueError(
-                    f"{Class.__qualname__}.{hook} must be {'async' if True in kinds else 'sync'} "
-                    "like its endpoints"
-                )
         clash = sorted(set(specs) & _RESERVED)
         if clash:
             raise ValueError(
@@ -423,9 +420,7 @@ class ProcMesh(MeshTrait):
         owner: InstanceBase | None = None,
     ) -> ActorMesh[Any]:
         if self._stopped:
-            mesh: ActorMesh[Any] = ActorMesh(cls, name, self._shape, self._procs, new_uid(), self)
-            mesh._status = Future._failed(RuntimeError("`ProcMesh` has already been stopped"))
-            return mesh
+            raise RuntimeError("`ProcMesh` has already been stopped")
         owner = owner if owner is not None else current_instance()
         extent = self._shape.extent
         # The actor mesh gets its own copy of the proc list: restarts move its ranks.
@@ -435,7 +430,7 @@ class ProcMesh(MeshTrait):
             name,
             tuple(extent.labels),
             tuple(extent.sizes),
-            str(owner),
+            owner.as_creator(),
             cloudpickle.dumps((cls, args, kwargs, self)),
             self._recipe,
         )
@@ -456,7 +451,9 @@ class ProcMesh(MeshTrait):
             # A dead proc cannot host the rank: its watch fails it (and `initialized`).
             with contextlib.suppress(PeerUnreachableError):
                 spawn.send(addr, rank, status, supervisor.port)
-        mesh = ActorMesh(cls, name, self._shape, procs, spawn.mesh_id, self, owned=True)
+        mesh: ActorMesh[Any] = ActorMesh(
+            cls, name, self._shape, procs, spawn.mesh_id, self, owned=True
+        )
         mesh._status = Future._from_pending(tracker.pending)
         mesh._supervisor = supervisor
         supervisor.mesh = mesh
@@ -522,7 +519,7 @@ class _ActorSpawn:
     name: str
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
-    creator: str
+    creator: CreatorInstance
     payload: bytes  # cloudpickled (cls, args, kwargs, proc_mesh)
     recipe: ProcRecipe
 

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import pickle
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -80,11 +81,18 @@ class ProcAgent:
                 mesh_id, reason, lambda: self._answer(port, 0, None) if port is not None else None
             )
         elif verb == "stop_proc":
-            self.stop_all(float(config.get("stop_timeout")))
-            if self._on_stop_proc is not None:
-                self._on_stop_proc(request[1])
+            # Not on this thread: an actor that stops here stops the meshes it owns, and those
+            # on this same proc are stopped by requests to this very thread.
+            threading.Thread(
+                target=self._stop_proc, args=(request[1],), name="regency-proc-stop", daemon=True
+            ).start()
         else:
             log.warning("proc agent got an unknown request %r", verb)
+
+    def _stop_proc(self, reason: str) -> None:
+        self.stop_all(float(config.get("stop_timeout")))
+        if self._on_stop_proc is not None:
+            self._on_stop_proc(reason)
 
     def _watch_owner(self, owner: str, mesh_id: int) -> None:
         """Stop this actor if the process of its mesh's owner dies (meshes die with owners)."""
@@ -126,8 +134,9 @@ class ProcAgent:
             event = threading.Event()
             instance.request_stop(event.set, "proc stopping")
             events.append(event)
+        deadline = time.monotonic() + timeout
         for event in events:
-            event.wait(timeout)
+            event.wait(max(0.0, deadline - time.monotonic()))
 
 
 class _Booted:

@@ -5,18 +5,21 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from regency._runtime import codec, state, wire
+from regency._runtime import codec, context, state, wire
 from regency._runtime.errors import SupervisionError
 from regency._runtime.future import Future
-from regency._runtime.identity import InstanceBase
+from regency._runtime.identity import InstanceBase, new_uid
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
 from regency._runtime.supervision import MeshFailure
 from regency._transport.transport import PeerUnreachableError
+
+if TYPE_CHECKING:
+    from regency._runtime.meshes import ProcMesh
 
 
 class _Reply:
@@ -44,12 +47,21 @@ class SingletonRegistry(InstanceBase):
 
     def __init__(self) -> None:
         super().__init__()
+        # It acts for the root, so the controllers it spawns name the root as their creator.
+        self.uid = new_uid()
+        self.name = "root"
+        self.class_name = None
+        self.rank = context.empty_point()
+        self.creator = None
+        self.proc_id = state.runtime().address
         self._meshes: dict[str, Any] = {}
         self._failures: dict[str, MeshFailure] = {}
         self._lock = threading.Lock()
 
-    def __str__(self) -> str:
-        return "<root>"
+    @property
+    def proc_mesh(self) -> ProcMesh:
+        """The root's own proc, where the controllers run."""
+        return self.proc
 
     def supervise(self, notice: Any) -> None:
         """Record a controller's failure (a restart notice needs nothing)."""

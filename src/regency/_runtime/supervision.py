@@ -12,10 +12,13 @@ import math
 import os
 import signal
 import sys
+import textwrap
 import threading
 import traceback
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from regency._runtime.errors import failed_text
 
 STOP_REASON_PREFIX = "stopped ("
 
@@ -97,16 +100,21 @@ class MeshFailure:
         return f"{root.actor}: {root.reason}"
 
     def report(self) -> str:
-        """A human-readable account: what failed, why, and the chain down to the root cause."""
+        """A human-readable account: Monarch's "The actor ... and all its descendants have
+        failed:" with the reason, then which ranks, and the chain down to the root cause."""
         head = f"mesh {self.mesh_name!r} failed at ranks {self.crashed_ranks}"
         if self.restarting:
             head += " (restarting under its restart policy)"
-        return f"{head}:\n{self.event.chain_text()}"
+        text = f"{failed_text(self.event.actor, self.event.reason)}\n{head}"
+        if self.event.cause is not None:
+            text += f":\n{self.event.chain_text()}"
+        return text
 
     def __str__(self) -> str:
+        reason = textwrap.indent(self.event.reason, "  ", lambda line: True)
         text = (
-            f"MeshFailure(mesh_name={self.mesh_name}, actor={self.event.actor}, "
-            f"reason={self.event.reason!r}, crashed_ranks={self.crashed_ranks}"
+            f"MeshFailure(mesh_name={self.mesh_name}, crashed_ranks={self.crashed_ranks}, "
+            f"event=Supervision event: actor {self.event.actor} failed:\n{reason}"
         )
         if self.event.cause is not None:
             text += f", root_cause={self.root_cause!r}"
