@@ -12,7 +12,7 @@ import pickle
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 import cloudpickle
 
@@ -35,6 +35,8 @@ from regency.shape import Extent, Shape
 
 T = TypeVar("T")
 
+# Endpoint names an actor may not use: Monarch refuses every attribute its ActorMesh has
+# (public ones and its private ones alike); regency's own private attributes are refused too.
 _RESERVED = frozenset(
     {
         "stop",
@@ -46,11 +48,53 @@ _RESERVED = frozenset(
         "flatten",
         "rename",
         "split",
-        "shape",
-        "restarts",
-        "restarted",
+        # Monarch's private ActorMesh attributes
+        "_class",
+        "_endpoint",
+        "_inner",
+        "_is_protocol",
+        "_labels",
+        "_mesh_name",
+        "_name",
+        "_ndslice",
+        "_new_with_shape",
+        "_proc_mesh",
+        "_shape",
+        # regency's
+        "_cached_route",
+        "_endpoint_specs",
+        "_mesh_id",
+        "_owned",
+        "_procs",
+        "_route",
+        "_status",
+        "_supervisor",
     }
 )
+# Mesh attributes Monarch does not have: an endpoint of the same name replaces them on the mesh.
+_YIELDING = ("shape", "restarts", "restarted")
+
+V = TypeVar("V")
+
+
+class _YieldsToEndpoint(Generic[V]):
+    """A read-only mesh attribute that an endpoint of the same name shadows.
+
+    A non-data descriptor: a value in the instance's ``__dict__`` (the endpoint) wins.
+    """
+
+    def __init__(self, fget: Callable[[Any], V]) -> None:
+        self._fget = fget
+        self.__doc__ = fget.__doc__
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> _YieldsToEndpoint[V]: ...
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> V: ...
+    def __get__(self, obj: object | None, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return self._fget(obj)
 
 
 class NotOwnedError(RuntimeError, ValueError):
@@ -305,7 +349,8 @@ class ProcMesh(MeshTrait):
         clash = sorted(set(specs) & _RESERVED)
         if clash:
             raise ValueError(
-                f"{Class.__qualname__} endpoint(s) {clash} collide with ActorMesh attributes"
+                "ActorMesh has an attribute that collides with an endpoint name: "
+                f"attribute={clash[0]} ({Class.__qualname__} endpoint(s) {clash})"
             )
         policy = kwargs.get("restart")
         if isinstance(policy, RestartPolicy):
@@ -519,6 +564,10 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._endpoint_specs = _endpoint_table(cls)
         # Set on the owner's mesh and its views: per-rank health and restarts.
         self._supervisor: MeshSupervisor | None = None
+        for attr in _YIELDING:
+            if attr in self._endpoint_specs:
+                spec, checker = self._endpoint_specs[attr]
+                self.__dict__[attr] = Endpoint(self, attr, spec, checker)
 
     def _route(self) -> Route:
         """Where this view's messages go (computed once per view, again after a restart)."""
@@ -591,10 +640,15 @@ class ActorMesh(MeshTrait, Generic[T]):
             )
         return Future._from_pending(tracker.pending)
 
-    @property
+    @_YieldsToEndpoint
     def restarts(self) -> int:
         """How many restarts this mesh's restart policy has completed (owner only)."""
         return self._supervisor.restarts if self._supervisor is not None else 0
+
+    @_YieldsToEndpoint
+    def shape(self) -> Shape:
+        """The view's shape over the mesh it was taken from."""
+        return self._shape
 
     def restarted(self, count: int = 1) -> Future[int]:
         """Completes once the restart policy has completed ``count`` restarts in all."""
