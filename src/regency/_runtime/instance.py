@@ -516,7 +516,7 @@ class ActorInstance(InstanceBase):
         hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
         if hook is None:
             return
-        timeout = float(config.get("cleanup_timeout"))
+        timeout = config.get_seconds("cleanup_timeout")
         started = time.monotonic()
         token = context.set_current(context.Context(self, self.rank))
         try:
@@ -532,7 +532,7 @@ class ActorInstance(InstanceBase):
         hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
         if hook is None:
             return
-        timeout = float(config.get("cleanup_timeout"))
+        timeout = config.get_seconds("cleanup_timeout")
         context.set_current(context.Context(self, self.rank))
         try:
             await asyncio.wait_for(hook(self.actor, exc), timeout)

@@ -1,0 +1,217 @@
+"""Monarch's API surface in regency (issue 18 item 12): config keys, exported names, signatures.
+
+Expected values were read off torchmonarch 0.7.0 running the same calls.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from regency import config
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def clean_config(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No configure() values and no REGENCY_* variables during the test; restored after."""
+    saved = config.get_runtime_config()
+    for key in list(os.environ):
+        if key.startswith("REGENCY_"):
+            monkeypatch.delenv(key)
+    config.clear_runtime_config()
+    yield
+    config.clear_runtime_config()
+    config.configure(**saved)
+
+
+MONARCH_DEFAULTS = {
+    "message_delivery_timeout": "30s",
+    "mesh_attach_config_timeout": "1m",
+    "cleanup_timeout": "3s",
+    "stop_actor_timeout": "10s",
+    "process_exit_timeout": "10s",
+    "supervision_watchdog_timeout": "2m",
+    "mesh_orphan_timeout": "1m",
+    "message_ack_time_interval": "500ms",
+    "codec_max_frame_length": 10 * 1024**3,
+    "max_cast_dimension_size": 16,
+    "max_cast_fanout": 16,
+    "message_ttl_default": 64,
+    "enable_log_forwarding": False,
+    "mesh_bootstrap_enable_pdeathsig": True,
+    "tail_log_lines": 0,
+    "mesh_admin_addr": "[::]:1729",
+    "tokio_worker_threads": None,
+    "rdma_allow_tcp_fallback": True,
+    "channel_tcp_congestion": "",
+}
+
+
+@pytest.mark.usefixtures("clean_config")
+def test_every_monarch_key_is_known_with_monarchs_default() -> None:
+    values = config.get_global_config()
+    for key, default in MONARCH_DEFAULTS.items():
+        assert values[key] == default, key
+    assert values["default_encoding"] is config.Encoding.Multipart
+    assert values["default_transport"] is config.ChannelTransport.Unix
+    assert len(values) >= 84 + 7
+
+
+@pytest.mark.usefixtures("clean_config")
+@pytest.mark.parametrize(
+    ("given", "read_back"),
+    [
+        ("300s", "5m"),
+        ("90s", "1m 30s"),
+        ("1.5s", "1s 500ms"),
+        ("1500ms", "1s 500ms"),
+        ("5 minutes", "5m"),
+        ("1h30m", "1h 30m"),
+        ("3600s", "1h"),
+        ("86400s", "1day"),
+        ("2w", "14days"),
+        ("0s", "0s"),
+        (" 5s", "5s"),
+        ("100000h", "11years 4months 27days 3h 45m 36s"),
+    ],
+)
+def test_durations_are_normalised_on_read(given: str, read_back: str) -> None:
+    config.configure(message_delivery_timeout=given)
+    assert config.get_global_config()["message_delivery_timeout"] == read_back
+    assert config.get_runtime_config()["message_delivery_timeout"] == read_back
+
+
+@pytest.mark.usefixtures("clean_config")
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("message_delivery_timeout", 5, "'int' object cannot be cast as 'str'"),
+        ("message_delivery_timeout", "abc", "Invalid duration format 'abc'"),
+        ("message_delivery_timeout", "5", "time unit needed"),
+        ("message_delivery_timeout", "", "value was empty"),
+        ("message_delivery_timeout", None, "'NoneType' object cannot be cast as 'str'"),
+        ("max_cast_dimension_size", "3", "cannot be interpreted as an integer"),
+        ("max_cast_dimension_size", -1, "can't convert negative int to unsigned"),
+        ("codec_max_frame_length", 1.5, "cannot be interpreted as an integer"),
+        ("enable_log_forwarding", 1, "'int' object cannot be cast as 'bool'"),
+        ("message_latency_sampling_rate", "0.5", "must be real number"),
+        ("channel_tcp_congestion", 5, "cannot be cast as 'str'"),
+        ("default_encoding", "Json", "cannot be cast as 'Encoding'"),
+        ("cleanup_timeout", True, "'bool' object cannot be cast as 'str'"),
+    ],
+)
+def test_wrong_types_are_type_errors(key: str, value: object, why: str) -> None:
+    with pytest.raises(TypeError) as info:
+        config.configure(**{key: value})
+    assert f"invalid value `{value!r}` for configuration key `{key}`" in str(info.value)
+    assert why in str(info.value)
+    assert key not in config.get_runtime_config()
+
+
+@pytest.mark.usefixtures("clean_config")
+def test_unknown_keys_are_value_errors_and_nothing_is_set() -> None:
+    with pytest.raises(ValueError, match="invalid configuration key: `nonsense_key`"):
+        config.configure(message_delivery_timeout="1m", nonsense_key=1)
+    with pytest.raises(ValueError, match="did you mean"):
+        config.configure(message_delivery_timout="1m")
+    # Legacy allocator keys Monarch 0.7.0 no longer has.
+    with pytest.raises(ValueError):
+        config.configure(remote_alloc_bootstrap_addr="tcp://x:1")
+    assert config.get_runtime_config() == {}
+
+
+@pytest.mark.usefixtures("clean_config")
+def test_other_monarch_values_are_stored() -> None:
+    config.configure(
+        enable_log_forwarding=True,
+        max_cast_fanout=True,  # Monarch takes a bool as an int
+        tokio_worker_threads=4,
+        message_latency_sampling_rate=1,
+        default_encoding=config.Encoding.Json,
+        default_transport="tcp",
+    )
+    values = config.get_global_config()
+    assert values["enable_log_forwarding"] is True
+    assert values["max_cast_fanout"] == 1
+    assert values["tokio_worker_threads"] == 4
+    assert values["message_latency_sampling_rate"] == 1.0
+    assert values["default_encoding"] is config.Encoding.Json
+    assert values["default_transport"] is config.ChannelTransport.TcpWithHostname
+    config.configure(tokio_worker_threads=None, default_transport="tcp://127.0.0.1:0")
+    assert config.get("tokio_worker_threads") is None
+    assert config.get("default_transport") == "tcp://127.0.0.1:0"
+    with pytest.raises(ValueError, match="invalid bind spec"):
+        config.configure(default_transport="bogus")
+
+
+@pytest.mark.usefixtures("clean_config")
+def test_configured_restores_the_runtime_layer_and_yields_merged_values() -> None:
+    config.configure(message_delivery_timeout="300s")
+    with config.configured(cleanup_timeout="10s") as values:
+        assert values["cleanup_timeout"] == "10s"
+        assert values["message_delivery_timeout"] == "5m"
+        assert config.get_seconds("cleanup_timeout") == 10.0
+    assert config.get("cleanup_timeout") == "3s"
+    assert config.get("message_delivery_timeout") == "5m"
+    with pytest.raises(ValueError), config.configured(nope=1):
+        pass
+    assert config.get_runtime_config() == {"message_delivery_timeout": "5m"}
+
+
+@pytest.mark.usefixtures("clean_config")
+@pytest.mark.parametrize(
+    ("monarch", "value", "regency", "effect"),
+    [
+        ("codec_max_frame_length", 4096, "max_frame_bytes", 4096),
+        ("max_cast_fanout", 4, "cast_fanout", 4),
+        ("max_cast_dimension_size", 2, "cast_fanout", 2),
+        ("stop_actor_timeout", "2s", "stop_timeout", 2.0),
+        ("process_exit_timeout", "1m", "stop_timeout", 60.0),
+        ("server_heartbeat_interval", "250ms", "heartbeat_interval", 0.25),
+        ("supervision_watchdog_timeout", "7s", "heartbeat_timeout", 7.0),
+    ],
+)
+def test_monarch_keys_set_regencys_equivalent(
+    monarch: str, value: object, regency: str, effect: object
+) -> None:
+    config.configure(**{monarch: value})
+    assert config.get(regency) == effect
+    assert type(config.get(regency)) is type(effect)
+    # The latest value configured wins, in either direction.
+    config.configure(**{regency: config.get_global_config()[regency] * 2})
+    assert config.get(regency) == effect * 2  # type: ignore[operator]
+    config.configure(**{monarch: value})
+    assert config.get(regency) == effect
+
+
+@pytest.mark.usefixtures("clean_config")
+def test_a_proc_configured_from_the_global_config_keeps_regencys_values() -> None:
+    """Procs get ``configure(**get_global_config())``: regency's keys must keep their values
+    even though the Monarch keys that feed them come along at their defaults."""
+    config.configure(cast_fanout=2, stop_timeout=1.5)
+    shipped = config.get_global_config()
+    config.clear_runtime_config()
+    config.configure(**shipped)
+    assert config.get("cast_fanout") == 2
+    assert config.get("stop_timeout") == 1.5
+    assert config.get("max_cast_fanout") == 16
+
+
+@pytest.mark.usefixtures("clean_config")
+def test_cleanup_timeout_takes_seconds_too_and_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config.configure(cleanup_timeout=0.5)
+    assert config.get("cleanup_timeout") == "500ms"
+    assert config.get_seconds("cleanup_timeout") == 0.5
+    config.clear_runtime_config()
+    monkeypatch.setenv("REGENCY_CLEANUP_TIMEOUT", "2s")
+    monkeypatch.setenv("REGENCY_ENABLE_LOG_FORWARDING", "true")
+    monkeypatch.setenv("REGENCY_MESSAGE_DELIVERY_TIMEOUT", "120s")
+    assert config.get("cleanup_timeout") == "2s"
+    assert config.get("enable_log_forwarding") is True
+    assert config.get("message_delivery_timeout") == "2m"
