@@ -215,3 +215,199 @@ def test_cleanup_timeout_takes_seconds_too_and_the_environment(
     assert config.get("cleanup_timeout") == "2s"
     assert config.get("enable_log_forwarding") is True
     assert config.get("message_delivery_timeout") == "2m"
+
+
+# -- names exported by regency.actor ------------------------------------------------------------
+
+# monarch.actor.__all__ of torchmonarch 0.7.0.
+MONARCH_ACTOR_ALL = [
+    "Accumulator", "Actor", "ActorError", "Channel", "ChannelTransport", "Context", "Endpoint",
+    "Extent", "Future", "HostMesh", "MeshFailure", "Point", "Port", "PortReceiver", "ProcId",
+    "ProcMesh", "Uid", "ValueMesh", "as_endpoint", "attach", "attach_to_workers",
+    "concurrent_endpoint", "config", "context", "current_actor_name", "current_rank",
+    "current_size", "debug_controller", "default_bootstrap_cmd", "enable_transport", "endpoint",
+    "get_meter", "get_or_spawn_controller", "returns_future", "run_worker_loop_forever",
+    "run_worker_loop_until_shutdown", "send", "shutdown_context", "span",
+    "start_worker_loop_forever", "this_host", "this_proc", "traced", "unhandled_fault_hook",
+]  # fmt: skip
+
+
+def test_every_monarch_actor_name_exists_in_regency_actor() -> None:
+    import regency.actor as actor
+
+    missing = [name for name in MONARCH_ACTOR_ALL if not hasattr(actor, name)]
+    assert missing == []
+    assert set(MONARCH_ACTOR_ALL) <= set(actor.__all__)
+    assert set(MONARCH_ACTOR_ALL) <= set(dir(actor))
+    assert actor.hosts_from_config is not None  # Monarch's reference lists it here too
+    assert actor.config.prefix_python_logs_with_actor is True
+
+
+@pytest.mark.parametrize(
+    ("name", "issue"),
+    [
+        ("debug_controller", "issue 13"),
+        ("get_meter", "issue 14"),
+        ("span", "issue 14"),
+        ("traced", "issue 14"),
+    ],
+)
+def test_features_of_later_issues_say_which(name: str, issue: str) -> None:
+    import regency.actor as actor
+
+    with pytest.raises(NotImplementedError, match=issue):
+        getattr(actor, name)()
+
+
+def test_attach_through_a_gateway_is_not_implemented() -> None:
+    from regency.actor import attach
+
+    with pytest.raises(NotImplementedError, match="remote gateway"):
+        attach("tcp://127.0.0.1:1")
+
+
+def test_channel_transport_has_monarchs_members() -> None:
+    from regency.actor import ChannelTransport
+
+    assert {m.name for m in ChannelTransport} == {
+        "Local", "MetaQuicWithHostname", "MetaQuicWithIpV6", "MetaTlsWithHostname",
+        "MetaTlsWithIpV6", "Quic", "TcpWithHostname", "TcpWithLocalhost", "Tls", "Unix",
+    }  # fmt: skip
+    assert config.ChannelTransport is ChannelTransport
+
+
+def test_uid_and_proc_id_read_and_write_monarchs_form() -> None:
+    from regency.actor import ProcId, Uid
+
+    uid = Uid.from_string("local<Gq3tHs98kpP>")
+    assert (uid.label, uid.instance_value, uid.is_instance) == ("local", 17410749405437304489, True)
+    assert str(uid) == "local<Gq3tHs98kpP>"
+    assert Uid.from_string(str(uid)) == uid
+    assert [str(Uid.instance_from_value(n)) for n in (5, 57, 58, 2**64 - 1)] == [
+        "<6>",
+        "<Z>",
+        "<21>",
+        "<JPwcyDCgEup>",
+    ]
+    single = Uid.from_string("local")
+    assert (single.label, single.is_singleton, single.instance_value) == ("local", True, None)
+    anonymous = Uid.anonymous()
+    assert anonymous.label is None
+    assert anonymous.is_instance
+    with pytest.raises(TypeError, match="cannot create"):
+        Uid()
+    proc = ProcId(uid)
+    assert (str(proc), proc.label, proc.uid) == ("local<Gq3tHs98kpP>", "local", uid)
+    assert ProcId.from_string("x<1>") == ProcId(Uid.from_string("x<1>"))
+    with pytest.raises(TypeError, match="cannot be cast as 'Uid'"):
+        ProcId("x")  # type: ignore[arg-type]
+
+
+def test_default_bootstrap_cmd_and_with_env() -> None:
+    import sys
+
+    from regency.actor import BootstrapCommand, default_bootstrap_cmd
+
+    cmd = default_bootstrap_cmd()
+    assert isinstance(cmd, BootstrapCommand)
+    assert (cmd.program, cmd.arg0, cmd.args, cmd.env, cmd.inherit_env) == (
+        sys.executable,
+        None,
+        ["-m", "regency._runtime.bootstrap"],
+        {},
+        True,
+    )
+    more = cmd.with_env({"A": "1", "HOME": None})
+    assert more.env == {"A": "1", "HOME": None}
+    assert cmd.env == {}
+    assert more.environment({"HOME": "/root", "B": "2"}) == {"B": "2", "A": "1"}
+
+
+def test_returns_future_serves_sync_and_async_callers() -> None:
+    import asyncio
+
+    from regency.actor import Future, returns_future
+
+    @returns_future
+    async def add_one(x: int) -> int:
+        await asyncio.sleep(0)
+        return x + 1
+
+    @returns_future
+    async def fails() -> None:
+        raise KeyError("k")
+
+    result = add_one(1)
+    assert isinstance(result, Future)
+    assert result.get(timeout=10) == 2
+
+    async def main() -> int:
+        return await add_one(41)
+
+    assert asyncio.run(main()) == 42
+    with pytest.raises(KeyError):
+        fails().get(timeout=10)
+
+
+# -- attach_to_workers / worker loops: Monarch's parameters ---------------------------------------
+
+
+def test_attach_takes_monarchs_ca_and_refuses_tls() -> None:
+    from regency.actor import attach_to_workers
+
+    for kw in ({"ca": b"PEM"}, {"ca": "trust_all_connections", "private_key": b"KEY"}):
+        with pytest.raises(NotImplementedError, match="TLS security plumbing"):
+            attach_to_workers(workers=["tcp://127.0.0.1:1"], **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("clean_config")
+def test_trust_all_connections_does_not_turn_authentication_off() -> None:
+    from regency.actor import attach_to_workers
+
+    with pytest.raises(ValueError, match="does not turn that off") as info:
+        attach_to_workers(workers=["tcp://127.0.0.1:1"], ca="trust_all_connections")
+    assert "REGENCY_JOB_SECRET" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("written", "dialed"),
+    [
+        ("tcp://10.0.0.1:26600", "tcp://10.0.0.1:26600"),
+        ("service<2MuAHeDjLCEd>@tcp://10.0.0.1:26600", "tcp://10.0.0.1:26600"),
+        ("tcp://worker:4444@tcp://0.0.0.0:4444", "tcp://worker:4444"),
+        ("service<2MuAHeDjLCEd>@tcp://worker:4444@tcp://0.0.0.0:4444", "tcp://worker:4444"),
+    ],
+)
+def test_worker_addresses_in_monarchs_forms(written: str, dialed: str) -> None:
+    from regency.job._attach import dial_address
+
+    assert dial_address(written) == dialed
+
+
+@pytest.mark.parametrize(
+    ("given", "listen", "advertise"),
+    [
+        ("tcp://*:4444", "tcp://0.0.0.0:4444", None),
+        ("tcp://0.0.0.0:0", "tcp://0.0.0.0:0", None),
+        ("tcp://worker:4444@tcp://0.0.0.0:4444", "tcp://0.0.0.0:4444", "tcp://worker:4444"),
+        ("service<x>@tcp://127.0.0.1:0", "tcp://127.0.0.1:0", None),
+    ],
+)
+def test_worker_loop_addresses(given: str, listen: str, advertise: str | None) -> None:
+    from regency.job._worker import _bind_and_advertise
+
+    assert _bind_and_advertise(given) == (listen, advertise)
+
+
+def test_worker_loops_take_monarchs_parameters() -> None:
+    from regency.actor import (
+        run_worker_loop_forever,
+        run_worker_loop_until_shutdown,
+        start_worker_loop_forever,
+    )
+
+    for loop in (run_worker_loop_forever, start_worker_loop_forever):
+        with pytest.raises(NotImplementedError, match="TLS security plumbing"):
+            loop(address="tcp://127.0.0.1:0", ca=b"PEM")
+    with pytest.raises(NotImplementedError, match="issue 18 item 10"):
+        run_worker_loop_until_shutdown(address="tcp://127.0.0.1:0", ca="trust_all_connections")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import pickle
 import random
 from collections.abc import Iterator, Sequence
@@ -213,12 +214,12 @@ class Endpoint(Generic[R]):
             envelope = route.envelopes.get(self._name)
             if envelope is None:
                 envelope = route.envelopes[self._name] = pickle.dumps(
-                    (self._name, None, route.labels, route.sizes), protocol=5
+                    (self._spec.name, None, route.labels, route.sizes), protocol=5
                 )
         else:
             # The reply port travels as a plain tuple: pickling a NamedTuple runs Python code.
             envelope = pickle.dumps(
-                (self._name, tuple(reply), route.labels, route.sizes), protocol=5
+                (self._spec.name, tuple(reply), route.labels, route.sizes), protocol=5
             )
         parts = [envelope, *codec.dumps_call(args, kwargs)]
         # Refuse oversize messages before taking sequence numbers: a gap would stall the
@@ -262,6 +263,58 @@ class Endpoint(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._mesh._name}.{self._name}>"
+
+
+class NotAnEndpointError(RuntimeError, AttributeError):
+    """A method of an actor mesh that is not an ``@endpoint`` was called or sent to."""
+
+
+class NotAnEndpoint:
+    """``mesh.method`` for a method not marked ``@endpoint``: calling it (or an adverb on it)
+    raises; ``as_endpoint(mesh.method)`` makes an endpoint of it."""
+
+    __slots__ = ("_mesh", "_name")
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def _error(self) -> NotAnEndpointError:
+        cls = self._mesh._class
+        return NotAnEndpointError(
+            f"Actor {cls}.{self._name} is not annotated as an endpoint. To call it as one, add a "
+            "@endpoint decorator to it, or directly wrap it in one "
+            "as_endpoint(obj.method).call(...)"
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        raise self._error()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise self._error()
+
+
+def as_endpoint(
+    not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
+) -> Endpoint[Any]:
+    """Treat a method of a spawned actor mesh that is not an ``@endpoint`` as one:
+    ``as_endpoint(mesh.method).call(...)``.
+
+    ``explicit_response_port=True`` passes a ``Port`` first, as for ``@endpoint``. On an actor
+    whose endpoints are all ``def`` the method must be a ``def`` too (an ``async def`` fails
+    with ``TypeError`` on the actor). Anything but such a method raises ``ValueError``.
+    """
+    from regency._runtime.endpoint_def import ArgumentCheck, as_endpoint_spec
+
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise ValueError("expected an method of a spawned actor")
+    mesh = not_an_endpoint._mesh
+    method = getattr(mesh._class, not_an_endpoint._name)
+    spec = as_endpoint_spec(method, explicit_response_port, propagate)
+    checker = ArgumentCheck(inspect.signature(method), 2 if explicit_response_port else 1)
+    return Endpoint(mesh, not_an_endpoint._name, spec, checker)
 
 
 def _unique(addrs: Sequence[str]) -> list[str]:

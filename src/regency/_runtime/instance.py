@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from regency import config
 from regency._runtime import codec, context, wire
-from regency._runtime.endpoint_def import EndpointSpec, endpoints_of
+from regency._runtime.endpoint_def import EndpointSpec, endpoints_of, plain_method
 from regency._runtime.errors import ActorError, SupervisionError
 from regency._runtime.identity import (
     InstanceBase,
@@ -152,6 +152,7 @@ class ActorInstance(InstanceBase):
         self.stopped = False
         self.stop_reason = ""
         self._endpoints: dict[str, tuple[Callable[..., Any], EndpointSpec]] = {}
+        self._is_async = False
         self._proc_mesh: ProcMesh | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # Stops of owned meshes begun by a failure; cleanup waits for them.
@@ -221,6 +222,7 @@ class ActorInstance(InstanceBase):
             for name, prop in endpoints_of(cls).items():
                 self._endpoints[name] = (prop.method, prop.spec)
             is_async = any(spec.is_async for _, spec in self._endpoints.values())
+            self._is_async = is_async
         except BaseException as exc:
             self._report_init(exc)
             self._serve_failed()
@@ -603,6 +605,9 @@ class ActorInstance(InstanceBase):
         method, reply, point, payload = self._open(item)
         entry = self._endpoints.get(method)
         try:
+            if entry is None:
+                wire_name, method = method, method.partition("@")[0]  # errors name the method
+                entry = plain_method(type(self.actor), wire_name, self._is_async)
             if entry is None:
                 raise AttributeError(f"{self.class_name} has no endpoint {method!r}")
             args, kwargs = codec.loads(payload)

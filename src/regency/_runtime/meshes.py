@@ -18,7 +18,8 @@ import cloudpickle
 
 from regency import config
 from regency._runtime import context, state, wire
-from regency._runtime.endpoint import Endpoint, current_instance
+from regency._runtime.bootstrap_command import BootstrapCommand, ProcLaunch, parse_cpus
+from regency._runtime.endpoint import Endpoint, NotAnEndpoint, current_instance
 from regency._runtime.endpoint_def import Actor, ArgumentCheck, EndpointSpec, endpoints_of
 from regency._runtime.errors import ActorError
 from regency._runtime.future import Future
@@ -31,7 +32,7 @@ from regency._runtime.proc import Part, PortRef
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs, new_proc_address
 from regency._runtime.supervision import RestartPolicy
 from regency._transport.transport import PeerUnreachableError
-from regency.shape import Extent, Shape
+from regency.shape import Extent, Point, Shape
 
 T = TypeVar("T")
 
@@ -205,12 +206,19 @@ class HostMesh(MeshTrait):
         per_host: dict[str, int] | None = None,
         bootstrap: Callable[[], Any] | None = None,
         name: str | None = None,
+        proc_bind: Sequence[dict[str, str]] | None = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
     ) -> ProcMesh:
         """Start ``per_host`` processes on every host; returns at once (spawning is async).
 
         The result's dimensions are the host dimensions followed by ``per_host``'s.
         ``bootstrap`` runs in each new process before any actor (e.g. to set environment
-        variables before CUDA starts).
+        variables before CUDA starts). ``proc_bind`` (one dict per proc of a host) pins procs:
+        ``cpus`` (taskset's list form, ``"0-3,8"``) with ``os.sched_setaffinity``;
+        ``cpunodebind``, ``membind`` and ``physcpubind`` through ``numactl`` (which must be
+        installed on the host); other keys are ignored. ``bootstrap_command`` (see
+        ``default_bootstrap_cmd()``), or a function of each proc's ``Point`` returning one,
+        replaces the command procs start with.
         """
         per_host = dict(per_host or {})
         overlap = sorted(set(per_host) & set(self._shape.labels))
@@ -227,6 +235,7 @@ class HostMesh(MeshTrait):
         per = 1
         for size in per_host.values():
             per *= size
+        launches = _launches(shape, per, proc_bind, bootstrap_command)
         procs: list[ProcInfo] = []
         by_agent: dict[str, list[ProcInfo]] = {}
         for host_base in self._shape.ranks():
@@ -240,6 +249,7 @@ class HostMesh(MeshTrait):
             cloudpickle.dumps(bootstrap) if bootstrap is not None else None,
             mesh_name,
             config.get_global_config(),
+            launches,
         )
         for agent, infos in by_agent.items():
             start_procs(agent, infos, recipe)
@@ -263,6 +273,38 @@ class ProcRecipe:
     bootstrap: bytes | None
     mesh_name: str
     settings: dict[str, object]
+    launches: tuple[ProcLaunch | None, ...] | None = None  # by rank
+
+
+def _launches(
+    shape: Shape,
+    per_host: int,
+    proc_bind: Sequence[dict[str, str]] | None,
+    command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None,
+) -> tuple[ProcLaunch | None, ...] | None:
+    """Each proc's binding and command, by rank (``None`` when neither is given)."""
+    if proc_bind is None and command is None:
+        return None
+    if proc_bind is not None:
+        if len(proc_bind) != per_host:
+            raise ValueError(
+                f"proc_bind length ({len(proc_bind)}) must equal procs_per_host ({per_host})"
+            )
+        for given in proc_bind:
+            if "cpus" in given:
+                try:
+                    parse_cpus(given["cpus"])
+                except ValueError:
+                    cpus = given["cpus"]
+                    raise ValueError(f"proc_bind cpus {cpus!r} is not a CPU list") from None
+    launches = []
+    for rank in range(len(shape)):
+        bind = dict(proc_bind[rank % per_host]) if proc_bind is not None else None
+        cmd = command(Point(rank, shape.extent)) if callable(command) else command
+        if cmd is not None and not isinstance(cmd, BootstrapCommand):
+            raise TypeError(f"bootstrap_command must give a BootstrapCommand, got {cmd!r}")
+        launches.append(ProcLaunch(bind, cmd))
+    return tuple(launches)
 
 
 def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> None:
@@ -270,10 +312,15 @@ def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> No
     rt = state.runtime()
     # The controller's own host agent marks its children dead in this very process.
     events = rt.exit_reports(agent, [i.addr for i in infos]) if agent != rt.address else None
+    launches = (
+        tuple(recipe.launches[i.rank] for i in infos) if recipe.launches is not None else None
+    )
     rt.send_control(
         agent,
         wire.SERVICE_HOST,
-        SpawnProcs(tuple(infos), recipe.bootstrap, recipe.mesh_name, events, recipe.settings),
+        SpawnProcs(
+            tuple(infos), recipe.bootstrap, recipe.mesh_name, events, recipe.settings, launches
+        ),
     )
 
 
@@ -607,10 +654,7 @@ class ActorMesh(MeshTrait, Generic[T]):
             return Endpoint(self, name, spec, checker)
         cls = self.__dict__.get("_class")
         if cls is not None and callable(getattr(cls, name, None)) and not name.startswith("_"):
-            raise RuntimeError(
-                f"{cls.__qualname__}.{name} is not annotated as an endpoint; "
-                "decorate it with @endpoint to call it remotely"
-            )
+            return NotAnEndpoint(self, name)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     @property

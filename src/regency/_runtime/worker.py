@@ -167,15 +167,22 @@ def advertised(bound: str) -> str:
     return address.tcp_address(address.primary_ip(), port)
 
 
-def serve(listen: str, job_secret: bytes) -> None:
-    """Serve this machine as a host at ``listen`` (``tcp://HOST:PORT``) forever."""
+def start(listen: str, job_secret: bytes, advertise: str | None = None) -> ProcRuntime:
+    """Start serving this machine as a host at ``listen`` (``tcp://HOST:PORT``); return once
+    listening. ``advertise`` is the address to announce instead of the bound one."""
     if not address.is_tcp(listen) or address.route_key(listen):
         raise address.AddressError(f"a worker listens on tcp://HOST:PORT, not {listen!r}")
     runtime = ProcRuntime(listen, job_secret, "worker")
-    runtime.known_as(advertised(runtime.address))
+    runtime.known_as(advertise or advertised(runtime.address))
     agent = HostAgent(runtime, None)
     worker = WorkerAgent(runtime, agent, job_secret)
     runtime.add_service(wire.SERVICE_HOST, worker.service)
     agent.launcher.start_zygote()
-    print(f"regency worker listening on {runtime.address}", flush=True)
+    print(f"regency worker listening on {advertise or runtime.address}", flush=True)
+    return runtime
+
+
+def serve(listen: str, job_secret: bytes, advertise: str | None = None) -> None:
+    """Serve this machine as a host at ``listen`` (``tcp://HOST:PORT``) forever."""
+    start(listen, job_secret, advertise)
     threading.Event().wait()
