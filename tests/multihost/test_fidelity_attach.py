@@ -9,14 +9,16 @@ authenticates every connection.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
-from _worker_helpers import LISTENING, Probe, kill_group
+from _worker_helpers import Probe, kill_group
 
 from regency.actor import attach_to_workers, returns_future
 from regency.job import worker_env
@@ -44,7 +46,7 @@ def monarch_style_worker(secret: bytes, address: str) -> Iterator[str]:
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        found = LISTENING.search(line)
+        found = re.search(r"regency worker listening on (\S+)", line)
         assert found, f"worker printed {line!r}"
         yield found.group(1)
     finally:
@@ -76,6 +78,27 @@ def test_monarch_bootstrap_script_runs_unchanged(monkeypatch: pytest.MonkeyPatch
         try:
             where = procs.spawn("probes", Probe).where.call().get(timeout=60)
             assert [w["host"] for w in where.values()] == [first, second]
+        finally:
+            procs.stop().get(timeout=30)
+
+
+def test_ipc_workers_like_monarchs_process_job(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    secret = os.urandom(32)
+    monkeypatch.setenv("REGENCY_JOB_SECRET", secret.hex())
+    given = [f"ipc://{tmp_path}/hosts_{i}" for i in range(2)]
+    with (
+        monarch_style_worker(secret, given[0]) as first,
+        monarch_style_worker(secret, given[1]) as second,
+    ):
+        assert [first, second] == [f"unix:{tmp_path}/hosts_{i}" for i in range(2)]
+        hosts = attach_to_workers(workers=given, ca="trust_all_connections")
+        procs = hosts.spawn_procs(per_host={"gpus": 2})
+        try:
+            where = procs.spawn("probes", Probe).where.call().get(timeout=60)
+            assert [w["host"] for w in where.values()] == [first, first, second, second]
+            assert len({w["pid"] for w in where.values()}) == 4
         finally:
             procs.stop().get(timeout=30)
 

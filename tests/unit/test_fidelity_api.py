@@ -376,6 +376,8 @@ def test_trust_all_connections_does_not_turn_authentication_off() -> None:
         ("service<2MuAHeDjLCEd>@tcp://10.0.0.1:26600", "tcp://10.0.0.1:26600"),
         ("tcp://worker:4444@tcp://0.0.0.0:4444", "tcp://worker:4444"),
         ("service<2MuAHeDjLCEd>@tcp://worker:4444@tcp://0.0.0.0:4444", "tcp://worker:4444"),
+        ("ipc:///tmp/job/hosts_0", "unix:/tmp/job/hosts_0"),
+        ("service<x>@ipc:///tmp/job/hosts_0", "unix:/tmp/job/hosts_0"),
     ],
 )
 def test_worker_addresses_in_monarchs_forms(written: str, dialed: str) -> None:
@@ -391,6 +393,7 @@ def test_worker_addresses_in_monarchs_forms(written: str, dialed: str) -> None:
         ("tcp://0.0.0.0:0", "tcp://0.0.0.0:0", None),
         ("tcp://worker:4444@tcp://0.0.0.0:4444", "tcp://0.0.0.0:4444", "tcp://worker:4444"),
         ("service<x>@tcp://127.0.0.1:0", "tcp://127.0.0.1:0", None),
+        ("ipc:///tmp/job/hosts_0", "unix:/tmp/job/hosts_0", None),
     ],
 )
 def test_worker_loop_addresses(given: str, listen: str, advertise: str | None) -> None:

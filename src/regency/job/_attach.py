@@ -74,7 +74,7 @@ def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
         rt.address,
         rt.job_id,
         worker,
-        controller.gateway_toward(worker),
+        controller.gateway_toward(worker) if address.is_tcp(worker) else None,
         wrap_secret(secret, rt.secret),
         config.get_global_config(),
         ref,
@@ -121,7 +121,13 @@ def dial_address(worker: str) -> str:
     head, sep, rest = worker.partition("@")
     if sep and "://" not in head:
         worker, head, sep, rest = rest, *rest.partition("@")
-    return head if sep and "://" in rest else worker
+    dial = head if sep and "://" in rest else worker
+    return ipc_to_unix(dial)
+
+
+def ipc_to_unix(given: str) -> str:
+    """Monarch's ``ipc://PATH`` (a unix socket, ``ipc://@NAME`` abstract) as ``unix:PATH``."""
+    return "unix:" + given[len("ipc://") :] if given.startswith("ipc://") else given
 
 
 def _resolve(worker: str | Future[str], deadline: float) -> str:
@@ -165,8 +171,10 @@ def attach_to_workers(
     deadline = time.monotonic() + timeout
     addresses = [dial_address(_resolve(worker, deadline)) for worker in workers]
     for worker in addresses:
+        if worker.startswith("unix:"):
+            continue
         if not address.is_tcp(worker) or address.route_key(worker):
-            raise ValueError(f"worker address {worker!r} is not tcp://HOST:PORT")
+            raise ValueError(f"worker address {worker!r} is not tcp://HOST:PORT or ipc://PATH")
     replies = [_request_attach(worker, key, timeout) for worker in addresses]
     errors = []
     for reply in replies:

@@ -8,7 +8,14 @@ from typing import NoReturn
 from regency._runtime import worker
 from regency._runtime.future import Future
 from regency._runtime.pending import Pending
-from regency.job._attach import CA, SECRET_ENV, PrivateKey, _check_security, secret_from_env
+from regency.job._attach import (
+    CA,
+    SECRET_ENV,
+    PrivateKey,
+    _check_security,
+    ipc_to_unix,
+    secret_from_env,
+)
 
 
 def _bind_and_advertise(given: str) -> tuple[str, str | None]:
@@ -21,9 +28,9 @@ def _bind_and_advertise(given: str) -> tuple[str, str | None]:
     if sep and "://" not in head:
         given = rest
     dial, sep, bind = given.partition("@")
-    listen = bind if sep else dial
+    listen = ipc_to_unix(bind if sep else dial)
     listen = listen.replace("tcp://*:", "tcp://0.0.0.0:", 1)
-    return listen, (dial if sep else None)
+    return listen, (ipc_to_unix(dial) if sep else None)
 
 
 def _secret(secret: bytes | None) -> bytes:
