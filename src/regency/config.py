@@ -60,6 +60,7 @@ from regency._config_keys import (
     ChannelTransport,
     Encoding,
 )
+from regency._config_sweeps import parametrize_config, parametrize_config_pointwise
 
 _DEFAULTS: dict[str, Any] = {
     "cast_fanout": 16,
@@ -321,4 +322,6 @@ __all__ = [
     "get_global_config",
     "get_runtime_config",
     "get_seconds",
+    "parametrize_config",
+    "parametrize_config_pointwise",
 ]

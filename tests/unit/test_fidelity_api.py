@@ -414,3 +414,25 @@ def test_worker_loops_take_monarchs_parameters() -> None:
             loop(address="tcp://127.0.0.1:0", ca=b"PEM")
     with pytest.raises(NotImplementedError, match="issue 18 item 10"):
         run_worker_loop_until_shutdown(address="tcp://127.0.0.1:0", ca="trust_all_connections")
+
+
+SEEN: list[tuple[object, object]] = []
+ZIPPED: list[tuple[object, object]] = []
+
+
+@config.parametrize_config(enable_log_forwarding={True, False}, tail_log_lines={0, 5})
+def test_parametrize_config_runs_every_combination_inside_configured() -> None:
+    SEEN.append((config.get("enable_log_forwarding"), config.get("tail_log_lines")))
+
+
+@config.parametrize_config_pointwise(cleanup_timeout=["1s", "2s"], max_cast_fanout=[2, 4])
+def test_parametrize_config_pointwise_zips() -> None:
+    ZIPPED.append((config.get("cleanup_timeout"), config.get("cast_fanout")))
+
+
+def test_the_sweeps_ran_and_restored() -> None:
+    assert sorted(SEEN, key=str) == sorted([(True, 0), (True, 5), (False, 0), (False, 5)], key=str)
+    assert ZIPPED == [("1s", 2), ("2s", 4)]
+    assert "tail_log_lines" not in config.get_runtime_config()
+    with pytest.raises(ValueError, match="same number of values"):
+        config.parametrize_config_pointwise(cleanup_timeout=["1s"], max_cast_fanout=[1, 2])
