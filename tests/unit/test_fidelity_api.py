@@ -323,13 +323,17 @@ def test_default_bootstrap_cmd_and_with_env() -> None:
     assert more.environment({"HOME": "/root", "B": "2"}) == {"B": "2", "A": "1"}
 
 
-def test_returns_future_serves_sync_and_async_callers() -> None:
+def test_returns_future_runs_its_body_when_first_observed() -> None:
     import asyncio
+    import threading
 
     from regency.actor import Future, returns_future
 
+    ran: list[tuple[int, str]] = []
+
     @returns_future
     async def add_one(x: int) -> int:
+        ran.append((x, threading.current_thread().name))
         await asyncio.sleep(0)
         return x + 1
 
@@ -339,7 +343,10 @@ def test_returns_future_serves_sync_and_async_callers() -> None:
 
     result = add_one(1)
     assert isinstance(result, Future)
+    assert ran == [], "calling does not start the body"
     assert result.get(timeout=10) == 2
+    assert result.get() == 2
+    assert ran == [(1, threading.current_thread().name)], "get() runs it on this thread"
 
     async def main() -> int:
         return await add_one(41)
@@ -347,6 +354,31 @@ def test_returns_future_serves_sync_and_async_callers() -> None:
     assert asyncio.run(main()) == 42
     with pytest.raises(KeyError):
         fails().get(timeout=10)
+    add_one(7)  # never observed: never runs
+    assert [x for x, _ in ran] == [1, 41]
+
+
+def test_returns_future_get_timeout_cancels_the_body() -> None:
+    import asyncio
+
+    from regency.actor import returns_future
+
+    cancelled: list[bool] = []
+
+    @returns_future
+    async def slow() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    fut = slow()
+    with pytest.raises(TimeoutError, match="did not finish in time"):
+        fut.get(timeout=0.1)
+    assert cancelled == [True]
+    with pytest.raises(TimeoutError):
+        fut.get()
 
 
 # -- attach_to_workers / worker loops: Monarch's parameters ---------------------------------------

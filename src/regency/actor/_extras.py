@@ -7,6 +7,7 @@ Transports, ``returns_future``, and the names whose features belong to later iss
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import threading
@@ -65,25 +66,85 @@ def enable_transport(transport: ChannelTransport | str) -> None:
     config.configure(default_transport=check)
 
 
-class _Runner:
-    """One daemon thread with an event loop that runs ``returns_future`` bodies."""
+class _BodyFuture(Future[R]):
+    """The future of a ``returns_future`` call: the body runs when first observed."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
+    __slots__ = ("_body", "_context", "_lock")
 
-    def loop(self) -> asyncio.AbstractEventLoop:
+    _body: Coroutine[Any, Any, R] | None
+    _context: contextvars.Context
+    _lock: threading.Lock
+
+    @classmethod
+    def _of(cls, body: Coroutine[Any, Any, R]) -> _BodyFuture[R]:
+        fut: _BodyFuture[R] = cls._from_pending(Pending())  # type: ignore[assignment]
+        fut._body = body
+        fut._context = contextvars.copy_context()
+        fut._lock = threading.Lock()
+        return fut
+
+    def _take(self) -> Coroutine[Any, Any, R] | None:
         with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
+            body, self._body = self._body, None
+        return body
+
+    async def _run(self, body: Coroutine[Any, Any, R]) -> None:
+        try:
+            self._pending.set_result(await body)
+        except BaseException as exc:
+            self._pending.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _run_here(self, body: Coroutine[Any, Any, R], timeout: float | None) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            task = self._context.run(loop.create_task, self._run(body))
+            done, _ = loop.run_until_complete(asyncio.wait([task], timeout=timeout))
+            if not done:
+                self._pending.set_exception(
+                    TimeoutError("returns_future operation did not finish in time")
+                )
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    loop.run_until_complete(task)
+        finally:
+            loop.close()
+
+    def get(self, timeout: float | None = None) -> R:
+        """Block like :meth:`Future.get`, first running the body if nothing started it.
+
+        The body runs on this thread (on a helper thread inside a running loop); a timeout
+        cancels a body this call started.
+        """
+        body = self._take()
+        if body is not None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                self._run_here(body, timeout)
+            else:
                 threading.Thread(
-                    target=loop.run_forever, name="regency-returns-future", daemon=True
+                    target=self._run_here, args=(body, None), name="returns_future"
                 ).start()
-                self._loop = loop
-            return self._loop
+        return super().get(timeout)
+
+    def as_asyncio(self) -> asyncio.Future[R]:
+        """Start the body as a task on the running loop if nothing has started it."""
+        loop = asyncio.get_running_loop()
+        body = self._take()
+        if body is not None:
+            _TASKS.add(task := self._context.run(loop.create_task, self._run(body)))
+            task.add_done_callback(_TASKS.discard)
+        return super().as_asyncio()
+
+    def __del__(self) -> None:
+        body = getattr(self, "_body", None)
+        if body is not None:
+            body.close()
 
 
-_runner = _Runner()
+_TASKS: set[asyncio.Task[None]] = set()  # asyncio keeps only weak references to tasks
 
 
 def returns_future(
@@ -91,27 +152,16 @@ def returns_future(
 ) -> Callable[P, Future[R]]:
     """Turn an ``async def`` into a function returning a :class:`Future`.
 
-    Sync callers use ``.get()``, asyncio callers ``await``.
-    The body starts when the function is called, on a shared background event loop, in a
-    copy of the caller's context variables (Monarch starts it when first observed, on the
-    observer's loop).
+    Sync callers use ``.get()``, asyncio callers ``await``. As in Monarch, the body runs when
+    the future is first observed, in a copy of the caller's context variables: ``await`` runs
+    it on the awaiting loop, ``get()`` on the calling thread's own loop (a timeout cancels it),
+    or on a helper thread when called inside a running loop. A future never observed never
+    runs its body.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> Future[R]:
-        pending = Pending()
-        coro = fn(*args, **kwargs)
-        ctx = contextvars.copy_context()
-
-        async def body() -> None:
-            try:
-                pending.set_result(await coro)
-            except BaseException as exc:
-                pending.set_exception(exc)
-
-        loop = _runner.loop()
-        loop.call_soon_threadsafe(lambda: ctx.run(loop.create_task, body()))
-        return Future._from_pending(pending)
+        return _BodyFuture._of(fn(*args, **kwargs))
 
     return wrapper
 
