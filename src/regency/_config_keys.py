@@ -23,7 +23,7 @@ class ChannelTransport(enum.Enum):
     """Monarch's channel transports (``enable_transport``, ``default_transport``).
 
     Regency picks the transport per peer (unix sockets on one machine, TCP across machines), so
-    choosing one changes nothing there; TLS is not implemented yet.
+    choosing one changes nothing there; the TLS and QUIC ones are refused (not implemented).
     """
 
     TcpWithLocalhost = 0

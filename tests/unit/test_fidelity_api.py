@@ -468,3 +468,15 @@ def test_the_sweeps_ran_and_restored() -> None:
     assert "tail_log_lines" not in config.get_runtime_config()
     with pytest.raises(ValueError, match="same number of values"):
         config.parametrize_config_pointwise(cleanup_timeout=["1s"], max_cast_fanout=[1, 2])
+
+
+@pytest.mark.usefixtures("clean_config")
+@pytest.mark.parametrize("transport", ["tls", "metatls", "metatls-hostname", "tls://host:1"])
+def test_tls_transports_are_refused_rather_than_silently_unencrypted(transport: str) -> None:
+    from regency.actor import ChannelTransport
+
+    with pytest.raises(NotImplementedError, match="needs TLS"):
+        config.configure(default_transport=transport)
+    with pytest.raises(NotImplementedError, match="issue 12"):
+        config.configure(default_transport=ChannelTransport.Tls)
+    assert "default_transport" not in config.get_runtime_config()
