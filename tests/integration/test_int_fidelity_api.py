@@ -226,3 +226,7 @@ def test_enable_transport_like_monarch() -> None:
         assert line.startswith("after start: `enable_transport()` must be called before any other")
     assert lines[3].startswith("bogus: invalid str for BindSpec 'bogus'")
     assert lines[4] == "configured: ChannelTransport.Unix"
+
+
+def test_host_mesh_initialized_resolves_true() -> None:
+    assert this_host().initialized.get(timeout=10) is True

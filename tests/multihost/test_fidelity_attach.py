@@ -74,6 +74,7 @@ def test_monarch_bootstrap_script_runs_unchanged(monkeypatch: pytest.MonkeyPatch
             name="hosts",
         )
         assert hosts.sizes == {"hosts": 2}
+        assert hosts.initialized.get(timeout=10) is True
         procs = hosts.spawn_procs(per_host={"gpus": 1})
         try:
             where = procs.spawn("probes", Probe).where.call().get(timeout=60)

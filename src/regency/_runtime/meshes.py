@@ -167,6 +167,12 @@ class HostMesh(MeshTrait):
     def _agents(self) -> set[str]:
         return {self._hosts[b].agent for b in self._shape.ranks()}
 
+    @property
+    def initialized(self) -> Future[bool]:
+        """Completes with ``True`` once the hosts are connected: at once, since regency
+        connects (``attach_to_workers``) before it returns the mesh."""
+        return Future._resolved(True)
+
     def stop(self, reason: str = "host mesh stopped") -> Future[None]:
         """Stop the procs the caller spawned on these hosts; the hosts stay up."""
         if not self._owned:
