@@ -6,7 +6,10 @@ import dataclasses
 import os
 import shutil
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from regency.shape import Point, Shape
 
 # proc_bind keys that numactl applies; ``cpus`` is applied by the proc itself.
 NUMACTL_KEYS = ("cpunodebind", "membind", "physcpubind")
@@ -97,3 +100,38 @@ def apply_cpus(bind: dict[str, str] | None) -> None:
     """Pin this process to ``bind["cpus"]`` (``os.sched_setaffinity``), if given."""
     if bind and "cpus" in bind:
         os.sched_setaffinity(0, parse_cpus(bind["cpus"]))
+
+
+def launches_for(
+    shape: Shape,
+    per_host: int,
+    proc_bind: Sequence[dict[str, str]] | None,
+    command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None,
+) -> tuple[ProcLaunch | None, ...] | None:
+    """Each proc's binding and command, by rank (``None`` when neither is given).
+
+    ``proc_bind`` has one entry per proc of a host (``ValueError`` otherwise); ``command`` is
+    one command for all or a function of each proc's ``Point``.
+    """
+    if proc_bind is None and command is None:
+        return None
+    if proc_bind is not None:
+        if len(proc_bind) != per_host:
+            raise ValueError(
+                f"proc_bind length ({len(proc_bind)}) must equal procs_per_host ({per_host})"
+            )
+        for given in proc_bind:
+            if "cpus" in given:
+                try:
+                    parse_cpus(given["cpus"])
+                except ValueError:
+                    cpus = given["cpus"]
+                    raise ValueError(f"proc_bind cpus {cpus!r} is not a CPU list") from None
+    launches = []
+    for rank in range(len(shape)):
+        bind = dict(proc_bind[rank % per_host]) if proc_bind is not None else None
+        cmd = command(Point(rank, shape.extent)) if callable(command) else command
+        if cmd is not None and not isinstance(cmd, BootstrapCommand):
+            raise TypeError(f"bootstrap_command must give a BootstrapCommand, got {cmd!r}")
+        launches.append(ProcLaunch(bind, cmd))
+    return tuple(launches)

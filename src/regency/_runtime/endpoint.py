@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 import pickle
 import random
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from regency._runtime import casting, codec, context, state, wire
 from regency._runtime.errors import SupervisionError
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from regency._runtime.meshes import ActorMesh
 
 R = TypeVar("R")
+V = TypeVar("V")
 
 
 def current_instance() -> InstanceBase:
@@ -263,6 +264,26 @@ class Endpoint(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._mesh._name}.{self._name}>"
+
+
+class YieldsToEndpoint(Generic[V]):
+    """A read-only mesh attribute that an endpoint of the same name shadows.
+
+    A non-data descriptor: a value in the instance's ``__dict__`` (the endpoint) wins.
+    """
+
+    def __init__(self, fget: Callable[[Any], V]) -> None:
+        self._fget = fget
+        self.__doc__ = fget.__doc__
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> YieldsToEndpoint[V]: ...
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> V: ...
+    def __get__(self, obj: object | None, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return self._fget(obj)
 
 
 class NotAnEndpointError(RuntimeError, AttributeError):

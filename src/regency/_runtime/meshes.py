@@ -12,14 +12,14 @@ import pickle
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar, overload
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import cloudpickle
 
 from regency import config
 from regency._runtime import context, state, wire
-from regency._runtime.bootstrap_command import BootstrapCommand, ProcLaunch, parse_cpus
-from regency._runtime.endpoint import Endpoint, NotAnEndpoint, current_instance
+from regency._runtime.bootstrap_command import BootstrapCommand, ProcLaunch, launches_for
+from regency._runtime.endpoint import Endpoint, NotAnEndpoint, YieldsToEndpoint, current_instance
 from regency._runtime.endpoint_def import Actor, ArgumentCheck, EndpointSpec, endpoints_of
 from regency._runtime.errors import ActorError
 from regency._runtime.future import Future
@@ -74,28 +74,6 @@ _RESERVED = frozenset(
 )
 # Mesh attributes Monarch does not have: an endpoint of the same name replaces them on the mesh.
 _YIELDING = ("shape", "restarts", "restarted")
-
-V = TypeVar("V")
-
-
-class _YieldsToEndpoint(Generic[V]):
-    """A read-only mesh attribute that an endpoint of the same name shadows.
-
-    A non-data descriptor: a value in the instance's ``__dict__`` (the endpoint) wins.
-    """
-
-    def __init__(self, fget: Callable[[Any], V]) -> None:
-        self._fget = fget
-        self.__doc__ = fget.__doc__
-
-    @overload
-    def __get__(self, obj: None, objtype: type | None = None) -> _YieldsToEndpoint[V]: ...
-    @overload
-    def __get__(self, obj: object, objtype: type | None = None) -> V: ...
-    def __get__(self, obj: object | None, objtype: type | None = None) -> Any:
-        if obj is None:
-            return self
-        return self._fget(obj)
 
 
 class NotOwnedError(RuntimeError, ValueError):
@@ -241,7 +219,7 @@ class HostMesh(MeshTrait):
         per = 1
         for size in per_host.values():
             per *= size
-        launches = _launches(shape, per, proc_bind, bootstrap_command)
+        launches = launches_for(shape, per, proc_bind, bootstrap_command)
         procs: list[ProcInfo] = []
         by_agent: dict[str, list[ProcInfo]] = {}
         for host_base in self._shape.ranks():
@@ -280,37 +258,6 @@ class ProcRecipe:
     mesh_name: str
     settings: dict[str, object]
     launches: tuple[ProcLaunch | None, ...] | None = None  # by rank
-
-
-def _launches(
-    shape: Shape,
-    per_host: int,
-    proc_bind: Sequence[dict[str, str]] | None,
-    command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None,
-) -> tuple[ProcLaunch | None, ...] | None:
-    """Each proc's binding and command, by rank (``None`` when neither is given)."""
-    if proc_bind is None and command is None:
-        return None
-    if proc_bind is not None:
-        if len(proc_bind) != per_host:
-            raise ValueError(
-                f"proc_bind length ({len(proc_bind)}) must equal procs_per_host ({per_host})"
-            )
-        for given in proc_bind:
-            if "cpus" in given:
-                try:
-                    parse_cpus(given["cpus"])
-                except ValueError:
-                    cpus = given["cpus"]
-                    raise ValueError(f"proc_bind cpus {cpus!r} is not a CPU list") from None
-    launches = []
-    for rank in range(len(shape)):
-        bind = dict(proc_bind[rank % per_host]) if proc_bind is not None else None
-        cmd = command(Point(rank, shape.extent)) if callable(command) else command
-        if cmd is not None and not isinstance(cmd, BootstrapCommand):
-            raise TypeError(f"bootstrap_command must give a BootstrapCommand, got {cmd!r}")
-        launches.append(ProcLaunch(bind, cmd))
-    return tuple(launches)
 
 
 def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> None:
@@ -690,12 +637,12 @@ class ActorMesh(MeshTrait, Generic[T]):
             )
         return Future._from_pending(tracker.pending)
 
-    @_YieldsToEndpoint
+    @YieldsToEndpoint
     def restarts(self) -> int:
         """How many restarts this mesh's restart policy has completed (owner only)."""
         return self._supervisor.restarts if self._supervisor is not None else 0
 
-    @_YieldsToEndpoint
+    @YieldsToEndpoint
     def shape(self) -> Shape:
         """The view's shape over the mesh it was taken from."""
         return self._shape
