@@ -221,7 +221,10 @@ def test_enable_transport_like_monarch() -> None:
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("second: Only one transport type may be enabled at one time.")
+    assert lines[0] == (
+        "second: Only one transport type may be enabled at one time. Currently enabled transport"
+        " type is `unix`. Attempted to enable transport type `tcp(Hostname)`."
+    )
     for line in lines[1:3]:
         assert line.startswith("after start: `enable_transport()` must be called before any other")
     assert lines[3].startswith("bogus: invalid str for BindSpec 'bogus'")

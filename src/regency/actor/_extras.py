@@ -30,8 +30,28 @@ _ENABLE_SHORTCUTS = {
     "metatls-hostname": ChannelTransport.MetaTlsWithHostname,
     "tls": ChannelTransport.Tls,
 }
+# How Monarch's errors name each transport (its Rust ``Display``).
+_MONARCH_NAMES = {
+    ChannelTransport.TcpWithLocalhost: "tcp(Localhost)",
+    ChannelTransport.TcpWithHostname: "tcp(Hostname)",
+    ChannelTransport.MetaTlsWithHostname: "metatls(Hostname)",
+    ChannelTransport.MetaTlsWithIpV6: "metatls(IpV6)",
+    ChannelTransport.MetaQuicWithHostname: "metaquic(Hostname)",
+    ChannelTransport.MetaQuicWithIpV6: "metaquic(IpV6)",
+    ChannelTransport.Quic: "quic",
+    ChannelTransport.Tls: "tls",
+    ChannelTransport.Local: "local",
+    ChannelTransport.Unix: "unix",
+}
 _enabled: ChannelTransport | str | None = None
 _enabled_lock = threading.Lock()
+
+
+def _monarch_name(transport: ChannelTransport | str) -> str:
+    """``unix``, ``tcp(Hostname)``, or an address as ``tcp:127.0.0.1:0``, as Monarch names them."""
+    if isinstance(transport, ChannelTransport):
+        return _MONARCH_NAMES[transport]
+    return transport.replace("://", ":", 1)
 
 
 def enable_transport(transport: ChannelTransport | str) -> None:
@@ -60,7 +80,8 @@ def enable_transport(transport: ChannelTransport | str) -> None:
         if _enabled is not None and _enabled != check:
             raise RuntimeError(
                 "Only one transport type may be enabled at one time. Currently enabled "
-                f"transport type is `{_enabled}`. Attempted to enable transport type `{check}`."
+                f"transport type is `{_monarch_name(_enabled)}`. Attempted to enable transport "
+                f"type `{_monarch_name(check)}`."
             )
         _enabled = check
     config.configure(default_transport=check)
