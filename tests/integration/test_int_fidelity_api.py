@@ -89,6 +89,8 @@ def test_a_mesh_without_such_endpoints_keeps_its_attributes(procs4: ProcMesh) ->
         "_name",
         "_shape",
         "_proc_mesh",
+        "__len__",
+        "__repr__",
     ],
 )
 def test_endpoint_names_monarch_refuses(name: str) -> None:

@@ -71,6 +71,15 @@ _RESERVED = frozenset(
         "_status",
         "_supervisor",
     }
+    | {  # the special attributes Monarch's ActorMesh has (``dir()``), ``__len__`` among them
+        f"__{name}__"
+        for name in (  # noqa: SIM905
+            "abstractmethods class class_getitem delattr dict dir doc eq format ge getattr "
+            "getattribute getstate gt hash init init_subclass le len lt module ne new "
+            "orig_bases parameters reduce reduce_ex repr setattr sizeof slots str "
+            "subclasshook weakref"
+        ).split()
+    }
 )
 # Mesh attributes Monarch does not have: an endpoint of the same name replaces them on the mesh.
 _YIELDING = ("shape", "restarts", "restarted")
