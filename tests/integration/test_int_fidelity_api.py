@@ -235,3 +235,49 @@ def test_enable_transport_like_monarch() -> None:
 
 def test_host_mesh_initialized_resolves_true() -> None:
     assert this_host().initialized.get(timeout=10) is True
+
+
+SHUTDOWN_HOST_TIMEOUT = """
+from regency.actor import Actor, endpoint, shutdown_context, this_host
+
+class Echo(Actor):
+    @endpoint
+    def echo(self, x: int) -> int:
+        return x
+
+print("no runtime:", shutdown_context(host_timeout=-1).get())
+procs = this_host().spawn_procs(per_host={"g": 2})
+echo = procs.spawn("echo", Echo)
+for bad in (-1, float("inf"), float("nan"), "x"):
+    try:
+        shutdown_context(host_timeout=bad)
+    except (TypeError, ValueError) as exc:
+        print("bad:", type(exc).__name__, exc)
+print("still up:", list(echo.echo.call(3).get(timeout=30).values()))
+print("shut:", shutdown_context(host_timeout=5).get())
+print("again:", shutdown_context(host_timeout=-1).get())
+"""
+
+
+def test_shutdown_context_takes_monarchs_host_timeout() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SHUTDOWN_HOST_TIMEOUT],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr
+    invalid = (
+        "bad: ValueError host_timeout must be finite, non-negative and less than 2**64 seconds"
+    )
+    assert out.stdout.splitlines() == [
+        "no runtime: None",
+        invalid,
+        invalid,
+        invalid,
+        "bad: TypeError must be real number, not str",
+        "still up: [3, 3]",
+        "shut: None",
+        "again: None",
+    ]
