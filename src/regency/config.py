@@ -4,6 +4,8 @@ Precedence, highest first: values set with :func:`configure`, environment variab
 (``REGENCY_<KEY>`` in upper case), then defaults. Spawned processes inherit the controller's
 effective settings.
 
+Regency's own keys:
+
 =======================  ===========  ==========================================================
 key                      default      meaning
 =======================  ===========  ==========================================================
@@ -12,23 +14,55 @@ key                      default      meaning
 ``connect_timeout``      30.0         seconds to keep dialing a proc that is starting
 ``stop_timeout``         10.0         seconds a stopping proc gets before it is killed
 ``shm_arena_bytes``      1 GiB        shared memory a proc uses for large parts to same-host peers
-``cleanup_timeout``      3.0          seconds an actor's ``__cleanup__`` may take before it counts
-                                      as failed; also how long a stop waits for an actor busy
-                                      in ``__init__`` or a handler before it goes on without it
+``cleanup_timeout``      ``"3s"``     how long an actor's ``__cleanup__`` may take before it
+                                      counts as failed (a duration, or a number of seconds); also
+                                      how long a stop waits for an actor busy in ``__init__`` or a
+                                      handler before it goes on without it
 ``heartbeat_interval``   1.0          seconds between heartbeats on an idle TCP connection (to
                                       worker hosts and their procs); also the TCP keepalive period
 ``heartbeat_timeout``    5.0          seconds of silence after which a TCP peer (a stopped
                                       process, a host cut off) is declared lost
 =======================  ===========  ==========================================================
+
+Every key of Monarch's ``monarch.config`` is accepted too, with Monarch's types and defaults:
+durations are strings such as ``"30s"`` or ``"1m 30s"``, normalised when read (``"300s"`` reads
+back ``"5m"``). Those regency has an equivalent for set it as well (the latest value configured
+wins): ``codec_max_frame_length`` sets ``max_frame_bytes``; ``max_cast_fanout`` and
+``max_cast_dimension_size`` set ``cast_fanout``; ``stop_actor_timeout`` and
+``process_exit_timeout`` set ``stop_timeout``; ``server_heartbeat_interval`` sets
+``heartbeat_interval``; ``supervision_watchdog_timeout`` sets ``heartbeat_timeout``. The others
+(``message_delivery_timeout``, ``enable_log_forwarding``, the ``rdma_*`` keys, ...) are stored
+and read back and change nothing else.
+
+Unknown keys raise ``ValueError``; values of the wrong type (or malformed durations) raise
+``TypeError``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import math
 import os
 from collections.abc import Iterator
 from typing import Any
+
+from regency import _humantime
+from regency._config_keys import (
+    BOOL,
+    DURATION,
+    ENCODING,
+    FEEDS,
+    FLOAT,
+    INT,
+    MONARCH_KEYS,
+    OPT_INT,
+    STR,
+    TRANSPORT,
+    ChannelTransport,
+    Encoding,
+)
+from regency._config_sweeps import parametrize_config, parametrize_config_pointwise
 
 _DEFAULTS: dict[str, Any] = {
     "cast_fanout": 16,
@@ -36,49 +70,218 @@ _DEFAULTS: dict[str, Any] = {
     "connect_timeout": 30.0,
     "stop_timeout": 10.0,
     "shm_arena_bytes": 1024**3,
-    "cleanup_timeout": 3.0,
     "heartbeat_interval": 1.0,
     "heartbeat_timeout": 5.0,
 }
-_runtime: dict[str, Any] = {}
+_KEYS = frozenset(_DEFAULTS) | frozenset(MONARCH_KEYS)
+# Monarch's durations that also take a number of seconds (regency's older form).
+_SECONDS_TOO = frozenset({"cleanup_timeout"})
+_U64 = 2**64
+_TRANSPORT_SHORTCUTS = {
+    "tcp": ChannelTransport.TcpWithHostname,
+    "metatls": ChannelTransport.MetaTlsWithIpV6,
+    "metatls-hostname": ChannelTransport.MetaTlsWithHostname,
+    "tls": ChannelTransport.Tls,
+}
+_ENCRYPTED = frozenset(
+    {
+        ChannelTransport.Tls,
+        ChannelTransport.MetaTlsWithHostname,
+        ChannelTransport.MetaTlsWithIpV6,
+        ChannelTransport.MetaQuicWithHostname,
+        ChannelTransport.MetaQuicWithIpV6,
+        ChannelTransport.Quic,
+    }
+)
+_URL_SCHEMES = ("tcp://", "ipc://", "unix:", "metatls://", "tls://", "inproc://")
+
+_runtime: dict[str, Any] = {}  # in the order configured, the latest last
+_fed: dict[str, Any] = {}  # regency keys' values from _runtime, after their Monarch sources
 
 
-def _coerce(key: str, value: Any) -> Any:
-    default = _DEFAULTS[key]
-    kind = type(default)
+class _BadValueError(Exception):
+    """Why a value does not fit its key (becomes the ``TypeError``'s explanation)."""
+
+
+def _cannot_cast(value: Any, target: str) -> _BadValueError:
+    kind = type(value).__name__
+    return _BadValueError(f"TypeError: {kind!r} object cannot be cast as {target!r}")
+
+
+def _type_error(key: str, value: Any, why: str) -> TypeError:
+    return TypeError(f"invalid value `{value!r}` for configuration key `{key}` ({why})")
+
+
+def _coerce_regency(key: str, value: Any) -> Any:
+    kind = type(_DEFAULTS[key])
     if isinstance(value, str):
         try:
             value = kind(value)
         except ValueError:
-            raise TypeError(f"config {key!r} takes a {kind.__name__}, got {value!r}") from None
+            raise _type_error(key, value, f"takes a {kind.__name__}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"config {key!r} takes a {kind.__name__}, got {value!r}")
+        raise _type_error(key, value, f"takes a {kind.__name__}")
     if kind is int and not isinstance(value, int):
-        raise TypeError(f"config {key!r} takes an int, got {value!r}")
+        raise _type_error(key, value, "takes an int")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"config {key!r} must be a positive, finite number, got {value!r}")
     return kind(value)
 
 
+def _duration(key: str, value: Any) -> str:
+    if key in _SECONDS_TOO and not isinstance(value, bool) and isinstance(value, (int, float)):
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"config {key!r} must be a positive, finite number, got {value!r}")
+        return _humantime.format(round(value * 1e9))
+    if not isinstance(value, str):
+        raise _cannot_cast(value, "str")
+    try:
+        return _humantime.format(_humantime.parse(value))
+    except ValueError as exc:
+        raise _BadValueError(f"ValueError: {exc}") from None
+
+
+def _integer(value: Any) -> int:
+    if not isinstance(value, int):
+        raise _BadValueError(
+            f"TypeError: {type(value).__name__!r} object cannot be interpreted as an integer"
+        )
+    if value < 0:
+        raise _BadValueError("OverflowError: can't convert negative int to unsigned")
+    if value >= _U64:
+        raise _BadValueError("OverflowError: int too big to convert")
+    return int(value)
+
+
+def _transport(given: Any) -> ChannelTransport | str:
+    if not isinstance(given, (ChannelTransport, str)):
+        raise _BadValueError("TypeError: expected ChannelTransport enum, BindSpec, or str")
+    value: ChannelTransport | str = given
+    if isinstance(value, str):
+        if value in _TRANSPORT_SHORTCUTS:
+            value = _TRANSPORT_SHORTCUTS[value]
+        elif not value.startswith(_URL_SCHEMES):
+            raise ValueError(f"invalid str for BindSpec {value!r}: invalid bind spec: {value}")
+    encrypted = (
+        value in _ENCRYPTED
+        if isinstance(value, ChannelTransport)
+        else value.startswith(("metatls://", "tls://"))
+    )
+    if encrypted:
+        # Accepting it would promise encryption regency does not provide.
+        raise NotImplementedError(
+            f"transport {value} needs TLS, which regency does not implement yet (issue 12); "
+            "regency's connections are authenticated with the job secret but not encrypted"
+        )
+    return value
+
+
+def _coerce_monarch(key: str, value: Any) -> Any:
+    kind = MONARCH_KEYS[key][0]
+    if kind == DURATION:
+        return _duration(key, value)
+    if kind == INT:
+        return _integer(value)
+    if kind == OPT_INT:
+        return None if value is None else _integer(value)
+    if kind == FLOAT:
+        if not isinstance(value, (int, float)):
+            raise _BadValueError(f"TypeError: must be real number, not {type(value).__name__}")
+        return float(value)
+    if kind == BOOL:
+        if not isinstance(value, bool):
+            raise _cannot_cast(value, "bool")
+        return value
+    if kind == STR:
+        if not isinstance(value, str):
+            raise _cannot_cast(value, "str")
+        return value
+    if kind == ENCODING:
+        if not isinstance(value, Encoding):
+            raise _BadValueError(f"{type(value).__name__!r} object cannot be cast as 'Encoding'")
+        return value
+    assert kind == TRANSPORT
+    return _transport(value)
+
+
+def _coerce(key: str, value: Any) -> Any:
+    if key in _DEFAULTS:
+        return _coerce_regency(key, value)
+    try:
+        return _coerce_monarch(key, value)
+    except _BadValueError as exc:
+        raise _type_error(key, value, str(exc)) from None
+
+
+def _from_env(key: str, text: str) -> Any:
+    """A ``REGENCY_<KEY>`` value (always a string) as the key's type."""
+    if key in _DEFAULTS:
+        return _coerce(key, text)
+    kind = MONARCH_KEYS[key][0]
+    value: Any = text
+    with contextlib.suppress(ValueError):
+        if kind in (INT, OPT_INT):
+            value = None if kind == OPT_INT and text.lower() in ("", "none") else int(text)
+        elif kind == FLOAT:
+            value = float(text)
+        elif kind == BOOL:
+            value = {"1": True, "true": True, "0": False, "false": False}.get(text.lower(), text)
+        elif kind == ENCODING:
+            value = Encoding[text]
+        elif kind == DURATION and key in _SECONDS_TOO:
+            value = float(text)
+    return _coerce(key, value)
+
+
 def _check_keys(kw: dict[str, Any]) -> None:
-    unknown = sorted(set(kw) - set(_DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown config key(s) {unknown}; known keys: {sorted(_DEFAULTS)}")
+    for key in kw:
+        if key not in _KEYS:
+            close = difflib.get_close_matches(key, _KEYS, n=3)
+            hint = f"did you mean {close}?" if close else "see regency.config.get_global_config()"
+            raise ValueError(f"invalid configuration key: `{key}` ({hint})")
+
+
+def _seconds_of(key: str, value: Any) -> Any:
+    if MONARCH_KEYS[key][0] == DURATION:
+        return _humantime.parse(value) / 1e9
+    return value
+
+
+def _refeed() -> None:
+    """Recompute the regency keys' configured values from ``_runtime``, the latest winning."""
+    _fed.clear()
+    for key, value in _runtime.items():
+        if key in _DEFAULTS:
+            _fed[key] = value
+            continue
+        target = FEEDS.get(key)
+        if target is None:
+            continue
+        fed = _seconds_of(key, value)
+        if fed > 0:
+            _fed[target] = type(_DEFAULTS[target])(fed)
 
 
 def configure(**kw: Any) -> None:
-    """Set runtime values, e.g. ``configure(cast_fanout=2)``.
+    """Set runtime values, e.g. ``configure(message_delivery_timeout="5m", cast_fanout=2)``.
 
-    Unknown keys raise ``ValueError``; values of the wrong type raise ``TypeError``.
+    Unknown keys raise ``ValueError``; values of the wrong type raise ``TypeError``; nothing is
+    set unless every value is valid.
     """
     _check_keys(kw)
-    for key, value in kw.items():
-        _runtime[key] = _coerce(key, value)
+    values = {key: _coerce(key, value) for key, value in kw.items()}
+    for key, value in values.items():
+        _runtime.pop(key, None)
+        _runtime[key] = value
+    _refeed()
 
 
 @contextlib.contextmanager
 def configured(**kw: Any) -> Iterator[dict[str, Any]]:
-    """Apply ``kw`` inside a ``with`` block and restore the previous values afterwards."""
+    """Apply ``kw`` inside a ``with`` block and restore the previous values afterwards.
+
+    Yields every key's effective value (as :func:`get_global_config`).
+    """
     saved = dict(_runtime)
     configure(**kw)
     try:
@@ -86,21 +289,39 @@ def configured(**kw: Any) -> Iterator[dict[str, Any]]:
     finally:
         _runtime.clear()
         _runtime.update(saved)
+        _refeed()
 
 
 def get(key: str) -> Any:
-    """The effective value of one key."""
+    """The effective value of one key (durations of Monarch's keys as normalised strings)."""
+    if key in _fed:
+        return _fed[key]
     if key in _runtime:
         return _runtime[key]
     env = os.environ.get(f"REGENCY_{key.upper()}")
     if env is not None:
-        return _coerce(key, env)
-    return _DEFAULTS[key]
+        return _from_env(key, env)
+    if key in _DEFAULTS:
+        return _DEFAULTS[key]
+    return MONARCH_KEYS[key][1]
+
+
+def get_seconds(key: str) -> float:
+    """The effective value of a duration key, in seconds.
+
+    For example ``cleanup_timeout``, ``stop_timeout`` or ``message_delivery_timeout``.
+    """
+    value = get(key)
+    return float(value) if key in _DEFAULTS else float(_seconds_of(key, value))
 
 
 def get_global_config() -> dict[str, Any]:
     """Every key's effective value (runtime over environment over defaults)."""
-    return {key: get(key) for key in _DEFAULTS}
+    # Monarch's keys come first: a process that configure()s this whole dict (a spawned proc)
+    # then sets regency's keys last, so they keep the values they have here.
+    merged = {key: get(key) for key in MONARCH_KEYS}
+    merged.update((key, get(key)) for key in _DEFAULTS)
+    return merged
 
 
 def get_runtime_config() -> dict[str, Any]:
@@ -111,13 +332,19 @@ def get_runtime_config() -> dict[str, Any]:
 def clear_runtime_config() -> None:
     """Forget every value set with :func:`configure`."""
     _runtime.clear()
+    _fed.clear()
 
 
 __all__ = [
+    "ChannelTransport",
+    "Encoding",
     "clear_runtime_config",
     "configure",
     "configured",
     "get",
     "get_global_config",
     "get_runtime_config",
+    "get_seconds",
+    "parametrize_config",
+    "parametrize_config_pointwise",
 ]

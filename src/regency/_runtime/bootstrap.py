@@ -71,7 +71,9 @@ def serve(settings: dict[str, Any]) -> None:
         os.environ.update(settings["env"])
 
     from regency import config
+    from regency._runtime.bootstrap_command import apply_cpus
 
+    apply_cpus(settings.get("bind"))
     config.configure(**settings["config"])
 
     from regency._runtime import state, wire

@@ -72,13 +72,17 @@ def _exit_code_after_fatal_failure() -> None:
         os._exit(code)
 
 
-def shutdown() -> None:
-    """Stop every proc this controller started and close its runtime (idempotent)."""
+def shutdown(timeout: float | None = None) -> None:
+    """Stop every proc this controller started and close its runtime (idempotent).
+
+    Each proc gets ``timeout`` seconds to stop (default: the ``stop_timeout`` setting).
+    """
     global _host_agent, _proc_agent
     runtime = state.existing()
     if runtime is None:
         return
-    timeout = float(config.get("stop_timeout"))
+    if timeout is None:
+        timeout = float(config.get("stop_timeout"))
     if _host_agent is not None:
         _host_agent.shutdown(timeout)
     if _proc_agent is not None:

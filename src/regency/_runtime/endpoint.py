@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import pickle
 import random
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from regency._runtime import casting, codec, context, state, wire
 from regency._runtime.errors import SupervisionError, failed_text, process_failed, stopped_text
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from regency._runtime.meshes import ActorMesh
 
 R = TypeVar("R")
+V = TypeVar("V")
 
 
 def current_instance() -> InstanceBase:
@@ -222,12 +224,12 @@ class Endpoint(Generic[R]):
             envelope = route.envelopes.get(self._name)
             if envelope is None:
                 envelope = route.envelopes[self._name] = pickle.dumps(
-                    (self._name, None, route.labels, route.sizes), protocol=5
+                    (self._spec.name, None, route.labels, route.sizes), protocol=5
                 )
         else:
             # The reply port travels as a plain tuple: pickling a NamedTuple runs Python code.
             envelope = pickle.dumps(
-                (self._name, tuple(reply), route.labels, route.sizes), protocol=5
+                (self._spec.name, tuple(reply), route.labels, route.sizes), protocol=5
             )
         parts = [envelope, *codec.dumps_call(args, kwargs)]
         # Refuse oversize messages before taking sequence numbers: a gap would stall the
@@ -271,6 +273,78 @@ class Endpoint(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._mesh._name}.{self._name}>"
+
+
+class YieldsToEndpoint(Generic[V]):
+    """A read-only mesh attribute that an endpoint of the same name shadows.
+
+    A non-data descriptor: a value in the instance's ``__dict__`` (the endpoint) wins.
+    """
+
+    def __init__(self, fget: Callable[[Any], V]) -> None:
+        self._fget = fget
+        self.__doc__ = fget.__doc__
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> YieldsToEndpoint[V]: ...
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> V: ...
+    def __get__(self, obj: object | None, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return self._fget(obj)
+
+
+class NotAnEndpointError(RuntimeError, AttributeError):
+    """A method of an actor mesh that is not an ``@endpoint`` was called or sent to."""
+
+
+class NotAnEndpoint:
+    """``mesh.method`` for a method not marked ``@endpoint``: calling it (or an adverb on it)
+    raises; ``as_endpoint(mesh.method)`` makes an endpoint of it."""
+
+    __slots__ = ("_mesh", "_name")
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def _error(self) -> NotAnEndpointError:
+        cls = self._mesh._class
+        return NotAnEndpointError(
+            f"Actor {cls}.{self._name} is not annotated as an endpoint. To call it as one, add a "
+            "@endpoint decorator to it, or directly wrap it in one "
+            "as_endpoint(obj.method).call(...)"
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        raise self._error()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise self._error()
+
+
+def as_endpoint(
+    not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
+) -> Endpoint[Any]:
+    """Treat a method of a spawned actor mesh that is not an ``@endpoint`` as one:
+    ``as_endpoint(mesh.method).call(...)``.
+
+    ``explicit_response_port=True`` passes a ``Port`` first, as for ``@endpoint``. On an actor
+    whose endpoints are all ``def`` the method must be a ``def`` too (an ``async def`` fails
+    with ``TypeError`` on the actor). Anything but such a method raises ``ValueError``.
+    """
+    from regency._runtime.endpoint_def import ArgumentCheck, as_endpoint_spec
+
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise ValueError("expected an method of a spawned actor")
+    mesh = not_an_endpoint._mesh
+    method = getattr(mesh._class, not_an_endpoint._name)
+    spec = as_endpoint_spec(method, explicit_response_port, propagate)
+    checker = ArgumentCheck(inspect.signature(method), 2 if explicit_response_port else 1)
+    return Endpoint(mesh, not_an_endpoint._name, spec, checker)
 
 
 def _unique(addrs: Sequence[str]) -> list[str]:

@@ -24,6 +24,53 @@ class EndpointSpec:
     instrument: bool
 
 
+# Suffix of the wire name of a plain method called through ``as_endpoint`` (never a valid
+# identifier, so it cannot clash with an endpoint).
+AS_ENDPOINT = "@as_endpoint"
+AS_ENDPOINT_PORT = "@as_endpoint_port"
+
+
+def as_endpoint_spec(
+    method: Callable[..., Any], explicit_port: bool, propagate: Any
+) -> EndpointSpec:
+    """The spec a plain method called through ``as_endpoint`` is sent with."""
+    name = method.__name__ + (AS_ENDPOINT_PORT if explicit_port else AS_ENDPOINT)
+    return EndpointSpec(
+        name, inspect.iscoroutinefunction(method), explicit_port, False, propagate, True
+    )
+
+
+def plain_method(
+    cls: type, wire_name: str, actor_is_async: bool
+) -> tuple[Callable[..., Any], EndpointSpec] | None:
+    """The method and spec for a wire name made by :func:`as_endpoint_spec`, else ``None``.
+
+    Raises ``TypeError`` for an ``async def`` method of an actor without an event loop.
+    """
+    explicit = wire_name.endswith(AS_ENDPOINT_PORT)
+    suffix = AS_ENDPOINT_PORT if explicit else AS_ENDPOINT
+    if not wire_name.endswith(suffix):
+        return None
+    name = wire_name[: -len(suffix)]
+    fn = getattr(cls, name, None)
+    if name.startswith("_") or not callable(fn):
+        return None
+    spec = as_endpoint_spec(fn, explicit, None)
+    if spec.is_async and not actor_is_async:
+        raise TypeError(
+            f"{cls.__qualname__}.{name} is async, but {cls.__qualname__}'s endpoints are all "
+            "def: the actor has no event loop to run it on"
+        )
+    if actor_is_async and not spec.is_async:
+        sync_fn = fn
+
+        async def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return sync_fn(self, *args, **kwargs)
+
+        fn = run
+    return fn, spec
+
+
 class ArgumentCheck:
     """Validates call arguments against an endpoint's signature, cheaply in the common case."""
 

@@ -91,11 +91,11 @@ class HostAgent:
         """Service entry point (runs on the host agent's own thread)."""
         if isinstance(request, SpawnProcs):
             session = self.session
-            for info in request.procs:
+            for index, info in enumerate(request.procs):
                 if session is None:
                     self._refuse(info, request)
                 else:
-                    self._spawn(info, request, session)
+                    self._spawn(info, request, session, index)
         elif isinstance(request, StopProcs):
             threading.Thread(
                 target=self._stop, args=(request,), name="regency-stop", daemon=True
@@ -118,7 +118,8 @@ class HostAgent:
                     request.events, 0, 0, [pickle.dumps((info.addr, reason), protocol=5)]
                 )
 
-    def _spawn(self, info: ProcInfo, request: SpawnProcs, session: HostSession) -> None:
+    def _spawn(self, info: ProcInfo, request: SpawnProcs, session: HostSession, index: int) -> None:
+        launch = request.launches[index] if request.launches is not None else None
         settings = {
             "address": info.addr,
             "secret": session.secret,
@@ -132,12 +133,13 @@ class HostAgent:
             "config": request.settings,
             "bootstrap": request.bootstrap,
             "rank": info.rank,
+            "bind": launch.bind if launch is not None else None,
         }
         self.runtime.local_children.add(info.addr)
         ours, theirs = handoff_pair()
         self.switchboard.register(route_key(info.addr), ours)
         try:
-            pid = self.launcher.launch(settings, theirs)
+            pid = self.launcher.launch(settings, theirs, launch)
         except OSError as exc:
             self.switchboard.unregister(route_key(info.addr))
             self.runtime.mark_dead(info.addr, f"could not start the process: {exc}")

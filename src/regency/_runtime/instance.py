@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from regency import config
 from regency._runtime import codec, context, wire
-from regency._runtime.endpoint_def import EndpointSpec, actor_is_async, endpoints_of
+from regency._runtime.endpoint_def import EndpointSpec, actor_is_async, endpoints_of, plain_method
 from regency._runtime.errors import ActorError, SupervisionError, failed_text, stopped_text
 from regency._runtime.identity import (
     ActorId,
@@ -178,6 +178,7 @@ class ActorInstance(InstanceBase):
         self.stopped = False
         self.stop_reason = ""
         self._endpoints: dict[str, tuple[Callable[..., Any], EndpointSpec]] = {}
+        self._is_async = False
         self._proc_mesh: ProcMesh | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # Stops of owned meshes begun by a failure; cleanup waits for them.
@@ -340,6 +341,7 @@ class ActorInstance(InstanceBase):
             for name, prop in endpoints_of(cls).items():
                 self._endpoints[name] = (prop.method, prop.spec)
             is_async = actor_is_async(cls)
+            self._is_async = is_async
         except BaseException as exc:
             self._report_init(exc)
             self._serve_failed()
@@ -662,7 +664,7 @@ class ActorInstance(InstanceBase):
         hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
         if hook is None:
             return
-        timeout = float(config.get("cleanup_timeout"))
+        timeout = config.get_seconds("cleanup_timeout")
         started = self._cleanup_started = time.monotonic()
         token = context.set_current(context.Context(self, self.rank))
         try:
@@ -678,7 +680,7 @@ class ActorInstance(InstanceBase):
         hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
         if hook is None:
             return
-        timeout = float(config.get("cleanup_timeout"))
+        timeout = config.get_seconds("cleanup_timeout")
         self._cleanup_started = time.monotonic()
         context.set_current(context.Context(self, self.rank))
         try:
@@ -748,6 +750,9 @@ class ActorInstance(InstanceBase):
         method, reply, point, payload = self._open(item)
         entry = self._endpoints.get(method)
         try:
+            if entry is None:
+                wire_name, method = method, method.partition("@")[0]  # errors name the method
+                entry = plain_method(type(self.actor), wire_name, self._is_async)
             if entry is None:
                 raise AttributeError(f"{self.class_name} has no endpoint {method!r}")
             args, kwargs = codec.loads(payload)

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from regency._runtime.bootstrap_command import ProcLaunch, default_bootstrap_cmd
 from regency._runtime.zygote import MessageReader, send_message
 from regency._transport.io_loop import IOLoop
 
@@ -114,9 +115,14 @@ class Launcher:
 
     # -- starting procs ------------------------------------------------------------------------
 
-    def launch(self, settings: dict[str, Any], handoff: socket.socket) -> int:
+    def launch(
+        self, settings: dict[str, Any], handoff: socket.socket, launch: ProcLaunch | None = None
+    ) -> int:
         """Start one proc, giving it ``handoff`` (its end of the connection handoff channel);
-        return its pid (raises ``OSError`` if it cannot start)."""
+        return its pid (raises ``OSError`` if it cannot start). A ``launch`` with its own
+        command or numactl binding is started by exec, not forked from the zygote."""
+        if launch is not None and launch.needs_exec:
+            return self._launch_cold(settings, handoff, launch)
         control = self._control
         if control is not None:
             token = os.urandom(8).hex()
@@ -136,20 +142,32 @@ class Launcher:
                 log.warning("the zygote did not fork a proc; starting it cold")
         return self._launch_cold(settings, handoff)
 
-    def _launch_cold(self, settings: dict[str, Any], handoff: socket.socket) -> int:
+    def _launch_cold(
+        self, settings: dict[str, Any], handoff: socket.socket, launch: ProcLaunch | None = None
+    ) -> int:
         with self._lock:  # close() waits: the loop must outlive the child's registration
             if self._closed:
                 raise OSError("the host agent is shutting down")
-            return self._launch_cold_locked(settings, handoff)
+            return self._launch_cold_locked(settings, handoff, launch)
 
-    def _launch_cold_locked(self, settings: dict[str, Any], handoff: socket.socket) -> int:
+    def _launch_cold_locked(
+        self, settings: dict[str, Any], handoff: socket.socket, launch: ProcLaunch | None
+    ) -> int:
+        command = launch.command if launch is not None else None
+        if command is None:
+            command = default_bootstrap_cmd()
+        prefix = launch.numactl_prefix() if launch is not None else []
         read_fd, write_fd = os.pipe()
         try:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "regency._runtime.bootstrap", str(read_fd)],
+                [*prefix, *command.argv(str(read_fd))],
+                executable=None if prefix else command.program,
                 pass_fds=(read_fd, handoff.fileno()),
-                env=_env_for_children(),
+                env=command.environment(_env_for_children()),
             )
+        except BaseException:
+            os.close(write_fd)
+            raise
         finally:
             os.close(read_fd)
         with os.fdopen(write_fd, "wb") as pipe:

@@ -17,7 +17,8 @@ import cloudpickle
 
 from regency import config
 from regency._runtime import context, state, wire
-from regency._runtime.endpoint import Endpoint, current_instance
+from regency._runtime.bootstrap_command import BootstrapCommand, ProcLaunch, launches_for
+from regency._runtime.endpoint import Endpoint, NotAnEndpoint, YieldsToEndpoint, current_instance
 from regency._runtime.endpoint_def import (
     Actor,
     ArgumentCheck,
@@ -42,10 +43,12 @@ from regency._runtime.procs import (
 )
 from regency._runtime.supervision import RestartPolicy, stop_reason
 from regency._transport.transport import PeerUnreachableError
-from regency.shape import Extent, Shape
+from regency.shape import Extent, Point, Shape
 
 T = TypeVar("T")
 
+# Endpoint names an actor may not use: Monarch refuses every attribute its ActorMesh has
+# (public ones and its private ones alike); regency's own private attributes are refused too.
 _RESERVED = frozenset(
     {
         "stop",
@@ -57,11 +60,40 @@ _RESERVED = frozenset(
         "flatten",
         "rename",
         "split",
-        "shape",
-        "restarts",
-        "restarted",
+        # Monarch's private ActorMesh attributes
+        "_class",
+        "_endpoint",
+        "_inner",
+        "_is_protocol",
+        "_labels",
+        "_mesh_name",
+        "_name",
+        "_ndslice",
+        "_new_with_shape",
+        "_proc_mesh",
+        "_shape",
+        # regency's
+        "_cached_route",
+        "_endpoint_specs",
+        "_mesh_id",
+        "_owned",
+        "_procs",
+        "_route",
+        "_status",
+        "_supervisor",
+    }
+    | {  # the special attributes Monarch's ActorMesh has (``dir()``), ``__len__`` among them
+        f"__{name}__"
+        for name in (  # noqa: SIM905
+            "abstractmethods class class_getitem delattr dict dir doc eq format ge getattr "
+            "getattribute getstate gt hash init init_subclass le len lt module ne new "
+            "orig_bases parameters reduce reduce_ex repr setattr sizeof slots str "
+            "subclasshook weakref"
+        ).split()
     }
 )
+# Mesh attributes Monarch does not have: an endpoint of the same name replaces them on the mesh.
+_YIELDING = ("shape", "restarts", "restarted")
 
 
 class NotOwnedError(RuntimeError, ValueError):
@@ -154,6 +186,12 @@ class HostMesh(MeshTrait):
         if self._lease is not None and self._lease.shut_down:
             raise RuntimeError("HostMesh has already been shut down")
 
+    @property
+    def initialized(self) -> Future[bool]:
+        """Completes with ``True`` once the hosts are connected: at once, since regency
+        connects (``attach_to_workers``) before it returns the mesh."""
+        return Future._resolved(True)
+
     def stop(self, reason: str = "host mesh stopped") -> Future[None]:
         """Stop the procs the caller spawned on these hosts; the hosts stay up."""
         if not self._owned:
@@ -213,12 +251,19 @@ class HostMesh(MeshTrait):
         per_host: dict[str, int] | None = None,
         bootstrap: Callable[[], Any] | None = None,
         name: str | None = None,
+        proc_bind: Sequence[dict[str, str]] | None = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
     ) -> ProcMesh:
         """Start ``per_host`` processes on every host; returns at once (spawning is async).
 
         The result's dimensions are the host dimensions followed by ``per_host``'s.
         ``bootstrap`` runs in each new process before any actor (e.g. to set environment
-        variables before CUDA starts).
+        variables before CUDA starts). ``proc_bind`` (one dict per proc of a host) pins procs:
+        ``cpus`` (taskset's list form, ``"0-3,8"``) with ``os.sched_setaffinity``;
+        ``cpunodebind``, ``membind`` and ``physcpubind`` through ``numactl`` (which must be
+        installed on the host); other keys are ignored. ``bootstrap_command`` (see
+        ``default_bootstrap_cmd()``), or a function of each proc's ``Point`` returning one,
+        replaces the command procs start with.
         """
         self._check_up()
         per_host = dict(per_host or {})
@@ -237,6 +282,7 @@ class HostMesh(MeshTrait):
         per = 1
         for size in per_host.values():
             per *= size
+        launches = launches_for(shape, per, proc_bind, bootstrap_command)
         procs: list[ProcInfo] = []
         by_agent: dict[str, list[ProcInfo]] = {}
         for host_base in self._shape.ranks():
@@ -250,6 +296,7 @@ class HostMesh(MeshTrait):
             cloudpickle.dumps(bootstrap) if bootstrap is not None else None,
             mesh_name,
             config.get_global_config(),
+            launches,
         )
         for agent, infos in by_agent.items():
             start_procs(agent, infos, recipe)
@@ -273,6 +320,7 @@ class ProcRecipe:
     bootstrap: bytes | None
     mesh_name: str
     settings: dict[str, object]
+    launches: tuple[ProcLaunch | None, ...] | None = None  # by rank
 
 
 def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> None:
@@ -280,10 +328,15 @@ def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> No
     rt = state.runtime()
     # The controller's own host agent marks its children dead in this very process.
     events = rt.exit_reports(agent, [i.addr for i in infos]) if agent != rt.address else None
+    launches = (
+        tuple(recipe.launches[i.rank] for i in infos) if recipe.launches is not None else None
+    )
     rt.send_control(
         agent,
         wire.SERVICE_HOST,
-        SpawnProcs(tuple(infos), recipe.bootstrap, recipe.mesh_name, events, recipe.settings),
+        SpawnProcs(
+            tuple(infos), recipe.bootstrap, recipe.mesh_name, events, recipe.settings, launches
+        ),
     )
 
 
@@ -401,7 +454,8 @@ class ProcMesh(MeshTrait):
         clash = sorted(set(specs) & _RESERVED)
         if clash:
             raise ValueError(
-                f"{Class.__qualname__} endpoint(s) {clash} collide with ActorMesh attributes"
+                "ActorMesh has an attribute that collides with an endpoint name: "
+                f"attribute={clash[0]} ({Class.__qualname__} endpoint(s) {clash})"
             )
         policy = kwargs.get("restart")
         if isinstance(policy, RestartPolicy):
@@ -615,6 +669,10 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._endpoint_specs = _endpoint_table(cls)
         # Set on the owner's mesh and its views: per-rank health and restarts.
         self._supervisor: MeshSupervisor | None = None
+        for attr in _YIELDING:
+            if attr in self._endpoint_specs:
+                spec, checker = self._endpoint_specs[attr]
+                self.__dict__[attr] = Endpoint(self, attr, spec, checker)
 
     def _route(self) -> Route:
         """Where this view's messages go (computed once per view, again after a restart)."""
@@ -654,10 +712,7 @@ class ActorMesh(MeshTrait, Generic[T]):
             return Endpoint(self, name, spec, checker)
         cls = self.__dict__.get("_class")
         if cls is not None and callable(getattr(cls, name, None)) and not name.startswith("_"):
-            raise RuntimeError(
-                f"{cls.__qualname__}.{name} is not annotated as an endpoint; "
-                "decorate it with @endpoint to call it remotely"
-            )
+            return NotAnEndpoint(self, name)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     @property
@@ -687,10 +742,15 @@ class ActorMesh(MeshTrait, Generic[T]):
             )
         return Future._from_pending(tracker.pending)
 
-    @property
+    @YieldsToEndpoint
     def restarts(self) -> int:
         """How many restarts this mesh's restart policy has completed (owner only)."""
         return self._supervisor.restarts if self._supervisor is not None else 0
+
+    @YieldsToEndpoint
+    def shape(self) -> Shape:
+        """The view's shape over the mesh it was taken from."""
+        return self._shape
 
     def restarted(self, count: int = 1) -> Future[int]:
         """Completes once the restart policy has completed ``count`` restarts in all."""

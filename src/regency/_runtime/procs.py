@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from regency._runtime.bootstrap_command import ProcLaunch
 from regency._runtime.proc import PortRef
 from regency._transport import address
 
@@ -38,6 +39,7 @@ class SpawnProcs:
     mesh_name: str
     events: PortRef | None  # receives a message when one of these procs exits
     settings: dict[str, object]  # the spawner's regency.config values when it asked
+    launches: tuple[ProcLaunch | None, ...] | None = None  # per proc: binding, command
 
 
 @dataclass(frozen=True, slots=True)

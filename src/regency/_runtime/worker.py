@@ -46,7 +46,7 @@ class Attach:
     controller: str  # the root controller's address
     job_id: str
     address: str  # the worker's address as the controller dials it
-    gateway: str  # the controller's TCP address the worker can reach
+    gateway: str | None  # the controller's TCP address the worker can reach (None: same machine)
     wrapped_secret: bytes  # the controller's secret, wrapped with the job's
     settings: dict[str, object]  # the controller's regency.config values
     reply: PortRef
@@ -188,18 +188,32 @@ def advertised(bound: str) -> str:
     return address.tcp_address(address.primary_ip(), port)
 
 
-def serve(listen: str, job_secret: bytes) -> None:
-    """Serve this machine as a host at ``listen`` (``tcp://HOST:PORT``) until a controller shuts
-    it down; then raise ``SystemExit(0)``."""
-    if not address.is_tcp(listen) or address.route_key(listen):
+def start(
+    listen: str, job_secret: bytes, advertise: str | None = None
+) -> tuple[ProcRuntime, WorkerAgent]:
+    """Start serving this machine as a host at ``listen``; return once listening with the
+    runtime and the worker agent (whose ``finished`` is set when a controller shuts it down).
+
+    ``listen`` is ``tcp://HOST:PORT``, or ``unix:PATH`` for a worker that only controllers on
+    this machine attach to. ``advertise`` is the address to announce instead of the bound one.
+    """
+    local = listen.startswith("unix:")
+    if not local and (not address.is_tcp(listen) or address.route_key(listen)):
         raise address.AddressError(f"a worker listens on tcp://HOST:PORT, not {listen!r}")
     runtime = ProcRuntime(listen, job_secret, "worker")
-    runtime.known_as(advertised(runtime.address))
+    runtime.known_as(advertise or (runtime.address if local else advertised(runtime.address)))
     agent = HostAgent(runtime, None)
     worker = WorkerAgent(runtime, agent, job_secret)
     runtime.add_service(wire.SERVICE_HOST, worker.service)
     agent.launcher.start_zygote()
-    print(f"regency worker listening on {runtime.address}", flush=True)
+    print(f"regency worker listening on {advertise or runtime.address}", flush=True)
+    return runtime, worker
+
+
+def serve(listen: str, job_secret: bytes, advertise: str | None = None) -> None:
+    """Serve this machine as a host at ``listen`` (``tcp://HOST:PORT``) until a controller shuts
+    it down; then raise ``SystemExit(0)``."""
+    runtime, worker = start(listen, job_secret, advertise)
     worker.finished.wait()
     runtime.close()
     raise SystemExit(0)

@@ -20,12 +20,15 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from regency._config_keys import ChannelTransport
 from regency._runtime.accumulator import Accumulator
+from regency._runtime.bootstrap_command import BootstrapCommand, default_bootstrap_cmd
 from regency._runtime.context import Context
-from regency._runtime.endpoint import Endpoint, send
+from regency._runtime.endpoint import Endpoint, as_endpoint, send
 from regency._runtime.endpoint_def import Actor, concurrent_endpoint, endpoint
 from regency._runtime.errors import ActorError, SupervisionError
 from regency._runtime.future import Future
+from regency._runtime.ids import ProcId, Uid
 from regency._runtime.meshes import ActorMesh, HostMesh, ProcMesh
 from regency._runtime.ports import Channel, Port, PortReceiver
 from regency._runtime.singletons import get_or_spawn_controller
@@ -37,6 +40,16 @@ from regency._runtime.supervision import (
     default_unhandled_fault_hook,
 )
 from regency._runtime.value_mesh import ValueMesh
+from regency.actor import config
+from regency.actor._extras import (
+    attach,
+    debug_controller,
+    enable_transport,
+    get_meter,
+    returns_future,
+    span,
+    traced,
+)
 from regency.actor._functions import (
     context,
     current_actor_name,
@@ -53,7 +66,9 @@ __all__ = [
     "Actor",
     "ActorError",
     "ActorMesh",
+    "BootstrapCommand",
     "Channel",
+    "ChannelTransport",
     "Context",
     "Endpoint",
     "Extent",
@@ -64,22 +79,39 @@ __all__ = [
     "Point",
     "Port",
     "PortReceiver",
+    "ProcId",
     "ProcMesh",
     "RestartPolicy",
     "SupervisionError",
+    "Uid",
     "UndeliverableMessageEnvelope",
     "ValueMesh",
+    "as_endpoint",
+    "attach",
+    "attach_to_workers",
     "concurrent_endpoint",
+    "config",
     "context",
     "current_actor_name",
     "current_rank",
     "current_size",
+    "debug_controller",
+    "default_bootstrap_cmd",
+    "enable_transport",
     "endpoint",
+    "get_meter",
     "get_or_spawn_controller",
+    "hosts_from_config",
+    "returns_future",
+    "run_worker_loop_forever",
+    "run_worker_loop_until_shutdown",
     "send",
     "shutdown_context",
+    "span",
+    "start_worker_loop_forever",
     "this_host",
     "this_proc",
+    "traced",
     "unhandled_fault_hook",
 ]
 
@@ -89,9 +121,15 @@ return to ignore the failure; raise (the default raises ``SystemExit(1)``) to re
 stderr and end the controller with exit code 1."""
 
 
-# Monarch also offers these two from its actor module; they live in ``regency.job``, which
-# imports this module, so they are looked up on first use.
-_FROM_JOB = ("attach_to_workers", "run_worker_loop_forever")
+# Monarch also offers these from its actor module; they live in ``regency.job``, which imports
+# this module, so they are looked up on first use.
+_FROM_JOB = (
+    "attach_to_workers",
+    "hosts_from_config",
+    "run_worker_loop_forever",
+    "run_worker_loop_until_shutdown",
+    "start_worker_loop_forever",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -102,12 +140,19 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_FROM_JOB})
+
+
+_PRIVATE = ("regency._runtime", "regency._config_keys", "regency.actor._")
+
+
 def _publish(names: list[str], namespace: dict[str, Any]) -> None:
     for name in names:
-        obj = namespace[name]
-        if name == "unhandled_fault_hook":
+        if name in ("unhandled_fault_hook", "config") or name in _FROM_JOB:
             continue
-        if getattr(obj, "__module__", "").startswith("regency._runtime"):
+        obj = namespace[name]
+        if getattr(obj, "__module__", "").startswith(_PRIVATE):
             with contextlib.suppress(AttributeError, TypeError):
                 obj.__module__ = __name__
 

@@ -46,8 +46,21 @@ def this_proc() -> ProcMesh:
     return this_proc_mesh()
 
 
-def shutdown_context() -> Future[None]:
-    """Stop every proc and actor this controller started and close its runtime (idempotent)."""
+def shutdown_context(host_timeout: float | None = None) -> Future[None]:
+    """Stop every proc and actor this controller started and close its runtime (idempotent).
+
+    ``host_timeout`` (seconds, Monarch's parameter) bounds each proc's stop instead of the
+    ``stop_timeout`` setting; with a runtime to shut down it must be finite and non-negative
+    (``ValueError``, and nothing is shut down).
+    """
     if _context.current_or_none() is None and state.existing() is not None:
-        controller.shutdown()
+        if host_timeout is not None:
+            if not isinstance(host_timeout, int | float):
+                raise TypeError(f"must be real number, not {type(host_timeout).__name__}")
+            host_timeout = float(host_timeout)
+            if not 0 <= host_timeout < 2**64:
+                raise ValueError(
+                    "host_timeout must be finite, non-negative and less than 2**64 seconds"
+                )
+        controller.shutdown(host_timeout)
     return Future._resolved(None)

@@ -19,13 +19,20 @@ from __future__ import annotations
 
 from regency.job._attach import AttachError, attach_to_workers
 from regency.job._exec import CommandResult, exec_command
+from regency.job._hosts_from_config import hosts_from_config
 from regency.job._kubernetes import ImageSpec, KubernetesJob
 from regency.job._local import LocalJob
 from regency.job._process import ProcessJob
 from regency.job._slurm import SlurmJob
 from regency.job._ssh import SSHJob
 from regency.job._trait import DEFAULT_JOB_PATH, JobState, JobTrait, job_load, job_loads
-from regency.job._worker import run_worker_loop_forever, worker_command, worker_env
+from regency.job._worker import (
+    run_worker_loop_forever,
+    run_worker_loop_until_shutdown,
+    start_worker_loop_forever,
+    worker_command,
+    worker_env,
+)
 from regency.job._workspace import Workspace, sync_workspace
 
 __all__ = [
@@ -43,9 +50,12 @@ __all__ = [
     "Workspace",
     "attach_to_workers",
     "exec_command",
+    "hosts_from_config",
     "job_load",
     "job_loads",
     "run_worker_loop_forever",
+    "run_worker_loop_until_shutdown",
+    "start_worker_loop_forever",
     "sync_workspace",
     "worker_command",
     "worker_env",

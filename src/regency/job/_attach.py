@@ -6,9 +6,12 @@ import os
 import pickle
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
 
 from regency import config
 from regency._runtime import controller, state, wire
+from regency._runtime.future import Future
 from regency._runtime.meshes import HostInfo, HostMesh, WorkerLease
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
@@ -19,6 +22,9 @@ from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Shape
 
 SECRET_ENV = "REGENCY_JOB_SECRET"
+TRUST_ALL = "trust_all_connections"
+PrivateKey = bytes | Path | None
+CA = bytes | Path | Literal["trust_all_connections"]
 
 
 class AttachError(ConnectionError):
@@ -68,7 +74,7 @@ def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
         rt.address,
         rt.job_id,
         worker,
-        controller.gateway_toward(worker),
+        controller.gateway_toward(worker) if address.is_tcp(worker) else None,
         wrap_secret(secret, rt.secret),
         config.get_global_config(),
         ref,
@@ -82,29 +88,93 @@ def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
     return handler
 
 
+def _check_security(ca: CA | None, private_key: PrivateKey) -> None:
+    """Accept Monarch's ``ca``/``private_key``; only its no-TLS value means anything yet."""
+    if private_key is not None or (ca is not None and ca != TRUST_ALL):
+        raise NotImplementedError(
+            "TLS security plumbing: regency does not implement TLS yet; pass "
+            f"ca={TRUST_ALL!r} (connections are still authenticated with the job secret)"
+        )
+
+
+def _job_secret(secret: bytes | None, ca: CA | None) -> bytes:
+    if secret is not None:
+        return secret
+    try:
+        return secret_from_env()
+    except ValueError as exc:
+        if ca != TRUST_ALL:
+            raise
+        raise ValueError(
+            f"{exc}: regency authenticates every connection with a job secret, and "
+            f"ca={TRUST_ALL!r} does not turn that off; give the workers and this controller "
+            f"the same {SECRET_ENV} (hex), or pass secret="
+        ) from None
+
+
+def dial_address(worker: str) -> str:
+    """The ``tcp://HOST:PORT`` to dial for a worker written as Monarch writes them.
+
+    Accepts a ProcAddr (``service<ID>@tcp://host:port``, the proc id is dropped) and the serving
+    alias ``dial@bind`` (``dial`` is used).
+    """
+    head, sep, rest = worker.partition("@")
+    if sep and "://" not in head:
+        worker, head, sep, rest = rest, *rest.partition("@")
+    dial = head if sep and "://" in rest else worker
+    return ipc_to_unix(dial)
+
+
+def ipc_to_unix(given: str) -> str:
+    """Monarch's ``ipc://PATH`` (a unix socket, ``ipc://@NAME`` abstract) as ``unix:PATH``."""
+    return "unix:" + given[len("ipc://") :] if given.startswith("ipc://") else given
+
+
+def _resolve(worker: str | Future[str], deadline: float) -> str:
+    if isinstance(worker, Future):
+        resolved = worker.get(timeout=max(0.0, deadline - time.monotonic()))
+        if not isinstance(resolved, str):
+            raise TypeError(f"a worker future must resolve to an address string, got {resolved!r}")
+        return resolved
+    return worker
+
+
 def attach_to_workers(
-    workers: Sequence[str],
+    workers: Sequence[str | Future[str]] | None = None,
     *,
+    ca: CA | None = None,
+    private_key: PrivateKey = None,
     secret: bytes | None = None,
     name: str | None = None,
     timeout: float = 30.0,
 ) -> HostMesh:
     """Attach this controller to running worker daemons, as a ``HostMesh`` over dim ``hosts``.
 
-    The workers are ranked in the order given. ``secret`` is the job secret the workers hold
-    (default: ``REGENCY_JOB_SECRET``, hex). Raises :class:`AttachError` naming each worker that
-    did not answer within ``timeout`` seconds, refused this controller's proof of the secret,
-    or serves another controller.
+    Monarch's form works unchanged: ``attach_to_workers(workers=[...],
+    ca="trust_all_connections")``. ``workers`` are ``tcp://HOST:PORT`` addresses (or Monarch's
+    ``service<ID>@tcp://...`` and ``dial@bind`` forms), or futures that resolve to one; they are
+    ranked in the order given. Every connection is authenticated with the job secret the
+    workers hold, ``secret`` (default: ``REGENCY_JOB_SECRET``, hex), whatever ``ca`` says:
+    ``ca="trust_all_connections"`` (Monarch's only implemented value) means no TLS, which
+    regency does not have yet; other ``ca`` values and a ``private_key`` raise
+    ``NotImplementedError`` as in Monarch.
+
+    Unlike Monarch, it returns once every worker answered. Raises :class:`AttachError` naming
+    each worker that did not answer within ``timeout`` seconds, refused this controller's proof
+    of the secret, or serves another controller.
     """
-    addresses = list(workers)
+    _check_security(ca, private_key)
     what = f"host mesh {name!r}" if name else "host mesh"
-    if not addresses:
+    if not workers:
         raise ValueError(f"attach_to_workers: {what} needs at least one worker address")
-    for worker in addresses:
-        if not address.is_tcp(worker) or address.route_key(worker):
-            raise ValueError(f"worker address {worker!r} is not tcp://HOST:PORT")
-    key = secret if secret is not None else secret_from_env()
+    key = _job_secret(secret, ca)
     deadline = time.monotonic() + timeout
+    addresses = [dial_address(_resolve(worker, deadline)) for worker in workers]
+    for worker in addresses:
+        if worker.startswith("unix:"):
+            continue
+        if not address.is_tcp(worker) or address.route_key(worker):
+            raise ValueError(f"worker address {worker!r} is not tcp://HOST:PORT or ipc://PATH")
     replies = [_request_attach(worker, key, timeout) for worker in addresses]
     errors = []
     for reply in replies:

@@ -6,22 +6,98 @@ import sys
 from typing import NoReturn
 
 from regency._runtime import worker
-from regency.job._attach import SECRET_ENV, secret_from_env
+from regency._runtime.future import Future
+from regency._runtime.pending import Pending
+from regency.job._attach import (
+    CA,
+    SECRET_ENV,
+    PrivateKey,
+    _check_security,
+    ipc_to_unix,
+    secret_from_env,
+)
 
 
-def run_worker_loop_forever(*, address: str, secret: bytes | None = None) -> NoReturn:
+def _bind_and_advertise(given: str) -> tuple[str, str | None]:
+    """Where to listen and what to announce, from Monarch's address forms.
+
+    ``service<ID>@tcp://...`` drops the proc id; ``dial@bind`` listens on ``bind`` and announces
+    ``dial``; a ``*`` host listens on every interface.
+    """
+    head, sep, rest = given.partition("@")
+    if sep and "://" not in head:
+        given = rest
+    dial, sep, bind = given.partition("@")
+    listen = ipc_to_unix(bind if sep else dial)
+    listen = listen.replace("tcp://*:", "tcp://0.0.0.0:", 1)
+    return listen, (ipc_to_unix(dial) if sep else None)
+
+
+def _secret(secret: bytes | None) -> bytes:
+    return secret if secret is not None else secret_from_env()
+
+
+def run_worker_loop_forever(
+    *,
+    address: str,
+    ca: CA | None = None,
+    private_key: PrivateKey = None,
+    secret: bytes | None = None,
+) -> NoReturn:
     """Serve this machine as a host at ``address`` until the process is killed.
 
     A controller that shuts the host down (``HostMesh.shutdown``) ends the loop too: the
     process then exits with code 0.
 
-    ``address`` is ``tcp://HOST:PORT`` (port 0 picks a free one). ``secret`` is the job
-    secret (default: ``REGENCY_JOB_SECRET``, hex). Once listening, prints
-    ``regency worker listening on tcp://IP:PORT`` on stdout; a wildcard host is shown as this
-    machine's primary IP.
+    Monarch's form works unchanged: ``run_worker_loop_forever(address="tcp://HOST:PORT",
+    ca="trust_all_connections")``. ``address`` is ``tcp://HOST:PORT`` (port 0 picks a free
+    one; a ``*`` or ``0.0.0.0`` host listens on every interface), Monarch's
+    ``service<ID>@tcp://...``, or ``dial@bind`` (listen on ``bind``, announce ``dial``).
+    ``secret`` is the job secret every controller must prove (default: ``REGENCY_JOB_SECRET``,
+    hex); ``ca="trust_all_connections"`` means no TLS, and does not turn authentication off.
+    Other ``ca`` values and a ``private_key`` raise ``NotImplementedError`` (TLS is not
+    implemented yet). Once listening, prints ``regency worker listening on tcp://IP:PORT`` on
+    stdout; a wildcard host is shown as this machine's primary IP.
     """
-    worker.serve(address, secret if secret is not None else secret_from_env())
+    _check_security(ca, private_key)
+    listen, advertise = _bind_and_advertise(address)
+    worker.serve(listen, _secret(secret), advertise)
     raise AssertionError("the worker loop returned")
+
+
+def start_worker_loop_forever(
+    *,
+    address: str,
+    ca: CA | None = None,
+    private_key: PrivateKey = None,
+    secret: bytes | None = None,
+) -> Future[None]:
+    """Start serving this machine as a host in the background; return once listening.
+
+    Takes the arguments of :func:`run_worker_loop_forever`. The returned future stays pending
+    while the worker serves (regency's workers serve until their process ends).
+    """
+    _check_security(ca, private_key)
+    listen, advertise = _bind_and_advertise(address)
+    worker.start(listen, _secret(secret), advertise)
+    return Future._from_pending(Pending())
+
+
+def run_worker_loop_until_shutdown(
+    *,
+    address: str,
+    ca: CA | None = None,
+    private_key: PrivateKey = None,
+    secret: bytes | None = None,
+) -> None:
+    """Monarch's worker loop that returns when its owning ``HostMesh`` shuts it down.
+
+    Not implemented yet: a worker that ``HostMesh.shutdown()`` ends is issue 18 item 10.
+    """
+    raise NotImplementedError(
+        "run_worker_loop_until_shutdown is not implemented yet (issue 18 item 10: "
+        "HostMesh.shutdown() tearing worker hosts down); use run_worker_loop_forever"
+    )
 
 
 def worker_command(address: str, python: str = sys.executable) -> list[str]:
