@@ -82,7 +82,7 @@ def shutdown(timeout: float | None = None) -> None:
     if runtime is None:
         return
     if timeout is None:
-        timeout = float(config.get("stop_timeout"))
+        timeout = config.get_seconds("stop_timeout")
     if _host_agent is not None:
         _host_agent.shutdown(timeout)
     if _proc_agent is not None:

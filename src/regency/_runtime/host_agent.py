@@ -207,7 +207,7 @@ class HostAgent:
         self._stop_children(
             [a for a in request.addrs if a in self._children],
             request.reason,
-            float(config.get("stop_timeout")),
+            config.get_seconds("stop_timeout"),
         )
         with contextlib.suppress(PeerUnreachableError):
             self.runtime.send_port(request.done, 0, 0, [pickle.dumps(None, protocol=5)])

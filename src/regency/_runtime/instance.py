@@ -238,7 +238,7 @@ class ActorInstance(InstanceBase):
         self.stop_reason = reason
         once = _Once(done)
         self.runtime.mailbox(self.mesh_id).post(0, 0, _Control(_STOP, once))
-        grace = float(config.get("cleanup_timeout"))
+        grace = config.get_seconds("cleanup_timeout")
         self.runtime.loop.call_later(grace, lambda: self._stop_overdue(once, grace))
 
     def _stop_overdue(self, once: _Once, grace: float) -> None:
@@ -416,7 +416,7 @@ class ActorInstance(InstanceBase):
             # memory that the sender is waiting to reuse.
             item = None
             if self.failed is not None:
-                wait_stopped(self._owned_stopping, float(config.get("stop_timeout")))
+                wait_stopped(self._owned_stopping, config.get_seconds("stop_timeout"))
                 self._cleanup_sync()
                 self._serve_failed()
                 return
@@ -486,7 +486,7 @@ class ActorInstance(InstanceBase):
                         await self._cancel_tasks(tasks)
                         await wait_stopped_async(
                             self.stop_owned(f"their owner {self} stopped", None),
-                            float(config.get("stop_timeout")),
+                            config.get_seconds("stop_timeout"),
                         )
                         await self._cleanup_async(None)
                         self._requeue(inbox)
@@ -514,7 +514,7 @@ class ActorInstance(InstanceBase):
             await self._end_forced_async(tasks)
             return
         await self._cancel_tasks(tasks)
-        await wait_stopped_async(self._owned_stopping, float(config.get("stop_timeout")))
+        await wait_stopped_async(self._owned_stopping, config.get_seconds("stop_timeout"))
         await self._cleanup_async(self._failure_error)
         # Hand what is still queued to the failed actor's loop, in order.
         self._requeue(inbox)
@@ -638,7 +638,7 @@ class ActorInstance(InstanceBase):
 
     def _finish_stop(self, done: Callable[[], None], cleaned: bool = False) -> None:
         """After the last message: stop owned meshes, clean up, refuse later messages."""
-        self.stop_owned(f"their owner {self} stopped", float(config.get("stop_timeout")))
+        self.stop_owned(f"their owner {self} stopped", config.get_seconds("stop_timeout"))
         if not cleaned:
             self._cleanup_sync(None)
         self.stopped = True

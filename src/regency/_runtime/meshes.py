@@ -623,7 +623,7 @@ class _ActorSpawn:
         for rank, info in fresh:
             supervisor.replaced(rank, info)
             self.send(info.addr, rank, status, supervisor.port)
-        if tracker.pending.wait(float(config.get("connect_timeout")) * 2) and (
+        if tracker.pending.wait(config.get_seconds("connect_timeout") * 2) and (
             tracker.pending.error() is None
         ):
             supervisor.restarted(ranks)

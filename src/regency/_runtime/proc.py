@@ -78,7 +78,7 @@ class ProcRuntime:
             self._on_frame,
             self._on_peer_lost,
             frame_limit=self.frame_limit,
-            connect_timeout=float(config.get("connect_timeout")),
+            connect_timeout=config.get_seconds("connect_timeout"),
             heartbeat=_heartbeat_settings,
             handoff=handoff,
         )
@@ -521,7 +521,7 @@ class _HostWatch:
 
 
 def _heartbeat_settings() -> tuple[float, float]:
-    return float(config.get("heartbeat_interval")), float(config.get("heartbeat_timeout"))
+    return config.get_seconds("heartbeat_interval"), config.get_seconds("heartbeat_timeout")
 
 
 def _own(parts: Sequence[Part]) -> list[Part]:

@@ -90,7 +90,7 @@ class ProcAgent:
             log.warning("proc agent got an unknown request %r", verb)
 
     def _stop_proc(self, reason: str) -> None:
-        self.stop_all(float(config.get("stop_timeout")))
+        self.stop_all(config.get_seconds("stop_timeout"))
         if self._on_stop_proc is not None:
             self._on_stop_proc(reason)
 

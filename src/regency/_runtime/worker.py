@@ -86,7 +86,7 @@ class WorkerAgent:
                 )
             return
         log.info("controller %s shut this host down; exiting", request.controller)
-        self.agent.shutdown(float(config.get("stop_timeout")))
+        self.agent.shutdown(config.get_seconds("stop_timeout"))
         self.finished.set()
 
     def _attach(self, request: Attach) -> None:
