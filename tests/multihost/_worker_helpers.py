@@ -83,10 +83,15 @@ class RawWorker:
 
 
 @contextmanager
-def raw_worker(secret: bytes, listen: str = "tcp://127.0.0.1:0") -> Iterator[RawWorker]:
-    """A worker daemon holding ``secret``, killed (with its process group) afterwards."""
+def raw_worker(
+    secret: bytes, listen: str = "tcp://127.0.0.1:0", argv: list[str] | None = None
+) -> Iterator[RawWorker]:
+    """A worker daemon holding ``secret``, killed (with its process group) afterwards.
+
+    ``argv`` replaces the ``regency worker`` command (it must print the listening line first).
+    """
     proc = subprocess.Popen(
-        worker_command(listen),
+        argv or worker_command(listen),
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **worker_env(secret)},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

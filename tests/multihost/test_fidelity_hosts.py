@@ -7,6 +7,7 @@ mesh may do it; the mesh is unusable afterwards; ``async with hosts:`` runs it.
 from __future__ import annotations
 
 import asyncio
+import sys
 import warnings
 from collections.abc import Iterator
 
@@ -133,3 +134,23 @@ def test_shutdown_of_an_attached_worker_exits_it_with_code_0() -> None:
         assert len(probes.value.call(1).get(timeout=30)) == 2
         hosts.shutdown().get(timeout=60)
         assert worker.proc.wait(30) == 0
+
+
+UNTIL_SHUTDOWN = """
+from regency.actor import run_worker_loop_until_shutdown
+run_worker_loop_until_shutdown(address="tcp://127.0.0.1:0", ca="trust_all_connections")
+print("the worker loop returned", flush=True)
+"""
+
+
+def test_run_worker_loop_until_shutdown_returns_when_the_host_mesh_shuts_down() -> None:
+    secret = b"u" * 32
+    argv = [sys.executable, "-c", UNTIL_SHUTDOWN]
+    with raw_worker(secret, argv=argv) as worker:
+        hosts = attach_to_workers([worker.address], secret=secret)
+        probes = hosts.spawn_procs(per_host={"gpus": 2}).spawn("probes", Probe)
+        assert len(probes.value.call(1).get(timeout=30)) == 2
+        hosts.shutdown().get(timeout=60)
+        assert worker.proc.wait(30) == 0
+        assert worker.proc.stdout is not None
+        assert worker.proc.stdout.read().decode() == "the worker loop returned\n"

@@ -210,10 +210,16 @@ def start(
     return runtime, worker
 
 
-def serve(listen: str, job_secret: bytes, advertise: str | None = None) -> None:
-    """Serve this machine as a host at ``listen`` (``tcp://HOST:PORT``) until a controller shuts
-    it down; then raise ``SystemExit(0)``."""
+def serve_until_shutdown(listen: str, job_secret: bytes, advertise: str | None = None) -> None:
+    """Serve this machine as a host at ``listen`` until a controller shuts it down; then close
+    the worker's runtime and return."""
     runtime, worker = start(listen, job_secret, advertise)
     worker.finished.wait()
     runtime.close()
+
+
+def serve(listen: str, job_secret: bytes, advertise: str | None = None) -> None:
+    """Serve this machine as a host at ``listen`` (``tcp://HOST:PORT``) until a controller shuts
+    it down; then raise ``SystemExit(0)``."""
+    serve_until_shutdown(listen, job_secret, advertise)
     raise SystemExit(0)

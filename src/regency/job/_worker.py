@@ -90,14 +90,14 @@ def run_worker_loop_until_shutdown(
     private_key: PrivateKey = None,
     secret: bytes | None = None,
 ) -> None:
-    """Monarch's worker loop that returns when its owning ``HostMesh`` shuts it down.
+    """Serve this machine as a host at ``address`` until its owning ``HostMesh`` shuts it down,
+    then return (instead of ending the process, as :func:`run_worker_loop_forever` does).
 
-    Not implemented yet: a worker that ``HostMesh.shutdown()`` ends is issue 18 item 10.
+    Takes the arguments of :func:`run_worker_loop_forever`.
     """
-    raise NotImplementedError(
-        "run_worker_loop_until_shutdown is not implemented yet (issue 18 item 10: "
-        "HostMesh.shutdown() tearing worker hosts down); use run_worker_loop_forever"
-    )
+    _check_security(ca, private_key)
+    listen, advertise = _bind_and_advertise(address)
+    worker.serve_until_shutdown(listen, _secret(secret), advertise)
 
 
 def worker_command(address: str, python: str = sys.executable) -> list[str]:
