@@ -90,10 +90,10 @@ def run_worker_loop_until_shutdown(
     private_key: PrivateKey = None,
     secret: bytes | None = None,
 ) -> None:
-    """Serve this machine as a host at ``address`` until its owning ``HostMesh`` shuts it down,
-    then return (instead of ending the process, as :func:`run_worker_loop_forever` does).
+    """Serve this machine as a host at ``address`` until its owning ``HostMesh`` shuts it down.
 
-    Takes the arguments of :func:`run_worker_loop_forever`.
+    Then return, instead of ending the process as :func:`run_worker_loop_forever` does. Takes
+    the arguments of :func:`run_worker_loop_forever`.
     """
     _check_security(ca, private_key)
     listen, advertise = _bind_and_advertise(address)
