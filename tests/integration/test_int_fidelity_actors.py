@@ -414,6 +414,29 @@ def test_an_init_that_raises_reads_as_in_monarch(
     assert sorted(f.crashed_ranks for f in failures) == [[0], [1]]
 
 
+def _refuse_unpickling() -> None:
+    raise RuntimeError("this argument cannot be unpickled on the proc")
+
+
+class Unpicklable:
+    """An argument whose unpickling raises (on the proc, as it is sent)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_refuse_unpickling, ())
+
+
+def test_an_argument_that_cannot_be_unpickled_still_names_the_class(
+    make_procs: Callable[..., ProcMesh], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", lambda failure: None)
+    mesh = make_procs(1).spawn("unpicklable", RaisesInInit, Unpicklable())
+    with pytest.raises(SupervisionError) as info:
+        mesh.ping.call().get(timeout=T)
+    text = str(info.value)
+    assert f"<root>.<{RaisesInInit.__module__}.RaisesInInit unpicklable" in text, text
+    assert "this argument cannot be unpickled on the proc" in text, text
+
+
 def test_actor_error_text_is_monarchs(procs4: ProcMesh) -> None:
     mesh = procs4.spawn("erring", Worker)
     with pytest.raises(ActorError) as info:

@@ -153,6 +153,7 @@ class SpawnActor:
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
     creator: CreatorInstance
+    class_name: str  # module.qualname, so errors name the class even if unpickling it fails
     payload: bytes  # cloudpickled (cls, args, kwargs, proc_mesh)
     status: PortRef  # receives (rank, error-text-or-None) once __init__ has run
     owner: PortRef | None  # supervision reports for this mesh go here
@@ -168,7 +169,7 @@ class ActorInstance(InstanceBase):
         self.uid = new_uid()
         self.mesh_id = request.mesh_id
         self.name = request.name
-        self.class_name: str | None = "?"
+        self.class_name: str | None = request.class_name
         self.rank = Point(request.rank, Extent(request.labels, request.sizes))
         self.creator = request.creator
         self.proc_id = runtime.address
@@ -337,7 +338,6 @@ class ActorInstance(InstanceBase):
         try:
             cls, args, kwargs, proc_mesh = codec.loads([self.request.payload])
             self._proc_mesh = proc_mesh
-            self.class_name = f"{cls.__module__}.{cls.__qualname__}"
             for name, prop in endpoints_of(cls).items():
                 self._endpoints[name] = (prop.method, prop.spec)
             is_async = actor_is_async(cls)

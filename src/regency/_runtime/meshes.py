@@ -485,6 +485,7 @@ class ProcMesh(MeshTrait):
             tuple(extent.labels),
             tuple(extent.sizes),
             owner.as_creator(),
+            f"{cls.__module__}.{cls.__qualname__}",
             cloudpickle.dumps((cls, args, kwargs, self)),
             self._recipe,
         )
@@ -574,6 +575,7 @@ class _ActorSpawn:
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
     creator: CreatorInstance
+    class_name: str  # module.qualname, known before the proc unpickles the class
     payload: bytes  # cloudpickled (cls, args, kwargs, proc_mesh)
     recipe: ProcRecipe
 
@@ -586,6 +588,7 @@ class _ActorSpawn:
             self.labels,
             self.sizes,
             self.creator,
+            self.class_name,
             self.payload,
             status,
             owner,
