@@ -1,0 +1,155 @@
+"""Issue 12 §5: actor runtime faults an attacker (or a bug) can provoke.
+
+A ``BaseException`` raised while unpickling an endpoint's arguments or pickling its return value
+must fail the call and the actor through supervision exactly as one raised inside the endpoint
+does (no hang, prompt ``stop()``); calls on an empty slice raise ``IndexError``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from _fault_helpers import wait_until
+
+import regency.actor
+from regency.actor import Actor, MeshFailure, ProcMesh, SupervisionError, endpoint, this_host
+
+pytestmark = pytest.mark.timeout(60)
+
+T = 20.0
+PROMPT = 5.0  # far below the 10 s a hung actor thread made stop() take
+
+
+class ExitOnLoad:
+    """Raises ``SystemExit`` when unpickled (in the proc, decoding the call's arguments)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_exit_now, ("unpickled",))
+
+
+def _exit_now(why: str) -> None:
+    raise SystemExit(f"exit while {why}")
+
+
+class ExitOnDump:
+    """Raises ``SystemExit`` when pickled (in the proc, encoding the endpoint's return value)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise SystemExit("exit while pickled")
+
+
+class Echo(Actor):
+    @endpoint
+    def echo(self, value: Any) -> Any:
+        return value
+
+    @endpoint
+    def exit_on_return(self) -> ExitOnDump:
+        return ExitOnDump()
+
+    @endpoint
+    def raise_exit(self) -> None:
+        raise SystemExit("exit while pickled")
+
+
+@pytest.fixture
+def faults(monkeypatch: pytest.MonkeyPatch) -> list[MeshFailure]:
+    got: list[MeshFailure] = []
+    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", got.append)
+    return got
+
+
+@pytest.fixture
+def procs() -> Iterator[ProcMesh]:
+    mesh = this_host().spawn_procs(per_host={"gpus": 2})
+    yield mesh
+    mesh.stop().get(timeout=30)
+
+
+def _failed_call(fn: Any) -> SupervisionError:
+    with pytest.raises(SupervisionError) as info:
+        fn().get(timeout=T)
+    return info.value
+
+
+def _check_fails_like_endpoint(
+    procs: ProcMesh, faults: list[MeshFailure], name: str, call: Any, text: str
+) -> None:
+    mesh = procs.spawn(name, Echo)
+    err = _failed_call(lambda: call(mesh.slice(gpus=1)))
+    assert f"Endpoint call {name}." in str(err), str(err)
+    assert "have failed" in str(err), str(err)
+    assert text in str(err), str(err)
+    assert wait_until(lambda: any(f.mesh_name == name for f in faults), T), faults
+    (failure,) = [f for f in faults if f.mesh_name == name]
+    assert failure.crashed_ranks == [1]
+    assert text in str(failure)
+    # Later calls to the failed rank fail at once; the healthy rank still answers.
+    started = time.monotonic()
+    later = _failed_call(lambda: mesh.slice(gpus=1).echo.call_one("again"))
+    assert time.monotonic() - started < PROMPT
+    assert f"failure on mesh {name} at rank 1" in str(later), str(later)
+    assert mesh.slice(gpus=0).echo.call_one("ok").get(timeout=T) == "ok"
+    started = time.monotonic()
+    mesh.stop().get(timeout=T)
+    assert time.monotonic() - started < PROMPT, "stop() waited on a dead actor thread"
+
+
+def test_system_exit_raised_in_endpoint_is_the_reference(
+    procs: ProcMesh, faults: list[MeshFailure]
+) -> None:
+    _check_fails_like_endpoint(
+        procs, faults, "raised", lambda m: m.raise_exit.call_one(), "SystemExit: exit while pickled"
+    )
+
+
+def test_system_exit_unpickling_arguments_fails_the_call(
+    procs: ProcMesh, faults: list[MeshFailure]
+) -> None:
+    _check_fails_like_endpoint(
+        procs,
+        faults,
+        "unpickle",
+        lambda m: m.echo.call_one(ExitOnLoad()),
+        "SystemExit: exit while unpickled",
+    )
+
+
+def test_system_exit_pickling_the_return_value_fails_the_call(
+    procs: ProcMesh, faults: list[MeshFailure]
+) -> None:
+    _check_fails_like_endpoint(
+        procs,
+        faults,
+        "pickle",
+        lambda m: m.exit_on_return.call_one(),
+        "SystemExit: exit while pickled",
+    )
+
+
+@pytest.mark.parametrize(
+    ("dims", "text"),
+    [
+        ({"gpus": slice(1, 1)}, "empty range 1:1:1"),
+        ({"gpus": slice(5, 9)}, "out of range 2:2:1 for dimension gpus of size 2"),
+        ({"gpus": range(1, 0)}, "empty range 1:0:1"),
+    ],
+)
+def test_empty_slice_raises_index_error_like_an_index_past_the_end(
+    procs: ProcMesh, dims: dict[str, Any], text: str
+) -> None:
+    mesh = procs.spawn("empty", Echo)
+    with pytest.raises(IndexError, match="out of range"):
+        mesh.slice(gpus=5)
+    # Monarch 0.7 raises ValueError with these words; regency's error is both.
+    with pytest.raises(IndexError, match=f"^{text}$"):
+        mesh.slice(**dims)
+    with pytest.raises(ValueError, match=f"^{text}$"):
+        procs.slice(**dims)
+    assert list(mesh.slice(gpus=slice(0, 2)).echo.call("ok").get(timeout=T).values()) == [
+        "ok",
+        "ok",
+    ]
