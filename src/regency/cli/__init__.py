@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
-from regency.job._attach import SECRET_ENV
+from regency._transport.auth import SECRET_ENV
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,15 +47,20 @@ def _read_secret(path: str | None) -> bytes:
 
     if path is None:
         try:
-            return secret_from_env()
+            secret = secret_from_env()
         except ValueError as exc:
-            raise ValueError(f"{exc} and no --secret-file was given") from None
+            raise ValueError(f"{exc} (and no --secret-file was given)") from None
+        os.environ.pop(SECRET_ENV, None)  # procs and their commands must not inherit it
+        return secret
+    from regency._transport.auth import check_secret
+
     with open(path) as f:
         text = f.read().strip()
     try:
-        return bytes.fromhex(text)
+        secret = bytes.fromhex(text)
     except ValueError:
         raise ValueError(f"{path} must hold the job secret as a hex string") from None
+    return check_secret(secret, f"--secret-file {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

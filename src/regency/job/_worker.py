@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import NoReturn
 
 from regency._runtime import worker
 from regency._runtime.future import Future
 from regency._runtime.pending import Pending
+from regency._transport.auth import SECRET_ENV, check_secret
 from regency.job._attach import (
     CA,
-    SECRET_ENV,
     PrivateKey,
     _check_security,
     ipc_to_unix,
@@ -34,7 +35,15 @@ def _bind_and_advertise(given: str) -> tuple[str, str | None]:
 
 
 def _secret(secret: bytes | None) -> bytes:
-    return secret if secret is not None else secret_from_env()
+    """The worker's job secret (at least 16 bytes), taken out of this process's environment.
+
+    Procs, and the commands they run, must not inherit it: they hold the controller's secret.
+    """
+    if secret is not None:
+        return check_secret(secret, "secret=")
+    value = secret_from_env()
+    os.environ.pop(SECRET_ENV, None)
+    return value
 
 
 def run_worker_loop_forever(
@@ -53,8 +62,10 @@ def run_worker_loop_forever(
     ca="trust_all_connections")``. ``address`` is ``tcp://HOST:PORT`` (port 0 picks a free
     one; a ``*`` or ``0.0.0.0`` host listens on every interface), Monarch's
     ``service<ID>@tcp://...``, or ``dial@bind`` (listen on ``bind``, announce ``dial``).
-    ``secret`` is the job secret every controller must prove (default: ``REGENCY_JOB_SECRET``,
-    hex); ``ca="trust_all_connections"`` means no TLS, and does not turn authentication off.
+    ``secret`` is the job secret every controller must prove, at least 16 bytes (default:
+    ``REGENCY_JOB_SECRET``, hex, which is then removed from this process's environment so that
+    procs and their commands do not inherit it); ``ca="trust_all_connections"`` means no TLS,
+    and does not turn authentication off.
     Other ``ca`` values and a ``private_key`` raise ``NotImplementedError`` (TLS is not
     implemented yet). Once listening, prints ``regency worker listening on tcp://IP:PORT`` on
     stdout; a wildcard host is shown as this machine's primary IP.
