@@ -75,9 +75,9 @@ def test_short_secret_argument_is_refused(secret: bytes) -> None:
 def test_sixteen_bytes_are_enough(tmp_path: Path) -> None:
     path = tmp_path / "secret"
     path.write_text("  " + os.urandom(16).hex() + "\n")
+    argv = [sys.executable, "-m", "regency", "worker", "--listen", "tcp://127.0.0.1:0"]
     worker = subprocess.Popen(
-        [sys.executable, "-m", "regency", "worker", "--listen", "tcp://127.0.0.1:0"]
-        + ["--secret-file", str(path)],
+        [*argv, "--secret-file", str(path)],
         stdout=subprocess.PIPE,
         text=True,
     )

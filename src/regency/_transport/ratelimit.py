@@ -2,9 +2,10 @@
 
 A listener records each failed authentication under the peer's key (its IP address for TCP, its
 uid for a unix socket; a local process of this process's own user is not limited, as it could
-read the secret from this process anyway). The first :data:`FREE_FAILURES` failures cost nothing; after that the peer
-is refused outright (closed before the handshake starts) for a delay that doubles with each
-further failure, up to :data:`MAX_DELAY` seconds. A successful handshake clears the peer's record.
+read the secret from this process anyway). The first :data:`FREE_FAILURES` failures cost
+nothing; after that the peer is refused outright (closed before the handshake starts) for a
+delay that doubles with each further failure, up to :data:`MAX_DELAY` seconds. A successful
+handshake clears the peer's record.
 Records of peers quiet for longer than :data:`FORGET_AFTER` are dropped, and at most
 :data:`MAX_PEERS` are kept, so the table stays small whatever an attacker does.
 """
