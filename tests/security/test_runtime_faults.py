@@ -153,3 +153,37 @@ def test_empty_slice_raises_index_error_like_an_index_past_the_end(
         "ok",
         "ok",
     ]
+
+
+def test_bookkeeping_of_ended_procs_stays_bounded(
+    procs: ProcMesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spawn/stop cycles must not grow what the controller remembers about ended procs."""
+    from regency._runtime import controller, state
+
+    procs.spawn("warm", Echo).echo.call("up").get(timeout=T)
+    rt = state.runtime()
+    agent = controller._host_agent
+    assert agent is not None
+    records = {
+        "dead": rt.dead,
+        "transport lost": rt.transport._lost,
+        "switchboard gone": agent.switchboard._gone,
+    }
+    limit = 6
+    for record in records.values():
+        monkeypatch.setattr(record, "limit", limit)  # the default is in the thousands
+    last = None
+    for _ in range(limit):
+        cycle = this_host().spawn_procs(per_host={"gpus": 2})
+        last = cycle.spawn("cycle", Echo)
+        last.echo.call("x").get(timeout=T)
+        cycle.stop().get(timeout=T)
+    sizes = {name: len(record) for name, record in records.items()}
+    assert all(size <= limit for size in sizes.values()), sizes
+    # The most recent ends are still remembered: a call to them fails at once.
+    assert last is not None
+    started = time.monotonic()
+    with pytest.raises(SupervisionError, match="stopped"):
+        last.echo.call("x").get(timeout=T)
+    assert time.monotonic() - started < PROMPT

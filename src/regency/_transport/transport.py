@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from regency._transport import address as addr
 from regency._transport import routing
 from regency._transport.auth import AuthenticationError, ListenerHandshake, dialer_handshake
+from regency._transport.bounded import BoundedDict
 from regency._transport.connection import Buffer, Connection, ConnectionClosedError
 from regency._transport.frames import KIND_HEARTBEAT, Frame, FrameError
 from regency._transport.heartbeat import Heartbeat, Settings
@@ -110,7 +111,7 @@ class Transport:
         self.loop = loop or IOLoop()
         self._lock = threading.Lock()
         self._peers: dict[str, _Peer] = {}
-        self._lost: dict[str, str] = {}
+        self._lost: dict[str, str] = BoundedDict()
         self._conns: set[Connection] = set()
         self._dirty: set[Connection] = set()
         self._dirty_lock = threading.Lock()
