@@ -187,3 +187,27 @@ def test_bookkeeping_of_ended_procs_stays_bounded(
     with pytest.raises(SupervisionError, match="stopped"):
         last.echo.call("x").get(timeout=T)
     assert time.monotonic() - started < PROMPT
+
+
+def test_failed_attach_says_how_long_it_really_waited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that accepts connections but never speaks (e.g. SIGSTOPped)."""
+    import re
+    import socket
+
+    from regency._transport import transport as transport_module
+    from regency.job import AttachError, attach_to_workers
+
+    # One dial attempt lasts at most the handshake timeout (10 s; 1 s here to keep this short).
+    monkeypatch.setattr(transport_module, "_HANDSHAKE_TIMEOUT", 1.0)
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(16)
+        port = mute.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(AttachError) as info:
+            attach_to_workers([f"tcp://127.0.0.1:{port}"], secret=b"s" * 32, timeout=3.0)
+        took = time.monotonic() - started
+    found = re.search(r"no answer within ([0-9.]+) s", str(info.value))
+    assert found, str(info.value)
+    assert took >= 2.9, f"gave up after {took:.1f} s of a 3 s timeout: {info.value}"
+    assert abs(float(found.group(1)) - took) < 0.6, f"said {found.group(1)} s, took {took:.1f} s"
