@@ -52,6 +52,7 @@ def run_worker_loop_forever(
     ca: CA | None = None,
     private_key: PrivateKey = None,
     secret: bytes | None = None,
+    idle_timeout: float | None = None,
 ) -> NoReturn:
     """Serve this machine as a host at ``address`` until the process is killed.
 
@@ -68,11 +69,13 @@ def run_worker_loop_forever(
     and does not turn authentication off.
     Other ``ca`` values and a ``private_key`` raise ``NotImplementedError`` (TLS is not
     implemented yet). Once listening, prints ``regency worker listening on tcp://IP:PORT`` on
-    stdout; a wildcard host is shown as this machine's primary IP.
+    stdout; a wildcard host is shown as this machine's primary IP. ``idle_timeout`` (regency's
+    addition; default: serve forever) ends the loop, exiting with code 0, once no controller has
+    been attached for that many seconds (from the start, or since the last one went away).
     """
     _check_security(ca, private_key)
     listen, advertise = _bind_and_advertise(address)
-    worker.serve(listen, _secret(secret), advertise)
+    worker.serve(listen, _secret(secret), advertise, idle_timeout)
     raise AssertionError("the worker loop returned")
 
 
@@ -111,12 +114,18 @@ def run_worker_loop_until_shutdown(
     worker.serve_until_shutdown(listen, _secret(secret), advertise)
 
 
-def worker_command(address: str, python: str = sys.executable) -> list[str]:
+def worker_command(
+    address: str, python: str = sys.executable, *, idle_timeout: float | None = None
+) -> list[str]:
     """The argv that starts a worker daemon listening on ``address``.
 
     ``python`` is the interpreter to run it with; it must have regency installed.
+    ``idle_timeout`` makes it exit once no controller was attached for that many seconds.
     """
-    return [python, "-m", "regency", "worker", "--listen", address]
+    argv = [python, "-m", "regency", "worker", "--listen", address]
+    if idle_timeout is not None:
+        argv += ["--idle-timeout", f"{idle_timeout:g}"]
+    return argv
 
 
 def worker_env(secret: bytes) -> dict[str, str]:
