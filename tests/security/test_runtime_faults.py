@@ -7,6 +7,7 @@ does (no hang, prompt ``stop()``); calls on an empty slice raise ``IndexError``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -211,3 +212,54 @@ def test_failed_attach_says_how_long_it_really_waited(monkeypatch: pytest.Monkey
     assert found, str(info.value)
     assert took >= 2.9, f"gave up after {took:.1f} s of a 3 s timeout: {info.value}"
     assert abs(float(found.group(1)) - took) < 0.6, f"said {found.group(1)} s, took {took:.1f} s"
+
+
+def test_sigstopped_local_proc_is_documented_behaviour(procs: ProcMesh) -> None:
+    """A SIGSTOPped proc on this machine is not detected (docs/security.md): a call to it
+    waits for its caller's timeout, and the proc mesh's ``stop()`` kills it after
+    ``stop_timeout``."""
+    import os
+    import signal
+
+    from regency import config
+
+    mesh = procs.spawn("stopped", Pids)
+    pid = mesh.slice(gpus=1).pid.call_one().get(timeout=T)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: _state(pid) == "T", T), "the proc did not stop"
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            mesh.slice(gpus=1).pid.call_one().get(timeout=1.0)
+        assert time.monotonic() - started < PROMPT
+        with config.configured(stop_timeout=1.0):
+            started = time.monotonic()
+            procs.stop().get(timeout=T)
+            assert time.monotonic() - started < PROMPT, "stop() did not end the stopped proc"
+        assert wait_until(lambda: not os.path.exists(f"/proc/{pid}"), T)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def _state(pid: int) -> str:
+    """The one-letter state of process ``pid`` (``T``: stopped by a signal)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
+class Pids(Actor):
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+@pytest.mark.parametrize("adverb", ["call", "choose"])
+def test_call_and_choose_on_an_empty_mesh_raise(procs: ProcMesh, adverb: str) -> None:
+    """However an empty view came about, sending to it raises instead of hanging."""
+    mesh = procs.spawn("emptycall", Echo)
+    empty = mesh._new_with_shape(mesh._shape.slice(gpus=slice(1, 1)))
+    with pytest.raises(IndexError, match=f"echo.{adverb}\\(\\): the mesh .* has no actor"):
+        getattr(empty.echo, adverb)("x").get(timeout=T)
