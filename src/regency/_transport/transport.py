@@ -300,7 +300,7 @@ class Transport:
                     # Say how long it really waited (one attempt lasts at most the handshake
                     # timeout; a timed-out one is retried while the deadline allows).
                     waited = time.monotonic() - started
-                    reason = f"no answer within {waited:.3g} s ({reason})"
+                    reason = f"no answer within {round(waited, 1):g} s ({reason})"
                     break
                 if not retry:
                     break
