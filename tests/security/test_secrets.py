@@ -220,3 +220,25 @@ def test_worker_procs_and_exec_commands_do_not_see_the_job_secret(job: ProcessJo
     script = "import os; print(os.environ.get('REGENCY_JOB_SECRET', 'absent'))"
     (result,) = run_on_hosts(hosts, [sys.executable, "-c", script], [{}], timeout=30).values()
     assert result.stdout.strip() == "absent", result
+
+
+def test_rdma_transfer_service_rate_limits_failed_handshakes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from regency.rdma import RDMABuffer, _service
+
+    monkeypatch.setattr(_service, "_auth_failures", FailureLimiter())  # this test's own count
+    buf = RDMABuffer(bytearray(64))
+    try:
+        host, _, port = buf._handle.tcp_address[len("tcp://") :].rpartition(":")
+        target = (host.strip("[]"), int(port))
+        greeted = []
+        for _ in range(FREE_FAILURES + 2):
+            with socket.create_connection(target, timeout=10) as sock:
+                ok = _greeted(sock)
+                greeted.append(ok)
+                if ok:
+                    assert handshake(sock, os.urandom(32), "intruder") is False
+        assert greeted == [True] * (FREE_FAILURES + 1) + [False], greeted
+    finally:
+        buf.drop().get(timeout=30)
