@@ -74,6 +74,8 @@ def run_worker_loop_forever(
     been attached for that many seconds (from the start, or since the last one went away).
     """
     _check_security(ca, private_key)
+    if idle_timeout is not None and not idle_timeout > 0:
+        raise ValueError(f"idle_timeout must be > 0 seconds or None, got {idle_timeout!r}")
     listen, advertise = _bind_and_advertise(address)
     worker.serve(listen, _secret(secret), advertise, idle_timeout)
     raise AssertionError("the worker loop returned")

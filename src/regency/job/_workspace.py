@@ -75,14 +75,18 @@ def default_remote_dir(job_id: str, name: str) -> str:
     That is ``<temp dir>/regency-workspaces-<uid>/<job id>/<name>``; the per-user directory is
     checked private (0700, owned by the user) when a workspace is unpacked there.
     """
-    return os.path.join(tempfile.gettempdir(), f"regency-workspaces-{os.geteuid()}", job_id, name)
+    return os.path.join(_user_root(), job_id, name)
+
+
+def _user_root() -> Path:
+    """The directory of this user's default workspaces: ``<temp dir>/regency-workspaces-<uid>``."""
+    return Path(tempfile.gettempdir()) / f"regency-workspaces-{os.geteuid()}"
 
 
 def _check_default_root(target: Path) -> None:
     """Make sure a default workspace path lies in this user's private directory."""
-    root = Path(tempfile.gettempdir()) / f"regency-workspaces-{os.geteuid()}"
-    if target.is_relative_to(root):
-        private_dir(root)
+    if target.is_relative_to(_user_root()):
+        private_dir(_user_root())
 
 
 def _resolve(remote_dir: str | None, job_id: str, name: str) -> Path:
@@ -138,9 +142,8 @@ class WorkspaceActor(Actor):
 
 def _check_owned(target: Path) -> None:
     """Refuse to import from a workspace that does not resolve into a private versions dir."""
-    root = Path(tempfile.gettempdir()) / f"regency-workspaces-{os.geteuid()}"
-    if target.is_relative_to(root):
-        check_private_dir(root)
+    if target.is_relative_to(_user_root()):
+        check_private_dir(_user_root())
     versions = target.parent / f".{target.name}.versions"
     check_private_dir(versions)
     real = target.resolve()
