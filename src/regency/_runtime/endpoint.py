@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 from regency._runtime import casting, codec, context, state, wire
 from regency._runtime.errors import SupervisionError, failed_text, process_failed, stopped_text
 from regency._runtime.future import Future
+from regency._runtime.mesh_trait import EmptySliceError
 from regency._runtime.ports import GatherReply, OnceReply, Port, StreamReply, fail_handler
 from regency._runtime.proc import PortRef
 from regency._runtime.supervision import UndeliverableMessageEnvelope, is_stop_reason
@@ -54,6 +55,7 @@ class Endpoint(Generic[R]):
         If any rank raised, the future raises that rank's ``ActorError``.
         """
         self._check_arguments(args, kwargs)
+        self._nonempty("call")
         route = self._mesh._route()
         handler = GatherReply(len(route.bases), route.unique, self._describe_loss)
         reply = self._open(handler)
@@ -78,7 +80,7 @@ class Endpoint(Generic[R]):
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Send to one actor picked at random and return its reply."""
-        return self._one(random.randrange(len(self._mesh._shape)), args, kwargs)
+        return self._one(random.randrange(self._nonempty("choose")), args, kwargs)
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Send to every actor; yield one future per rank, completing in arrival order."""
@@ -103,6 +105,8 @@ class Endpoint(Generic[R]):
         selection: Literal["all", "choose"],
     ) -> None:
         self._check_arguments(args, kwargs)
+        if selection == "choose":
+            self._nonempty("send(choose)")
         route = self._mesh._route()
         addrs, ranks = route.addrs, route.ranks
         if selection == "choose":
@@ -113,6 +117,15 @@ class Endpoint(Generic[R]):
         self._cast(args, kwargs, port.ref if port is not None else None, addrs, ranks, False)
 
     # -- mechanics -----------------------------------------------------------------------------
+
+    def _nonempty(self, adverb: str) -> int:
+        """The mesh's size; :class:`EmptySliceError` when it has no actor to send to."""
+        n = len(self._mesh._shape)
+        if n == 0:
+            raise EmptySliceError(
+                f"{self._name}.{adverb}(): the mesh {self._mesh._shape} has no actor to send to"
+            )
+        return n
 
     def _one(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         self._check_arguments(args, kwargs)

@@ -759,6 +759,9 @@ class ActorInstance(InstanceBase):
         except Exception as exc:
             self._on_error(method, reply, point, exc)
             return None
+        except BaseException as exc:  # SystemExit from a __reduce__: as if the endpoint raised it
+            self._die(method, reply, point, exc)
+            return None
         fn, spec = entry
         if spec.explicit_port:
             from regency._runtime.ports import Port
@@ -836,7 +839,9 @@ class ActorInstance(InstanceBase):
         """Reply with an endpoint's outcome, or fail the actor when nobody can be told."""
         if error is None:
             if reply is not None and not spec.explicit_port:
-                self._reply_value(reply, point.rank, result)
+                fatal = self._reply_value(reply, point.rank, result)
+                if fatal is not None:  # pickling the value raised a BaseException
+                    self._die(method, reply, point, fatal)
         elif isinstance(error, Exception) and not spec.explicit_port:
             self._on_error(method, reply, point, error, spec)
         else:
@@ -845,7 +850,9 @@ class ActorInstance(InstanceBase):
 
     # -- replies and failures ------------------------------------------------------------------
 
-    def _reply_value(self, reply: PortRef, rank: int, value: Any) -> None:
+    def _reply_value(self, reply: PortRef, rank: int, value: Any) -> BaseException | None:
+        """Send ``value``; return a ``BaseException`` pickling it raised (the caller fails the
+        actor with it, as if the endpoint had raised it)."""
         try:
             parts = codec.dumps(value)
         except Exception as exc:
@@ -854,7 +861,9 @@ class ActorInstance(InstanceBase):
                 rank,
                 ActorError(exc, f"Actor call {self.name} returned a value that cannot be pickled."),
             )
-            return
+            return None
+        except BaseException as exc:
+            return exc
         try:
             self.runtime.send_port(reply, rank, 0, parts)
         except PeerUnreachableError:
@@ -863,6 +872,7 @@ class ActorInstance(InstanceBase):
             self._reply_error(
                 reply, rank, ActorError(exc, f"Actor call {self.name} reply too large.")
             )
+        return None
 
     def _reply_error(self, reply: PortRef, rank: int, error: BaseException) -> None:
         try:

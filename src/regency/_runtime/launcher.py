@@ -20,6 +20,7 @@ from typing import Any
 
 from regency._runtime.bootstrap_command import ProcLaunch, default_bootstrap_cmd
 from regency._runtime.zygote import MessageReader, send_message
+from regency._transport.auth import SECRET_ENV
 from regency._transport.io_loop import IOLoop
 
 log = logging.getLogger("regency.host")
@@ -27,8 +28,13 @@ log = logging.getLogger("regency.host")
 ExitHandler = Callable[[int, int], None]  # (pid, wait status)
 
 
+def _inherited_env() -> dict[str, str]:
+    """This process's environment without the job secret (procs hold the controller's)."""
+    return {key: value for key, value in os.environ.items() if key != SECRET_ENV}
+
+
 def _env_for_children() -> dict[str, str]:
-    env = dict(os.environ)
+    env = _inherited_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return env
 
@@ -128,7 +134,7 @@ class Launcher:
             token = os.urandom(8).hex()
             event = threading.Event()
             self._spawned[token] = event
-            settings = {**settings, "token": token, "env": dict(os.environ)}
+            settings = {**settings, "token": token, "env": _inherited_env()}
             try:
                 send_message(control, settings, fds=[0, 1, 2, handoff.fileno()])
             except OSError:

@@ -2,12 +2,42 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from regency.shape import Extent, Shape
 
 M = TypeVar("M", bound="MeshTrait")
+
+
+class EmptySliceError(IndexError, ValueError):
+    """A mesh slice that selects nothing (``slice(gpus=slice(1, 1))``, or past the end).
+
+    An ``IndexError``, as an int index past the end raises, and a ``ValueError``, which is what
+    Monarch raises for it (with the same text: ``empty range 1:1:1``, ``out of range 2:2:1 for
+    dimension gpus of size 2``).
+    """
+
+
+def _empty_text(shape: Shape, dims: dict[str, Any]) -> str:
+    """Monarch's words for the first dimension of ``dims`` whose selection is empty."""
+    sizes = shape.sizes
+    for label, given in dims.items():
+        if isinstance(given, range):
+            chosen = builtins.slice(given.start, given.stop, given.step)
+        elif isinstance(given, builtins.slice):
+            chosen = given
+        else:
+            continue
+        size = sizes[label]
+        selected = range(*chosen.indices(size))
+        if not selected:
+            where = f"{selected.start}:{selected.stop}:{selected.step}"
+            if selected.start >= size:
+                return f"out of range {where} for dimension {label} of size {size}"
+            return f"empty range {where}"
+    return f"the selection {dims} of a mesh with sizes {dict(sizes)} is empty"
 
 
 class MeshTrait:
@@ -23,8 +53,14 @@ class MeshTrait:
 
     def slice(self: M, **dims: Any) -> M:
         """Select by dimension: an int picks one index and drops the dimension, a ``slice``
-        (or ``range``) keeps it restricted. ``mesh.slice(**point)`` selects one element."""
-        return self._new_with_shape(self._shape.slice(**dims))
+        (or ``range``) keeps it restricted. ``mesh.slice(**point)`` selects one element.
+
+        An int past the end raises ``IndexError``; a selection with no element raises
+        :class:`EmptySliceError` (an ``IndexError`` and a ``ValueError``, as in Monarch)."""
+        shape = self._shape.slice(**dims)
+        if not len(shape) and len(self._shape):
+            raise EmptySliceError(_empty_text(self._shape, dims))
+        return self._new_with_shape(shape)
 
     def flatten(self: M, name: str) -> M:
         """Collapse every dimension into one called ``name`` (dense meshes only)."""

@@ -23,6 +23,7 @@ from regency._runtime.bulk import Bulk
 from regency._runtime.mailbox import Mailbox
 from regency._runtime.service import Service
 from regency._transport import frames
+from regency._transport.bounded import BoundedDict
 from regency._transport.connection import Connection
 from regency._transport.transport import PeerUnreachableError, Transport
 
@@ -94,7 +95,8 @@ class ProcRuntime:
         self.local_children: set[str] = set()
         self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
         self._watchers: dict[str, set[int]] = {}
-        self.dead: dict[str, str] = {}
+        # Ended procs and why; the oldest are forgotten beyond a bound (see bounded.py).
+        self.dead: dict[str, str] = BoundedDict()
         self.stopping: dict[str, str] = {}  # proc -> its end's reason: it is stopped on purpose
         self._exit_port: PortRef | None = None
         self._host_procs: dict[str, set[str]] = {}  # remote host agent -> procs started there

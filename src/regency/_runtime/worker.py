@@ -55,12 +55,39 @@ class Attach:
 class WorkerAgent:
     """The worker's host service: attaches controllers, then serves their spawn requests."""
 
-    def __init__(self, runtime: ProcRuntime, agent: HostAgent, job_secret: bytes) -> None:
+    def __init__(
+        self,
+        runtime: ProcRuntime,
+        agent: HostAgent,
+        job_secret: bytes,
+        idle_timeout: float | None = None,
+    ) -> None:
         self.runtime = runtime
         self.agent = agent
         self.job_secret = job_secret
         self.service = Service("regency-worker", self.handle)
         self.finished = threading.Event()  # set once a controller shut this host down
+        # With an idle timeout, the worker exits once no controller attached for that long.
+        self.idle_timeout = idle_timeout
+        self._idle_round = 0
+        self._start_idle_clock()
+
+    def _start_idle_clock(self) -> None:
+        """No controller is attached (from now): exit after the idle timeout unless one does."""
+        if self.idle_timeout is None:
+            return
+        self._idle_round += 1
+        round_ = self._idle_round
+        self.runtime.loop.call_later(
+            self.idle_timeout, lambda: self.service.post(_IdleCheck(round_))
+        )
+
+    def _idle_check(self, check: _IdleCheck) -> None:
+        if check.round != self._idle_round or self.agent.session is not None:
+            return  # a controller attached meanwhile (it may have left again: a later round)
+        log.info("no controller attached for %g s (idle timeout); exiting", self.idle_timeout)
+        self.agent.shutdown(config.get_seconds("stop_timeout"))
+        self.finished.set()
 
     def handle(self, request: Any) -> None:
         """Service entry point (runs on the worker service's thread, one request at a time)."""
@@ -70,6 +97,8 @@ class WorkerAgent:
             self._detach(request)
         elif isinstance(request, ShutdownHost):
             self._shutdown(request)
+        elif isinstance(request, _IdleCheck):
+            self._idle_check(request)
         else:
             self.agent.handle(request)
 
@@ -148,6 +177,7 @@ class WorkerAgent:
         transport.gateway = None
         config.clear_runtime_config()
         log.info("waiting for the next controller")
+        self._start_idle_clock()
 
     def _description(self) -> dict[str, Any]:
         return {"hostname": socket.gethostname(), "pid": os.getpid()}
@@ -155,6 +185,11 @@ class WorkerAgent:
     def _reply(self, port: PortRef, value: dict[str, Any]) -> None:
         with contextlib.suppress(PeerUnreachableError):
             self.runtime.send_port(port, 0, 0, [pickle.dumps(value, protocol=5)])
+
+
+@dataclass(frozen=True, slots=True)
+class _IdleCheck:
+    round: int  # which idle period this timer belongs to
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,10 +224,14 @@ def advertised(bound: str) -> str:
 
 
 def start(
-    listen: str, job_secret: bytes, advertise: str | None = None
+    listen: str,
+    job_secret: bytes,
+    advertise: str | None = None,
+    idle_timeout: float | None = None,
 ) -> tuple[ProcRuntime, WorkerAgent]:
     """Start serving this machine as a host at ``listen``; return once listening with the
-    runtime and the worker agent (whose ``finished`` is set when a controller shuts it down).
+    runtime and the worker agent (whose ``finished`` is set when a controller shuts it down,
+    or when no controller was attached for ``idle_timeout`` seconds, if given).
 
     ``listen`` is ``tcp://HOST:PORT``, or ``unix:PATH`` for a worker that only controllers on
     this machine attach to. ``advertise`` is the address to announce instead of the bound one.
@@ -203,23 +242,34 @@ def start(
     runtime = ProcRuntime(listen, job_secret, "worker")
     runtime.known_as(advertise or (runtime.address if local else advertised(runtime.address)))
     agent = HostAgent(runtime, None)
-    worker = WorkerAgent(runtime, agent, job_secret)
+    worker = WorkerAgent(runtime, agent, job_secret, idle_timeout)
     runtime.add_service(wire.SERVICE_HOST, worker.service)
     agent.launcher.start_zygote()
     print(f"regency worker listening on {advertise or runtime.address}", flush=True)
     return runtime, worker
 
 
-def serve_until_shutdown(listen: str, job_secret: bytes, advertise: str | None = None) -> None:
-    """Serve this machine as a host at ``listen`` until a controller shuts it down; then close
-    the worker's runtime and return."""
-    runtime, worker = start(listen, job_secret, advertise)
+def serve_until_shutdown(
+    listen: str,
+    job_secret: bytes,
+    advertise: str | None = None,
+    idle_timeout: float | None = None,
+) -> None:
+    """Serve this machine as a host at ``listen`` until a controller shuts it down (or, with
+    ``idle_timeout``, none is attached for that long); then close the runtime and return."""
+    runtime, worker = start(listen, job_secret, advertise, idle_timeout)
     worker.finished.wait()
     runtime.close()
 
 
-def serve(listen: str, job_secret: bytes, advertise: str | None = None) -> None:
+def serve(
+    listen: str,
+    job_secret: bytes,
+    advertise: str | None = None,
+    idle_timeout: float | None = None,
+) -> None:
     """Serve this machine as a host at ``listen`` (``tcp://HOST:PORT``) until a controller shuts
-    it down; then raise ``SystemExit(0)``."""
-    serve_until_shutdown(listen, job_secret, advertise)
+    it down (or, with ``idle_timeout``, none is attached for that long); then raise
+    ``SystemExit(0)``."""
+    serve_until_shutdown(listen, job_secret, advertise, idle_timeout)
     raise SystemExit(0)

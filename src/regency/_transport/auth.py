@@ -38,6 +38,25 @@ MAX_ADDRESS = 1024
 _SALT = 16
 
 
+MIN_SECRET = 16
+# The environment variable that hands a worker daemon its job secret. Only the daemon reads it:
+# it is removed from the environment procs (and the commands they run) are given.
+SECRET_ENV = "REGENCY_JOB_SECRET"
+
+
+def check_secret(secret: bytes, source: str) -> bytes:
+    """``secret`` if it has at least :data:`MIN_SECRET` bytes; ``ValueError`` naming ``source``
+    and the minimum otherwise (a short secret is guessed online in a few tries)."""
+    if not isinstance(secret, bytes | bytearray):
+        raise TypeError(f"{source}: a job secret is bytes, got {type(secret).__name__}")
+    if len(secret) < MIN_SECRET:
+        raise ValueError(
+            f"{source}: the job secret has {len(secret)} bytes; regency requires at least "
+            f"{MIN_SECRET} random bytes (e.g. os.urandom(32), or secrets.token_hex(32) as hex)"
+        )
+    return bytes(secret)
+
+
 class AuthenticationError(ConnectionError):
     """The peer failed the handshake: wrong secret, wrong protocol, or it hung up."""
 

@@ -18,6 +18,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from regency._transport.bounded import BoundedDict
+
 log = logging.getLogger("regency.transport")
 
 MAGIC = b"RGRT"
@@ -92,7 +94,7 @@ class Switchboard:
         self._lock = threading.Lock()
         self._channels: dict[str, socket.socket] = {}
         self._waiting: dict[str, list[tuple[float, socket.socket]]] = {}
-        self._gone: set[str] = set()
+        self._gone: BoundedDict[str, None] = BoundedDict()  # keys of ended processes
 
     def register(self, key: str, channel: socket.socket) -> None:
         """Process ``key`` takes its connections through ``channel`` from now on."""
@@ -106,7 +108,7 @@ class Switchboard:
         """Process ``key`` is gone: refuse its connections from now on."""
         with self._lock:
             channel = self._channels.pop(key, None)
-            self._gone.add(key)
+            self._gone[key] = None
             waiting = self._waiting.pop(key, [])
         for _, sock in waiting:
             sock.close()

@@ -26,10 +26,12 @@ from collections.abc import Callable, Sequence
 from regency._transport import address as addr
 from regency._transport import routing
 from regency._transport.auth import AuthenticationError, ListenerHandshake, dialer_handshake
+from regency._transport.bounded import BoundedDict
 from regency._transport.connection import Buffer, Connection, ConnectionClosedError
 from regency._transport.frames import KIND_HEARTBEAT, Frame, FrameError
 from regency._transport.heartbeat import Heartbeat, Settings
 from regency._transport.io_loop import IOLoop
+from regency._transport.ratelimit import FailureLimiter, peer_key
 from regency._transport.reader import FrameReader
 
 log = logging.getLogger("regency.transport")
@@ -102,13 +104,14 @@ class Transport:
         # Takes TCP connections routed to another process of this host.
         self.router: Router | None = None
         self._dial_secrets: dict[str, tuple[bytes, float]] = {}
+        self.auth_failures = FailureLimiter()
         self._listeners: list[socket.socket] = []
         self._on_frame = on_frame
         self._on_peer_lost = on_peer_lost
         self.loop = loop or IOLoop()
         self._lock = threading.Lock()
         self._peers: dict[str, _Peer] = {}
-        self._lost: dict[str, str] = {}
+        self._lost: dict[str, str] = BoundedDict()
         self._conns: set[Connection] = set()
         self._dirty: set[Connection] = set()
         self._dirty_lock = threading.Lock()
@@ -275,7 +278,8 @@ class Transport:
 
     def _dial(self, peer: str, entry: _Peer) -> None:
         secret, timeout = self._dial_secrets.get(peer, (self.secret, self.connect_timeout))
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         delay = 0.002
         sock: socket.socket | None = None
         reason = "unknown error"
@@ -290,13 +294,18 @@ class Transport:
                 break
             except (OSError, addr.AddressError) as exc:
                 reason = str(exc) or type(exc).__name__
-                retry = isinstance(exc, OSError) and exc.errno in _RETRYABLE
-                if isinstance(exc, TimeoutError) or (retry and time.monotonic() + delay > deadline):
-                    reason = f"no answer within {timeout:g} s ({reason})"
+                timed_out = isinstance(exc, TimeoutError)
+                retry = timed_out or (isinstance(exc, OSError) and exc.errno in _RETRYABLE)
+                if retry and time.monotonic() + delay > deadline:
+                    # Say how long it really waited (one attempt lasts at most the handshake
+                    # timeout; a timed-out one is retried while the deadline allows).
+                    waited = time.monotonic() - started
+                    reason = f"no answer within {round(waited, 1):g} s ({reason})"
                     break
                 if not retry:
                     break
-                time.sleep(delay)
+                if not timed_out:
+                    time.sleep(delay)
                 delay = min(delay * 2, 0.05)
         if sock is None:
             self._fail_peer(peer, entry, self._lost.get(peer, reason))
@@ -473,6 +482,11 @@ class Transport:
         self.loop.call_later(_HANDSHAKE_TIMEOUT, expire)
 
     def _start_listener_handshake(self, sock: socket.socket) -> None:
+        key = peer_key(sock)
+        if self.auth_failures.blocked(key):
+            log.debug("refused a connection from %s: too many failed handshakes", key)
+            sock.close()
+            return
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:
             interval, silence = self._heartbeat.settings()
@@ -502,6 +516,7 @@ class Transport:
             try:
                 proof = shake.feed(data)
             except AuthenticationError as exc:
+                self.auth_failures.failed(key)
                 finish(str(exc))
                 return
             if proof is None:
@@ -512,6 +527,7 @@ class Transport:
                 finish(f"write failed during handshake: {exc}")
                 return
             finish(None)
+            self.auth_failures.succeeded(key)
             peer = shake.peer_address or "unknown"
             conn = self._adopt(sock, peer)
             with self._lock:

@@ -1,9 +1,10 @@
 """The ``regency`` command (also ``python -m regency``).
 
-``regency worker --listen tcp://HOST:PORT [--secret-file PATH]`` runs a worker daemon that serves
-this machine as a host to a controller (see ``docs/multihost.md``). The job secret comes from
-``--secret-file`` or the ``REGENCY_JOB_SECRET`` environment variable (hex); without one the
-command exits with status 2.
+``regency worker --listen tcp://HOST:PORT [--secret-file PATH] [--idle-timeout SECONDS]`` runs a
+worker daemon that serves this machine as a host to a controller (see ``docs/multihost.md``). The
+job secret (at least 16 bytes) comes from ``--secret-file`` or the ``REGENCY_JOB_SECRET``
+environment variable (hex); without one the command exits with status 2. With
+``--idle-timeout`` it exits (status 0) once no controller has been attached for that long.
 
 ``regency exec [--all | --one | --point DIM=I ...] [--mesh NAME] [--job PATH] -- CMD ...`` runs a
 command on the hosts of the job cached by an earlier ``job.state()`` (``.regency/job_state.pkl``),
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
-from regency.job._attach import SECRET_ENV
+from regency._transport.auth import SECRET_ENV
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help=f"file holding the job secret in hex (default: ${SECRET_ENV})",
     )
+    worker.add_argument(
+        "--idle-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="exit once no controller has been attached for this long (default: serve forever)",
+    )
     add_exec_parser(commands)
     add_kill_parser(commands)
     return parser
@@ -46,15 +55,20 @@ def _read_secret(path: str | None) -> bytes:
 
     if path is None:
         try:
-            return secret_from_env()
+            secret = secret_from_env()
         except ValueError as exc:
-            raise ValueError(f"{exc} and no --secret-file was given") from None
+            raise ValueError(f"{exc} (and no --secret-file was given)") from None
+        os.environ.pop(SECRET_ENV, None)  # procs and their commands must not inherit it
+        return secret
+    from regency._transport.auth import check_secret
+
     with open(path) as f:
         text = f.read().strip()
     try:
-        return bytes.fromhex(text)
+        secret = bytes.fromhex(text)
     except ValueError:
         raise ValueError(f"{path} must hold the job secret as a hex string") from None
+    return check_secret(secret, f"--secret-file {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,8 +97,11 @@ def _worker(args: argparse.Namespace) -> int:
     )
     from regency.job._worker import run_worker_loop_forever
 
+    if args.idle_timeout is not None and args.idle_timeout <= 0:
+        print("regency worker: --idle-timeout must be > 0 seconds", file=sys.stderr)
+        return 2
     try:
-        run_worker_loop_forever(address=args.listen, secret=secret)
+        run_worker_loop_forever(address=args.listen, secret=secret, idle_timeout=args.idle_timeout)
     except (OSError, ValueError) as exc:
         print(f"regency worker: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 2

@@ -17,11 +17,10 @@ from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
 from regency._runtime.worker import Attach
 from regency._transport import address
-from regency._transport.auth import wrap_secret
+from regency._transport.auth import SECRET_ENV, check_secret, wrap_secret
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Shape
 
-SECRET_ENV = "REGENCY_JOB_SECRET"
 TRUST_ALL = "trust_all_connections"
 PrivateKey = bytes | Path | None
 CA = bytes | Path | Literal["trust_all_connections"]
@@ -32,14 +31,18 @@ class AttachError(ConnectionError):
 
 
 def secret_from_env() -> bytes:
-    """The job secret from ``REGENCY_JOB_SECRET`` (hex); ``ValueError`` when unset or malformed."""
+    """The job secret from ``REGENCY_JOB_SECRET`` (hex).
+
+    Raises ``ValueError`` when it is unset, malformed or shorter than 16 bytes.
+    """
     value = os.environ.get(SECRET_ENV)
-    if not value:
+    if value is None:
         raise ValueError(f"no job secret: {SECRET_ENV} is not set")
     try:
-        return bytes.fromhex(value.strip())
+        secret = bytes.fromhex(value.strip())
     except ValueError:
         raise ValueError(f"{SECRET_ENV} must be a hex string") from None
+    return check_secret(secret, SECRET_ENV)
 
 
 class _AttachReply:
@@ -99,7 +102,7 @@ def _check_security(ca: CA | None, private_key: PrivateKey) -> None:
 
 def _job_secret(secret: bytes | None, ca: CA | None) -> bytes:
     if secret is not None:
-        return secret
+        return check_secret(secret, "attach_to_workers(secret=)")
     try:
         return secret_from_env()
     except ValueError as exc:
@@ -154,7 +157,8 @@ def attach_to_workers(
     ca="trust_all_connections")``. ``workers`` are ``tcp://HOST:PORT`` addresses (or Monarch's
     ``service<ID>@tcp://...`` and ``dial@bind`` forms), or futures that resolve to one; they are
     ranked in the order given. Every connection is authenticated with the job secret the
-    workers hold, ``secret`` (default: ``REGENCY_JOB_SECRET``, hex), whatever ``ca`` says:
+    workers hold, ``secret`` (default: ``REGENCY_JOB_SECRET``, hex; at least 16 bytes, or
+    ``ValueError``), whatever ``ca`` says:
     ``ca="trust_all_connections"`` (Monarch's only implemented value) means no TLS, which
     regency does not have yet; other ``ca`` values and a ``private_key`` raise
     ``NotImplementedError`` as in Monarch.

@@ -24,6 +24,7 @@ from regency._runtime.future import Future
 from regency._runtime.meshes import HostMesh
 from regency._runtime.ports import Channel, Port
 from regency._runtime.value_mesh import ValueMesh
+from regency._transport.auth import SECRET_ENV
 from regency.actor._functions import current_rank
 from regency.shape import Point
 
@@ -68,7 +69,7 @@ class BashActor(Actor):
     ) -> CommandResult:
         """Run ``cmd`` (an argv, or a string for ``sh -c``) with ``envs[my rank]`` added."""
         rank = current_rank().rank
-        env = {**os.environ, **envs[rank]}
+        env = {k: v for k, v in os.environ.items() if k != SECRET_ENV} | dict(envs[rank])
         argv: Sequence[str] = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         try:
             child = subprocess.Popen(

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from regency.job._attach import SECRET_ENV
+from regency._transport.auth import SECRET_ENV
 from regency.job._trait import JobTrait
 from regency.job._worker import worker_command
 

@@ -22,6 +22,8 @@ from regency.job._worker import worker_command, worker_env
 _LISTENING = re.compile(rb"regency worker listening on (tcp://\S+)")
 _START_TIMEOUT = 60.0
 _EXIT_TIMEOUT = 10.0
+# How long a ProcessJob worker waits for a controller before it exits (see ProcessJob).
+DEFAULT_IDLE_TIMEOUT = 600.0
 
 
 @dataclass
@@ -95,10 +97,24 @@ class ProcessJob(JobTrait):
     them, so a re-run of the same script reconnects to them (see ``JobTrait.state``); ``kill()``
     ends them and every process they started. The workers' output goes to log files in a
     temporary directory (``log_dir``).
+
+    A worker exits by itself once no controller has been attached to it for ``idle_timeout``
+    seconds (default :data:`DEFAULT_IDLE_TIMEOUT`, 10 minutes; ``None``: never), so a script
+    that crashed before ``kill()`` leaves nothing running for long. A re-run within that time
+    reconnects; a later one starts new workers.
     """
 
-    def __init__(self, meshes: dict[str, int], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        meshes: dict[str, int],
+        env: dict[str, str] | None = None,
+        *,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    ) -> None:
         super().__init__()
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ValueError(f"idle_timeout must be > 0 seconds or None, got {idle_timeout!r}")
+        self.idle_timeout = idle_timeout
         for name, count in meshes.items():
             if not isinstance(count, int) or count <= 0:
                 raise ValueError(f"mesh {name!r} needs a positive number of hosts, got {count!r}")
@@ -131,7 +147,10 @@ class ProcessJob(JobTrait):
                 log = Path(self.log_dir) / f"{name}_{index}.log"
                 with open(log, "wb") as out:
                     popen = subprocess.Popen(
-                        worker_command("tcp://127.0.0.1:0"),
+                        worker_command(
+                            "tcp://127.0.0.1:0",
+                            idle_timeout=getattr(self, "idle_timeout", DEFAULT_IDLE_TIMEOUT),
+                        ),
                         env=env,
                         stdin=subprocess.DEVNULL,
                         stdout=out,

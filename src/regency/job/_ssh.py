@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from regency.job._attach import SECRET_ENV
+from regency._transport.auth import SECRET_ENV
 from regency.job._process import _alive, _group_members, _start_time, _wait_gone
 from regency.job._trait import JobTrait
 from regency.job._worker import worker_command

@@ -19,6 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from regency._runtime.meshes import HostMesh
+from regency.job._private import (
+    UnsafePathError,
+    private_dir,
+    read_private_file,
+    write_private_file,
+)
 
 DEFAULT_JOB_PATH = ".regency/job_state.pkl"
 _STOP_TIMEOUT = 10.0
@@ -74,7 +80,9 @@ class JobTrait(abc.ABC):
 
         With ``cached_path``, a job pickled there by an earlier run is reused when it is still
         running and ``can_run`` this spec (no new allocation); otherwise it is killed, the file
-        removed, this job applied and pickled there (mode 0600).
+        removed, this job applied and pickled there (mode 0600). A cache file not private to
+        this user (owned by another, or group/world-writable) is never unpickled: it raises
+        :class:`~regency.job._private.UnsafePathError`.
         """
         if self._state is not None and self._running():
             return self._state
@@ -127,13 +135,14 @@ class JobTrait(abc.ABC):
         return pickle.dumps(self)
 
     def dump(self, path: str | Path) -> None:
-        """Pickle the job to ``path`` (mode 0600; parent directories are created)."""
+        """Pickle the job to ``path``: a new file of mode 0600 replacing any file there.
+
+        Missing parent directories are created (mode 0700).
+        """
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(self.dumps())
+        if not target.parent.exists():
+            private_dir(target.parent)
+        write_private_file(target, self.dumps())
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -187,16 +196,27 @@ def job_loads(data: bytes) -> JobTrait:
 
 
 def job_load(path: str | Path) -> JobTrait:
-    """A job from a file written by :meth:`JobTrait.dump`."""
-    return job_loads(Path(path).read_bytes())
+    """A job from a file written by :meth:`JobTrait.dump`.
+
+    The file is unpickled only when it is a regular file owned by this user that neither group
+    nor others may write: otherwise :class:`~regency.job._private.UnsafePathError` (a file
+    another user planted would run their code as this user).
+    """
+    return job_loads(read_private_file(path))
 
 
 def _load_cache(path: Path) -> JobTrait | None:
-    """The job cached at ``path``, or ``None`` when there is none or it cannot be read."""
+    """The job cached at ``path``, or ``None`` when there is none or it cannot be read.
+
+    A file that is not private to this user raises
+    :class:`~regency.job._private.UnsafePathError`.
+    """
     try:
         return job_load(path)
     except FileNotFoundError:
         return None
+    except UnsafePathError:
+        raise  # never delete or overwrite what another user planted: the user decides
     except Exception:
         # A cache from another version or a torn write: start afresh.
         with contextlib.suppress(OSError):

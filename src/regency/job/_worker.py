@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import NoReturn
 
 from regency._runtime import worker
 from regency._runtime.future import Future
 from regency._runtime.pending import Pending
+from regency._transport.auth import SECRET_ENV, check_secret
 from regency.job._attach import (
     CA,
-    SECRET_ENV,
     PrivateKey,
     _check_security,
     ipc_to_unix,
@@ -34,7 +35,15 @@ def _bind_and_advertise(given: str) -> tuple[str, str | None]:
 
 
 def _secret(secret: bytes | None) -> bytes:
-    return secret if secret is not None else secret_from_env()
+    """The worker's job secret (at least 16 bytes), taken out of this process's environment.
+
+    Procs, and the commands they run, must not inherit it: they hold the controller's secret.
+    """
+    if secret is not None:
+        return check_secret(secret, "secret=")
+    value = secret_from_env()
+    os.environ.pop(SECRET_ENV, None)
+    return value
 
 
 def run_worker_loop_forever(
@@ -43,6 +52,7 @@ def run_worker_loop_forever(
     ca: CA | None = None,
     private_key: PrivateKey = None,
     secret: bytes | None = None,
+    idle_timeout: float | None = None,
 ) -> NoReturn:
     """Serve this machine as a host at ``address`` until the process is killed.
 
@@ -53,15 +63,21 @@ def run_worker_loop_forever(
     ca="trust_all_connections")``. ``address`` is ``tcp://HOST:PORT`` (port 0 picks a free
     one; a ``*`` or ``0.0.0.0`` host listens on every interface), Monarch's
     ``service<ID>@tcp://...``, or ``dial@bind`` (listen on ``bind``, announce ``dial``).
-    ``secret`` is the job secret every controller must prove (default: ``REGENCY_JOB_SECRET``,
-    hex); ``ca="trust_all_connections"`` means no TLS, and does not turn authentication off.
+    ``secret`` is the job secret every controller must prove, at least 16 bytes (default:
+    ``REGENCY_JOB_SECRET``, hex, which is then removed from this process's environment so that
+    procs and their commands do not inherit it); ``ca="trust_all_connections"`` means no TLS,
+    and does not turn authentication off.
     Other ``ca`` values and a ``private_key`` raise ``NotImplementedError`` (TLS is not
     implemented yet). Once listening, prints ``regency worker listening on tcp://IP:PORT`` on
-    stdout; a wildcard host is shown as this machine's primary IP.
+    stdout; a wildcard host is shown as this machine's primary IP. ``idle_timeout`` (regency's
+    addition; default: serve forever) ends the loop, exiting with code 0, once no controller has
+    been attached for that many seconds (from the start, or since the last one went away).
     """
     _check_security(ca, private_key)
+    if idle_timeout is not None and not idle_timeout > 0:
+        raise ValueError(f"idle_timeout must be > 0 seconds or None, got {idle_timeout!r}")
     listen, advertise = _bind_and_advertise(address)
-    worker.serve(listen, _secret(secret), advertise)
+    worker.serve(listen, _secret(secret), advertise, idle_timeout)
     raise AssertionError("the worker loop returned")
 
 
@@ -100,12 +116,18 @@ def run_worker_loop_until_shutdown(
     worker.serve_until_shutdown(listen, _secret(secret), advertise)
 
 
-def worker_command(address: str, python: str = sys.executable) -> list[str]:
+def worker_command(
+    address: str, python: str = sys.executable, *, idle_timeout: float | None = None
+) -> list[str]:
     """The argv that starts a worker daemon listening on ``address``.
 
     ``python`` is the interpreter to run it with; it must have regency installed.
+    ``idle_timeout`` makes it exit once no controller was attached for that many seconds.
     """
-    return [python, "-m", "regency", "worker", "--listen", address]
+    argv = [python, "-m", "regency", "worker", "--listen", address]
+    if idle_timeout is not None:
+        argv += ["--idle-timeout", f"{idle_timeout:g}"]
+    return argv
 
 
 def worker_env(secret: bytes) -> dict[str, str]:

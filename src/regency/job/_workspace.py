@@ -23,6 +23,7 @@ from pathlib import Path
 from regency._runtime import state
 from regency._runtime.endpoint_def import Actor, endpoint
 from regency._runtime.meshes import HostMesh
+from regency.job._private import UnsafePathError, check_private_dir, private_dir
 
 IGNORED_NAMES = frozenset({".git", "__pycache__", ".venv", ".regency"})
 IGNORED_SUFFIXES = (".pyc",)
@@ -69,8 +70,23 @@ def _check_link(root: Path, link: Path) -> None:
 
 
 def default_remote_dir(job_id: str, name: str) -> str:
-    """Where a workspace goes on a host by default: under its temporary directory, per job."""
-    return os.path.join(tempfile.gettempdir(), "regency-workspaces", job_id, name)
+    """Where a workspace goes on a host by default: per user and job, under its temp directory.
+
+    That is ``<temp dir>/regency-workspaces-<uid>/<job id>/<name>``; the per-user directory is
+    checked private (0700, owned by the user) when a workspace is unpacked there.
+    """
+    return os.path.join(_user_root(), job_id, name)
+
+
+def _user_root() -> Path:
+    """The directory of this user's default workspaces: ``<temp dir>/regency-workspaces-<uid>``."""
+    return Path(tempfile.gettempdir()) / f"regency-workspaces-{os.geteuid()}"
+
+
+def _check_default_root(target: Path) -> None:
+    """Make sure a default workspace path lies in this user's private directory."""
+    if target.is_relative_to(_user_root()):
+        private_dir(_user_root())
 
 
 def _resolve(remote_dir: str | None, job_id: str, name: str) -> Path:
@@ -82,13 +98,16 @@ def unpack(data: bytes, target: Path) -> None:
     """Unpack a :func:`pack` archive so that ``target`` (a symlink) switches to it atomically.
 
     Each content version lives in ``.<name>.versions/<sha256>`` next to ``target``; older
-    versions are removed once the link points at the new one.
+    versions are removed once the link points at the new one. The versions directory (and the
+    per-user root of a default path) must be private to this user (0700, owned by it):
+    :class:`~regency.job._private.UnsafePathError` otherwise, as another user may have planted
+    code there.
     """
     if target.exists() and not target.is_symlink():
         raise FileExistsError(f"{target} exists and is not a workspace link; pick another path")
     digest = hashlib.sha256(data).hexdigest()[:32]
-    versions = target.parent / f".{target.name}.versions"
-    versions.mkdir(parents=True, exist_ok=True)
+    _check_default_root(target)
+    versions = private_dir(target.parent / f".{target.name}.versions")
     final = versions / digest
     if not final.is_dir():
         scratch = versions / f".tmp-{uuid.uuid4().hex}"
@@ -121,6 +140,20 @@ class WorkspaceActor(Actor):
         return str(target)
 
 
+def _check_owned(target: Path) -> None:
+    """Refuse to import from a workspace that does not resolve into a private versions dir."""
+    if target.is_relative_to(_user_root()):
+        check_private_dir(_user_root())
+    versions = target.parent / f".{target.name}.versions"
+    check_private_dir(versions)
+    real = target.resolve()
+    if not real.is_relative_to(versions.resolve()):
+        raise UnsafePathError(
+            f"refusing to import from {target}: it points at {real}, outside its versions "
+            f"directory {versions} (another user may have planted it)"
+        )
+
+
 @dataclass(frozen=True)
 class AddToPath:
     """A ``spawn_procs(bootstrap=...)`` callable: put the workspace first on ``sys.path``.
@@ -137,7 +170,9 @@ class AddToPath:
         """Prepend the workspace to ``sys.path`` and ``PYTHONPATH``."""
         import sys
 
-        path = str(_resolve(self.remote_dir, self.job_id, self.name))
+        resolved = _resolve(self.remote_dir, self.job_id, self.name)
+        _check_owned(resolved)
+        path = str(resolved)
         if path not in sys.path:
             sys.path.insert(0, path)
         current = os.environ.get("PYTHONPATH")

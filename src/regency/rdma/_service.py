@@ -22,6 +22,8 @@ import threading
 from typing import Any
 
 from regency._transport import address
+from regency._transport.auth import AuthenticationError
+from regency._transport.ratelimit import FailureLimiter, peer_key
 from regency.rdma import _cuda
 from regency.rdma._ibv_owner import OwnerSide
 from regency.rdma._memory import view
@@ -260,8 +262,16 @@ class TransferService:
 
     def _serve(self, conn: socket.socket, is_unix: bool) -> None:
         session = _Session(conn, is_unix)
+        key = peer_key(conn)
         try:
-            accept_handshake(conn, self._secret)
+            if _auth_failures.blocked(key):
+                return  # too many failed handshakes from this peer: closed below
+            try:
+                accept_handshake(conn, self._secret)
+            except AuthenticationError:
+                _auth_failures.failed(key)
+                raise
+            _auth_failures.succeeded(key)
             tune(conn)
             session.serve()
         except OSError:
@@ -276,6 +286,8 @@ class TransferService:
 
 _lock = threading.Lock()
 _service: TransferService | None = None
+# Failed handshakes per peer, as the transport's listeners count them (issue 12 §3).
+_auth_failures = FailureLimiter()
 
 
 def ensure_service(secret: bytes, tcp_host: str, unix_name: str) -> TransferService:
@@ -288,8 +300,8 @@ def ensure_service(secret: bytes, tcp_host: str, unix_name: str) -> TransferServ
 
 
 def _after_fork_in_child() -> None:
-    global _service, _lock
-    _service, _lock = None, threading.Lock()
+    global _service, _lock, _auth_failures
+    _service, _lock, _auth_failures = None, threading.Lock(), FailureLimiter()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

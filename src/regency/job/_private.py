@@ -1,0 +1,117 @@
+"""Files and directories that other local users must not be able to plant.
+
+A shared machine's temporary directory, or a working directory others can write to, lets
+another user create a path before we do. Whatever regency later imports or unpickles from such a
+path runs as the job's user, so every such path is checked here first:
+
+- :func:`private_dir` makes (or accepts) a directory that is a real directory, owned by the
+  current user, with mode 0700; anything else raises :class:`UnsafePathError`.
+- :func:`read_private_file` reads a file only when it is a regular file owned by the current user
+  that neither group nor others may write (checked on the opened descriptor, so the check and
+  the read are about the same file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+
+class UnsafePathError(PermissionError):
+    """A path regency would trust is not private to the current user."""
+
+
+def _owner_problem(st: os.stat_result, what: str, path: Path) -> str | None:
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        return f"{what} {path} is owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{what} {path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def private_dir(path: str | Path) -> Path:
+    """``path`` as a directory private to this user (0700), creating it (and parents) if needed.
+
+    Raises :class:`UnsafePathError` when it exists as a symlink or non-directory, belongs to
+    another user, or is not mode 0700: another user may have planted it.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(target, 0o700)
+    return check_private_dir(target)
+
+
+def check_private_dir(path: str | Path) -> Path:
+    """``path``, checked to be an existing directory private to this user.
+
+    Raises :class:`UnsafePathError` as :func:`private_dir` does, and ``FileNotFoundError`` when
+    it does not exist.
+    """
+    target = Path(path)
+    st = os.lstat(target)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePathError(
+            f"refusing to use {target}: it is not a directory (another user may have planted "
+            "it); remove it or pick another path"
+        )
+    problem = _owner_problem(st, "directory", target)
+    if problem is None and stat.S_IMODE(st.st_mode) & 0o077:
+        problem = f"directory {target} is not private (mode {stat.S_IMODE(st.st_mode):04o})"
+    if problem is not None:
+        raise UnsafePathError(
+            f"refusing to use {problem}; regency needs it 0700 and owned by this user: remove "
+            "it or pick another path"
+        )
+    return target
+
+
+def read_private_file(path: str | Path) -> bytes:
+    """The bytes of ``path``, a regular file owned by this user that only it may write.
+
+    Raises ``FileNotFoundError`` when it does not exist and :class:`UnsafePathError` when it is
+    a symlink, not a regular file, owned by someone else, or group- or world-writable.
+    """
+    target = Path(path)
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        if os.path.islink(target):
+            raise UnsafePathError(f"refusing to read {target}: it is a symlink") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        problem = _owner_problem(st, "file", target)
+        if problem is None and not stat.S_ISREG(st.st_mode):
+            problem = f"{target} is not a regular file"
+        if problem is not None:
+            raise UnsafePathError(
+                f"refusing to read {problem}; another user may have planted it: remove it"
+            )
+        return f.read()
+
+
+def write_private_file(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` as a new file of mode 0600, replacing any file there atomically.
+
+    A file planted at ``path`` by someone else is replaced, never written through (its owner
+    could read it otherwise).
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(data)
+        os.replace(scratch, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(scratch)
+        raise

@@ -1,0 +1,187 @@
+"""Issue 12 §4: files another local user can plant are never imported or unpickled.
+
+A second local user creates the workspace directory, a workspace version, or the job state
+cache before the job's user does; regency must refuse them (``UnsafePathError``, a
+``PermissionError``) instead of running the planted code as the job's user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+from _attacker import Attacker, attacker, shared_dir
+
+from regency.job import ProcessJob
+from regency.job._private import UnsafePathError, private_dir, read_private_file
+from regency.job._trait import job_load
+from regency.job._workspace import AddToPath, _resolve, default_remote_dir, pack, unpack
+
+pytestmark = pytest.mark.timeout(60)
+__all__ = ["attacker", "shared_dir"]  # fixtures
+
+
+class _RunsCode:
+    """Pickles to a call of ``exec`` that writes a marker file when unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('planted code ran')",))
+
+
+def _payload(marker: Path) -> bytes:
+    return pickle.dumps(_RunsCode(marker))
+
+
+def _code(root: Path) -> Path:
+    code = root / "proj"
+    code.mkdir()
+    (code / "mod.py").write_text("VALUE = 'mine'\n")
+    return code
+
+
+# -- workspace -------------------------------------------------------------------------------
+
+
+def test_planted_default_workspace_root_is_refused(
+    attacker: Attacker, shared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(shared_dir))
+    target = _resolve(None, "job1", "proj")
+    assert str(target) == default_remote_dir("job1", "proj")
+    assert f"regency-workspaces-{os.geteuid()}" in str(target), "the default is per user"
+    root = target.parent.parent
+    attacker.sh(f"mkdir -m 0777 {root} && mkdir -p {target.parent}")
+    with pytest.raises(UnsafePathError, match=rf"owned by uid {attacker.uid}, not by this user"):
+        unpack(pack(_code(tmp_path)), target)
+    assert not any(target.parent.iterdir()), "nothing was unpacked into the planted directory"
+
+
+def test_planted_workspace_version_is_never_imported(
+    attacker: Attacker, shared_dir: Path, tmp_path: Path
+) -> None:
+    """The attacker pre-creates the version directory a known workspace will unpack to."""
+    data = pack(_code(tmp_path))
+    target = shared_dir / "ws"
+    versions = shared_dir / ".ws.versions"
+    digest = hashlib.sha256(data).hexdigest()[:32]
+    evil = io.BytesIO()
+    with tarfile.open(fileobj=evil, mode="w") as archive:
+        body = b"VALUE = 'planted'\n"
+        info = tarfile.TarInfo("mod.py")
+        info.size = len(body)
+        archive.addfile(info, io.BytesIO(body))
+    attacker.sh(
+        f"mkdir -m 0777 {versions} && mkdir -m 0777 {versions}/{digest} && "
+        f"tar -x -C {versions}/{digest}",
+        stdin=evil.getvalue(),
+    )
+    with pytest.raises(UnsafePathError, match="owned by uid"):
+        unpack(data, target)
+    assert not target.exists()
+
+
+def test_workspace_link_planted_elsewhere_is_not_put_on_sys_path(
+    attacker: Attacker, shared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = shared_dir / "ws"
+    unpack(pack(_code(tmp_path)), target)
+    assert (target / "mod.py").read_text() == "VALUE = 'mine'\n"
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    AddToPath(str(target), "job", "ws")()
+    assert sys.path[0] == str(target)
+    # The attacker cannot write into the versions directory, but may own a look-alike link.
+    attacker.sh(f"mkdir -m 0755 {shared_dir}/evil && ln -s evil {shared_dir}/ws2")
+    private_dir(shared_dir / ".ws2.versions")
+    with pytest.raises(UnsafePathError, match="outside its versions directory"):
+        AddToPath(str(shared_dir / "ws2"), "job", "ws2")()
+
+
+def test_versions_directory_is_private(shared_dir: Path, tmp_path: Path) -> None:
+    unpack(pack(_code(tmp_path)), shared_dir / "ws")
+    st = (shared_dir / ".ws.versions").stat()
+    assert st.st_mode & 0o777 == 0o700
+    assert st.st_uid == os.geteuid()
+
+
+# -- job state cache -------------------------------------------------------------------------
+
+
+def _plant_cache(attacker: Attacker, shared_dir: Path, marker: Path) -> Path:
+    cache = shared_dir / ".regency" / "job_state.pkl"
+    attacker.sh(
+        f"mkdir -m 0777 {cache.parent} && cat > {cache} && chmod 0644 {cache}",
+        stdin=_payload(marker),
+    )
+    return cache
+
+
+def test_planted_job_cache_is_not_unpickled_by_state(
+    attacker: Attacker, shared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "pwned"
+    cache = _plant_cache(attacker, shared_dir, marker)
+    monkeypatch.chdir(shared_dir)
+    job = ProcessJob({"hosts": 1})
+    with pytest.raises(UnsafePathError, match=rf"owned by uid {attacker.uid}"):
+        job.state()  # the default cache path, relative to the working directory
+    assert not marker.exists(), "the planted pickle ran"
+    assert cache.read_bytes() == _payload(marker), "the planted file is left for the user"
+    assert not job._workers, "no job was started over the planted cache"  # type: ignore[attr-defined]
+
+
+def test_planted_job_cache_is_not_unpickled_by_regency_exec(
+    attacker: Attacker, shared_dir: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    cache = _plant_cache(attacker, shared_dir, marker)
+    done = subprocess.run(
+        [sys.executable, "-m", "regency", "exec", "--job", str(cache), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0, done
+    assert "owned by uid" in done.stderr, done.stderr
+    assert not marker.exists(), "the planted pickle ran"
+
+
+def test_group_or_world_writable_cache_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    cache = tmp_path / "job_state.pkl"
+    cache.write_bytes(_payload(marker))
+    for mode in (0o664, 0o646):
+        cache.chmod(mode)
+        with pytest.raises(UnsafePathError, match="writable by others"):
+            job_load(cache)
+    link = tmp_path / "link.pkl"
+    link.symlink_to(cache)
+    cache.chmod(0o600)
+    with pytest.raises(UnsafePathError, match="symlink"):
+        read_private_file(link)
+    assert not marker.exists()
+
+
+def test_dump_replaces_a_planted_file_instead_of_writing_through_it(
+    attacker: Attacker, shared_dir: Path
+) -> None:
+    cache = shared_dir / "job_state.pkl"
+    attacker.sh(f"touch {cache} && chmod 0666 {cache}")
+    job = ProcessJob({"hosts": 1})
+    job.dump(cache)
+    st = cache.stat()
+    assert st.st_uid == os.geteuid(), "the attacker's inode (which they can read) was reused"
+    assert st.st_mode & 0o777 == 0o600
+    assert job_load(cache).secret == job.secret

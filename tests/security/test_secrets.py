@@ -1,0 +1,244 @@
+"""Issue 12 §3: job secrets must be long enough, guessing them online must be slow, and the job
+secret stays in the worker daemon (procs and the commands they run never see it)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _fault_helpers import MAGIC, handshake, wait_until
+from _worker_helpers import kill_and_check
+
+from regency._transport import routing
+from regency._transport.connection import Connection
+from regency._transport.frames import Frame
+from regency._transport.ratelimit import FREE_FAILURES, FailureLimiter
+from regency._transport.transport import Transport
+from regency.actor import Actor, endpoint, this_host
+from regency.job import ProcessJob, attach_to_workers, start_worker_loop_forever
+from regency.job._exec import run_on_hosts
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = os.urandom(32)
+SHORT = [b"", b"x", b"fifteen bytes!!"]
+
+
+def _worker(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k != "REGENCY_JOB_SECRET"}
+    return subprocess.run(
+        [sys.executable, "-m", "regency", "worker", "--listen", "tcp://127.0.0.1:0", *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+# -- length ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["", "   \n", "ab", "00" * 15])
+def test_short_secret_file_is_refused(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "secret"
+    path.write_text(text)
+    done = _worker({}, "--secret-file", str(path))
+    assert done.returncode == 2, done
+    assert "at least 16" in done.stderr, done.stderr
+    assert str(path) in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("value", ["", "  ", "ab", "00" * 15])
+def test_short_secret_in_the_environment_is_refused(value: str) -> None:
+    done = _worker({"REGENCY_JOB_SECRET": value})
+    assert done.returncode == 2, done
+    assert "REGENCY_JOB_SECRET" in done.stderr, done.stderr
+    assert "at least 16" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("secret", SHORT)
+def test_short_secret_argument_is_refused(secret: bytes) -> None:
+    with pytest.raises(ValueError, match=r"attach_to_workers\(secret=\).*at least 16"):
+        attach_to_workers(["tcp://127.0.0.1:9"], secret=secret)
+    with pytest.raises(ValueError, match="at least 16"):
+        start_worker_loop_forever(address="tcp://127.0.0.1:0", secret=secret)
+
+
+def test_sixteen_bytes_are_enough(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_text("  " + os.urandom(16).hex() + "\n")
+    argv = [sys.executable, "-m", "regency", "worker", "--listen", "tcp://127.0.0.1:0"]
+    worker = subprocess.Popen(
+        [*argv, "--secret-file", str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        assert "listening on tcp://127.0.0.1:" in worker.stdout.readline()
+    finally:
+        worker.kill()
+        worker.wait(10)
+
+
+# -- rate limit ------------------------------------------------------------------------------
+
+
+def test_failure_limiter_backs_off_then_forgets() -> None:
+    now = [0.0]
+    limiter = FailureLimiter(clock=lambda: now[0])
+    for _ in range(FREE_FAILURES):
+        limiter.failed("ip:10.0.0.1")
+        assert limiter.blocked("ip:10.0.0.1") == 0.0
+    limiter.failed("ip:10.0.0.1")
+    first = limiter.blocked("ip:10.0.0.1")
+    assert first > 0.0
+    limiter.failed("ip:10.0.0.1")
+    assert limiter.blocked("ip:10.0.0.1") > first, "each further failure waits longer"
+    assert limiter.blocked("ip:10.0.0.2") == 0.0, "other peers are not affected"
+    now[0] += 3600.0
+    assert limiter.blocked("ip:10.0.0.1") == 0.0
+    limiter.failed("ip:10.0.0.3")  # a new peer prunes the stale record
+    assert len(limiter) == 1
+    limiter.succeeded("ip:10.0.0.3")
+    assert len(limiter) == 0
+
+
+def test_failure_limiter_stays_bounded() -> None:
+    limiter = FailureLimiter()
+    for i in range(20000):
+        limiter.failed(f"ip:10.{i >> 16}.{(i >> 8) & 255}.{i & 255}")
+    assert len(limiter) <= 4096
+
+
+@pytest.fixture
+def listener() -> Iterator[Transport]:
+    got: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+
+    def on_frame(conn: Connection, frame: Frame) -> None:
+        got.put(frame)
+
+    transport = Transport(
+        "tcp://127.0.0.1:0",
+        SECRET,
+        on_frame,
+        lambda peer, reason: None,
+        frame_limit=1 << 20,
+        connect_timeout=5.0,
+    )
+    yield transport
+    transport.close()
+    transport.loop.stop()
+
+
+def _dial(listener: Transport, source: str) -> socket.socket:
+    host, _, port = listener.address[len("tcp://") :].rpartition(":")
+    sock = socket.socket(socket.AF_INET)
+    sock.settimeout(10)
+    sock.bind((source, 0))
+    sock.connect((host, int(port)))
+    sock.sendall(routing.preamble(""))
+    return sock
+
+
+def _greeted(sock: socket.socket) -> bool:
+    """Whether the listener greets (rather than hangs up on) a fresh connection; reads nothing."""
+    try:
+        return sock.recv(len(MAGIC), socket.MSG_PEEK) != b""
+    except ConnectionResetError:
+        return False
+
+
+def test_failed_handshakes_are_rate_limited_per_peer_address(listener: Transport) -> None:
+    wrong = os.urandom(32)
+    started = time.monotonic()
+    refused_at = None
+    for attempt in range(FREE_FAILURES + 3):
+        with _dial(listener, "127.0.0.2") as sock:
+            if not _greeted(sock):
+                refused_at = attempt
+                break
+            assert handshake(sock, wrong, "tcp://127.0.0.2:1") is False
+    assert refused_at == FREE_FAILURES + 1, "after the free failures the peer is refused outright"
+    # An online guesser now gets nothing until the back-off passes...
+    with _dial(listener, "127.0.0.2") as sock:
+        assert not _greeted(sock)
+    assert time.monotonic() - started < 10
+    # ... while another address holding the secret is served at once.
+    with _dial(listener, "127.0.0.1") as sock:
+        assert handshake(sock, SECRET, "tcp://127.0.0.1:1") is True
+
+    # The back-off ends: the peer may try again.
+    def tries_again() -> bool:
+        with _dial(listener, "127.0.0.2") as sock:
+            return _greeted(sock)
+
+    assert wait_until(tries_again, 10, 0.05)
+
+
+# -- no job secret in children ---------------------------------------------------------------
+
+
+class Env(Actor):
+    @endpoint
+    def secret_var(self) -> str | None:
+        return os.environ.get("REGENCY_JOB_SECRET")
+
+
+def test_local_procs_do_not_inherit_the_job_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REGENCY_JOB_SECRET", SECRET.hex())
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        assert procs.spawn("env", Env).secret_var.call_one().get(timeout=30) is None
+    finally:
+        procs.stop().get(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def job() -> Iterator[ProcessJob]:
+    job = ProcessJob({"hosts": 1})
+    job.state(cached_path=None)
+    yield job
+    kill_and_check(job)
+
+
+def test_worker_procs_and_exec_commands_do_not_see_the_job_secret(job: ProcessJob) -> None:
+    hosts = job.state(cached_path=None).hosts
+    procs = hosts.spawn_procs()
+    try:
+        assert procs.spawn("env", Env).secret_var.call_one().get(timeout=30) is None
+    finally:
+        procs.stop().get(timeout=30)
+    script = "import os; print(os.environ.get('REGENCY_JOB_SECRET', 'absent'))"
+    (result,) = run_on_hosts(hosts, [sys.executable, "-c", script], [{}], timeout=30).values()
+    assert result.stdout.strip() == "absent", result
+
+
+def test_rdma_transfer_service_rate_limits_failed_handshakes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from regency.rdma import RDMABuffer, _service
+
+    monkeypatch.setattr(_service, "_auth_failures", FailureLimiter())  # this test's own count
+    buf = RDMABuffer(bytearray(64))
+    try:
+        host, _, port = buf._handle.tcp_address[len("tcp://") :].rpartition(":")
+        target = (host.strip("[]"), int(port))
+        greeted = []
+        for _ in range(FREE_FAILURES + 2):
+            with socket.create_connection(target, timeout=10) as sock:
+                ok = _greeted(sock)
+                greeted.append(ok)
+                if ok:
+                    assert handshake(sock, os.urandom(32), "intruder") is False
+        assert greeted == [True] * (FREE_FAILURES + 1) + [False], greeted
+    finally:
+        buf.drop().get(timeout=30)
