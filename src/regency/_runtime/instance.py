@@ -286,7 +286,9 @@ class ActorInstance(InstanceBase):
             file=sys.stderr,
             flush=True,
         )
-        self.stop_owned(f"their owner {self} stopped", None)
+        # Wait (bounded) for what it owns, so that a returned stop means its descendants are
+        # stopped too, as when the actor's thread stops them itself.
+        self.stop_owned(f"their owner {self} stopped", grace)
         self._reject_queued()
         # Unblock the thread if it waits for a message, so that it can end.
         self._queue.put(_Control(_WAKE))
