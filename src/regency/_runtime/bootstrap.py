@@ -76,6 +76,10 @@ def serve(settings: dict[str, Any]) -> None:
     apply_cpus(settings.get("bind"))
     config.configure(**settings["config"])
 
+    from regency._transport import tls
+
+    tls.install(settings.get("tls"))
+
     from regency._runtime import state, wire
     from regency._runtime.instance import ClientInstance
     from regency._runtime.proc import ProcRuntime

@@ -29,6 +29,7 @@ from regency._runtime.launcher import Launcher
 from regency._runtime.proc import Part, PortRef, ProcRuntime
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
 from regency._runtime.supervision import stop_reason
+from regency._transport import tls
 from regency._transport.address import route_key
 from regency._transport.routing import Switchboard, handoff_pair
 from regency._transport.transport import PeerUnreachableError
@@ -134,6 +135,7 @@ class HostAgent:
             "bootstrap": request.bootstrap,
             "rank": info.rank,
             "bind": launch.bind if launch is not None else None,
+            "tls": tls.settings_for_children(),
         }
         self.runtime.local_children.add(info.addr)
         ours, theirs = handoff_pair()

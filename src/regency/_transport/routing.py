@@ -45,6 +45,13 @@ class PreambleReader:
     def __init__(self) -> None:
         self._buf = bytearray()
 
+    def missing(self) -> int:
+        """How many more bytes the preamble has (read no more: what follows is not ours)."""
+        head = len(MAGIC) + 1
+        if len(self._buf) < head:
+            return head - len(self._buf)
+        return head + self._buf[len(MAGIC)] - len(self._buf)
+
     def feed(self, data: bytes) -> str | None:
         """Take bytes; return the key once the preamble is complete (``None`` until then)."""
         self._buf += data

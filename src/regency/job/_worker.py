@@ -54,10 +54,11 @@ def run_worker_loop_forever(
     one; a ``*`` or ``0.0.0.0`` host listens on every interface), Monarch's
     ``service<ID>@tcp://...``, or ``dial@bind`` (listen on ``bind``, announce ``dial``).
     ``secret`` is the job secret every controller must prove (default: ``REGENCY_JOB_SECRET``,
-    hex); ``ca="trust_all_connections"`` means no TLS, and does not turn authentication off.
-    Other ``ca`` values and a ``private_key`` raise ``NotImplementedError`` (TLS is not
-    implemented yet). Once listening, prints ``regency worker listening on tcp://IP:PORT`` on
-    stdout; a wildcard host is shown as this machine's primary IP.
+    hex). Connections run mutual TLS 1.3 under the secret handshake: ``ca=None`` or
+    ``"trust_all_connections"`` uses the job's certificates derived from the secret; a CA
+    certificate (PEM bytes or a path) with ``private_key`` (the key and its certificate, PEM
+    bytes or a path) uses those, as ``REGENCY_TLS_{CA,CERT,KEY}`` do. Once listening, prints
+    ``regency worker listening on tcp://IP:PORT`` on stdout; a wildcard host is shown as this machine's primary IP.
     """
     _check_security(ca, private_key)
     listen, advertise = _bind_and_advertise(address)
