@@ -94,6 +94,7 @@ def serve(settings: dict[str, Any]) -> None:
         handoff=socket.socket(fileno=handoff) if handoff is not None else None,
         gateway=settings.get("gateway"),
     )
+    runtime.gateway_ips = list(settings.get("gateway_ips") or ())
     state.install(
         runtime, ClientInstance(runtime, is_root=False), settings["agent"], settings["root"]
     )

@@ -120,6 +120,8 @@ class HostAgent:
                 )
 
     def _spawn(self, info: ProcInfo, request: SpawnProcs, session: HostSession, index: int) -> None:
+        from regency._runtime import controller  # it starts this agent: import it late
+
         launch = request.launches[index] if request.launches is not None else None
         settings = {
             "address": info.addr,
@@ -136,6 +138,9 @@ class HostAgent:
             "rank": info.rank,
             "bind": launch.bind if launch is not None else None,
             "tls": tls.settings_for_children(),
+            # Where the controller's machine is reached from other hosts (RDMA owners listen
+            # there too).
+            "gateway_ips": controller.gateway_ips() or list(self.runtime.gateway_ips),
         }
         self.runtime.local_children.add(info.addr)
         ours, theirs = handoff_pair()

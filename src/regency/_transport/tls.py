@@ -435,13 +435,26 @@ class SecureSocket:
         with self._lock:
             return self._ssl.pending()
 
-    def recv(self, n: int) -> bytes:
-        """Up to ``n`` bytes (``BlockingIOError`` when none are ready; ``b""`` at the end)."""
+    def recv(self, n: int, flags: int = 0) -> bytes:
+        """Up to ``n`` bytes (``BlockingIOError`` when none are ready; ``b""`` at the end).
+
+        ``MSG_PEEK`` looks at the raw stream: whether anything (or the end) is there.
+        """
+        if flags & socket.MSG_PEEK:
+            if self.pending():
+                return b"\0"
+            return socket.socket.recv(self._ssl, n, flags)
         with self._lock:
             try:
                 return self._ssl.recv(n)
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 raise BlockingIOError from None
+
+    def recvmsg(
+        self, n: int, _ancbufsize: int = 0
+    ) -> tuple[bytes, list[tuple[int, int, bytes]], int, None]:
+        """:meth:`recv` in ``socket.recvmsg``'s shape (TLS carries no descriptors)."""
+        return self.recv(n), [], 0, None
 
     def recv_into(self, view: memoryview) -> int:
         """Receive into ``view``; ``BlockingIOError`` when nothing is ready, 0 at the end."""
@@ -467,6 +480,8 @@ class SecureSocket:
                     if sent == 0:
                         raise BlockingIOError from None
                     return sent
+                except (ssl.SSLEOFError, ssl.SSLZeroReturnError) as exc:
+                    raise BrokenPipeError(f"the peer closed the connection: {exc}") from None
                 sent += n
                 if n < view.nbytes:
                     return sent
@@ -476,10 +491,13 @@ class SecureSocket:
         """Send ``data`` (blocking sockets: all of it)."""
         return self.sendmsg([data])
 
-    def sendall(self, data: bytes) -> None:
+    def sendall(self, data: bytes | bytearray | memoryview) -> None:
         """Send all of ``data`` on a blocking socket."""
         with self._lock:
-            self._ssl.sendall(data)
+            try:
+                self._ssl.sendall(data)
+            except (ssl.SSLEOFError, ssl.SSLZeroReturnError) as exc:
+                raise BrokenPipeError(f"the peer closed the connection: {exc}") from None
 
     def shutdown(self, how: int) -> None:
         """Shut the TCP connection down (no TLS close_notify: the peer sees the end)."""

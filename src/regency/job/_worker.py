@@ -58,7 +58,8 @@ def run_worker_loop_forever(
     ``"trust_all_connections"`` uses the job's certificates derived from the secret; a CA
     certificate (PEM bytes or a path) with ``private_key`` (the key and its certificate, PEM
     bytes or a path) uses those, as ``REGENCY_TLS_{CA,CERT,KEY}`` do. Once listening, prints
-    ``regency worker listening on tcp://IP:PORT`` on stdout; a wildcard host is shown as this machine's primary IP.
+    ``regency worker listening on tcp://IP:PORT`` on stdout; a wildcard host is shown as this
+    machine's primary IP.
     """
     _check_security(ca, private_key)
     listen, advertise = _bind_and_advertise(address)
