@@ -465,26 +465,29 @@ class SecureSocket:
                 raise BlockingIOError from None
 
     def sendmsg(self, buffers: Sequence[bytes | bytearray | memoryview]) -> int:
-        """Encrypt and send whole buffers while the kernel takes them; return the bytes of the
-        buffers sent completely. A buffer cut short is sent again from its start next time
-        (OpenSSL keeps what it already wrote), so the caller passes the rest unchanged."""
+        """Encrypt and send the buffers while the kernel takes them; return how many bytes of
+        them went out.
+
+        Small neighbouring buffers go out as one TLS record (one write, one wake-up of the
+        reader, instead of one per buffer). The count only ever ends on a buffer boundary, or
+        inside a large buffer sent alone: OpenSSL keeps what it already wrote of a record, so
+        the caller passes the rest of the same buffers next time and the same pieces form
+        again.
+        """
         sent = 0
         with self._lock:
-            for buf in buffers:
-                view = memoryview(buf).cast("B")
-                if not view.nbytes:
-                    continue
+            for piece, size in _pieces(buffers):
                 try:
-                    n = self._ssl.send(view)
+                    n = self._ssl.send(piece)
                 except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
                     if sent == 0:
                         raise BlockingIOError from None
                     return sent
                 except (ssl.SSLEOFError, ssl.SSLZeroReturnError) as exc:
                     raise BrokenPipeError(f"the peer closed the connection: {exc}") from None
+                if n < size:
+                    return sent if isinstance(piece, bytes) else sent + n
                 sent += n
-                if n < view.nbytes:
-                    return sent
         return sent
 
     def send(self, data: bytes) -> int:
@@ -509,6 +512,35 @@ class SecureSocket:
 
 
 Stream = socket.socket | SecureSocket
+
+_JOIN_BELOW = 64 * 1024
+
+
+def _pieces(
+    buffers: Sequence[bytes | bytearray | memoryview],
+) -> list[tuple[bytes | memoryview, int]]:
+    """The buffers as pieces to write: runs of small ones joined, large ones alone."""
+    pieces: list[tuple[bytes | memoryview, int]] = []
+    run: list[memoryview] = []
+    run_bytes = 0
+    for buf in buffers:
+        view = memoryview(buf).cast("B")
+        if not view.nbytes:
+            continue
+        if view.nbytes >= _JOIN_BELOW:
+            if run:
+                pieces.append((b"".join(run), run_bytes))
+                run, run_bytes = [], 0
+            pieces.append((view, view.nbytes))
+            continue
+        if run_bytes + view.nbytes > _JOIN_BELOW:
+            pieces.append((b"".join(run), run_bytes))
+            run, run_bytes = [], 0
+        run.append(view)
+        run_bytes += view.nbytes
+    if run:
+        pieces.append((b"".join(run), run_bytes))
+    return pieces
 
 
 def wrap_client(sock: socket.socket, secret: bytes) -> SecureSocket:
