@@ -91,7 +91,8 @@ def _check_reads(pair: tuple[End, End, OnPathProxy], visible: bool) -> None:
     wire = bytes(proxy.upstream)
     assert (first in wire) is visible
     assert (big[:4096] in wire) is visible
-    assert (SECRET not in wire) and (SECRET.hex().encode() not in wire)
+    assert SECRET not in wire
+    assert SECRET.hex().encode() not in wire
 
 
 def test_an_on_path_peer_cannot_read_frames(pair: tuple[End, End, OnPathProxy]) -> None:
@@ -138,7 +139,8 @@ def test_control_without_tls_a_flipped_bit_is_delivered(
     sent = _marker() * 100
     dialer.send(proxy.address, sent)
     got = listener.frames.get(timeout=10)
-    assert got != sent and len(got) == len(sent), "the flip went unnoticed"
+    assert got != sent, "the flip went unnoticed"
+    assert len(got) == len(sent)
 
 
 def _inject(proxy: OnPathProxy, payload: bytes) -> None:

@@ -39,9 +39,11 @@ def _raise_own_limit(need: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
-def _limit_fds(soft: int) -> None:
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+# Runs the command after it with a soft limit of 1024 descriptors (the common default).
+_WITH_1024_FDS = (
+    "import os, resource, sys; _, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard)); os.execv(sys.argv[1], sys.argv[1:])"
+)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -90,13 +92,12 @@ def _flood(host: str, port: int, count: int, key: str | None) -> list[socket.soc
 def limited_worker() -> Iterator[tuple[subprocess.Popen[bytes], str, _Log, bytes]]:
     secret = os.urandom(32)
     proc = subprocess.Popen(
-        worker_command("tcp://127.0.0.1:0"),
+        [sys.executable, "-c", _WITH_1024_FDS, *worker_command("tcp://127.0.0.1:0")],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **worker_env(secret)},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=lambda: _limit_fds(1024),
     )
     try:
         assert proc.stdout is not None
