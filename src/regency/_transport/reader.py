@@ -9,8 +9,7 @@ from regency._transport.tls import SecureSocket, Stream
 
 _CHUNK = 256 * 1024
 _LEN = struct.Struct("<Q")
-# OpenSSL returns at most one record (16 KiB) per read: read on while more is there, up to this
-# many reads per call (more while OpenSSL holds bytes that epoll cannot see).
+# Reads of one large frame in a row over TLS (16 KiB records), before epoll gets its turn.
 _TLS_READS = 256
 
 
@@ -44,8 +43,11 @@ class FrameReader:
             return []
         if frames is None or not isinstance(sock, SecureSocket):
             return frames
+        # OpenSSL hands out one record per read. Read on while it holds decrypted bytes
+        # (epoll cannot see those), and through a large frame; otherwise epoll says when the
+        # next record is in (a read that would only return "nothing yet" costs a syscall).
         reads = 1
-        while reads < _TLS_READS or sock.pending():
+        while sock.pending() or (self._big is not None and reads < _TLS_READS):
             reads += 1
             try:
                 more = self._step(sock)
