@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import ssl
 import struct
 import time
 import warnings
@@ -32,7 +31,6 @@ from _fault_helpers import (
 )
 
 from regency._runtime import state
-from regency._transport import tls
 from regency.actor import Actor, ActorMesh, ProcMesh, endpoint, this_host
 from regency.rdma import (
     RDMAAction,
@@ -341,14 +339,6 @@ def test_a_stopped_owner_times_out_and_recovers(
 # -- authentication ------------------------------------------------------------------------------
 
 
-def _dial(address: str) -> Any:
-    """A connection to a transfer service, inside TLS with the job's certificate over TCP."""
-    sock = connect(address)
-    if address.startswith("tcp://"):
-        return tls.wrap_client(sock, state.runtime().secret)
-    return sock
-
-
 def test_a_peer_without_the_job_secret_gets_nothing() -> None:
     secret_data = pattern(8, 4096)
     buf = RDMABuffer(secret_data)
@@ -356,25 +346,8 @@ def test_a_peer_without_the_job_secret_gets_nothing() -> None:
     request = REQUEST.pack(OP_READ, handle.buffer_id, handle.token, 0, 4096, 0)
     try:
         for address in (handle.tcp_address, handle.unix_address):
-            tcp = address.startswith("tcp://")
-            if tcp:
-                # Over TCP, TLS comes first: another job's certificate is refused...
-                sock = connect(address)
-                with pytest.raises(ssl.SSLError):
-                    tls.wrap_client(sock, os.urandom(32))
-                sock.close()
-                # ...and a peer that speaks no TLS gets a TLS alert at most, never data.
-                sock = connect(address)
-                try:
-                    send_quietly(sock, request * 2)
-                    rest, closed = read_until_closed(sock, FAST)
-                    assert closed
-                    assert len(rest) < 64
-                    assert secret_data.tobytes()[:16] not in rest
-                finally:
-                    sock.close()
             # Wrong secret: the service hangs up after the first proof and answers nothing.
-            sock = _dial(address)
+            sock = connect(address)
             try:
                 assert handshake(sock, os.urandom(32), "intruder") is False
                 send_quietly(sock, request)
@@ -384,7 +357,7 @@ def test_a_peer_without_the_job_secret_gets_nothing() -> None:
             finally:
                 sock.close()
             # No handshake at all: a request where the proof belongs is refused the same way.
-            sock = _dial(address)
+            sock = connect(address)
             try:
                 hello = recv_exact(sock, HELLO_LEN)
                 assert hello.startswith(MAGIC)
@@ -395,7 +368,7 @@ def test_a_peer_without_the_job_secret_gets_nothing() -> None:
             finally:
                 sock.close()
             # The job's secret opens it: the same request returns the data.
-            sock = _dial(address)
+            sock = connect(address)
             try:
                 assert handshake(sock, state.runtime().secret, "friend") is True
                 sock.sendall(request)

@@ -1,17 +1,14 @@
 """Security tests (issue 12): an attacker on the path, at the door, and out of descriptors.
 
-``OnPathProxy`` is the on-path attacker: a TCP relay between a dialer and a listener that
-records every byte it forwards and can flip or inject bytes. The helpers of
+``_attackers.OnPathProxy`` is the on-path attacker: a TCP relay between a dialer and a listener
+that records every byte it forwards and can flip or inject bytes. The helpers of
 ``tests/multihost`` (raw worker daemons) are importable from here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,69 +19,19 @@ if _MULTIHOST not in sys.path:
 
 from regency._transport import tls  # noqa: E402
 
-# Rewrites bytes flowing from the dialer to the listener: (offset of the chunk, chunk) -> chunk.
-Tamper = Callable[[int, bytes], bytes]
 
-
-class OnPathProxy:
-    """Relays one TCP port to another, recording (and optionally rewriting) the traffic."""
-
-    def __init__(self, target: tuple[str, int], tamper: Tamper | None = None) -> None:
-        self.target = target
-        self.tamper = tamper
-        self.upstream = bytearray()  # what the dialer sent
-        self.downstream = bytearray()  # what the listener sent
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._socks: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def address(self) -> str:
-        return f"tcp://127.0.0.1:{self.port}"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            self._socks += [client, server]
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
-        offset = 0
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                with contextlib.suppress(OSError):
-                    dst.shutdown(socket.SHUT_WR)
-                return
-            with self._lock:
-                (self.upstream if up else self.downstream).extend(data)
-            if up and self.tamper is not None:
-                data = self.tamper(offset, data)
-            offset += len(data)
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._listener.close()
-        for sock in self._socks:
-            with contextlib.suppress(OSError):
-                sock.close()
+@pytest.fixture
+def tls_everywhere() -> Iterator[None]:
+    """TLS on loopback too (``REGENCY_TLS=all``), for attackers and workers on 127.0.0.1."""
+    tls.force_enabled("all")
+    try:
+        yield
+    finally:
+        tls.force_enabled(None)
 
 
 @pytest.fixture
-def tls_off() -> Iterator[None]:
+def tls_off(tls_everywhere: None) -> Iterator[None]:
     """This process's TCP connections without TLS (the control runs of the wire tests)."""
     tls.force_enabled(False)
     try:

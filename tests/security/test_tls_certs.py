@@ -20,7 +20,8 @@ from regency._transport import tls
 from regency.actor import Actor, endpoint
 from regency.job import AttachError, attach_to_workers, worker_command, worker_env
 
-pytestmark = pytest.mark.timeout(120)
+# The workers are on 127.0.0.1: TLS on loopback too, here and in the workers.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("tls_everywhere")]
 
 
 class Echo(Actor):
@@ -60,6 +61,7 @@ def _worker(secret: bytes, files: dict[str, Path]) -> subprocess.Popen[bytes]:
         tls.CA_ENV: str(files["ca"]),
         tls.CERT_ENV: str(files["cert"]),
         tls.KEY_ENV: str(files["key"]),
+        tls.ENABLE_ENV: "all",
     }
     return subprocess.Popen(
         worker_command("tcp://127.0.0.1:0"),

@@ -15,14 +15,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from _attackers import OnPathProxy
 
-from conftest import OnPathProxy
 from regency._transport import address, frames, routing
 from regency._transport.connection import Connection
 from regency._transport.frames import Frame
 from regency._transport.transport import Transport
 
-pytestmark = pytest.mark.timeout(60)
+# The proxy is on loopback: TLS there too (by default loopback has no path to be on).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("tls_everywhere")]
 
 SECRET = os.urandom(32)
 LIMIT = 1 << 30
@@ -208,3 +209,20 @@ def test_a_peer_without_a_certificate_is_refused_before_any_frame(
     assert "presented no certificate" in caplog.text, caplog.text
     assert listener.frames.empty()
     assert listener.transport._inbound.pending() == 0
+
+
+def test_which_connections_run_tls() -> None:
+    from regency._transport import tls
+
+    tls.force_enabled(True)  # the default: every connection between hosts
+    try:
+        assert tls.applies("10.200.0.10")
+        assert tls.applies("fd00::1")
+        assert not tls.applies("127.0.0.1")  # loopback never leaves the machine
+        assert not tls.applies("::1")
+        tls.force_enabled("all")
+        assert tls.applies("127.0.0.1")
+        tls.force_enabled(False)
+        assert not tls.applies("10.200.0.10")
+    finally:
+        tls.force_enabled("all")

@@ -199,9 +199,16 @@ def test_the_rdma_service_cuts_a_slow_loris_at_the_deadline_without_a_thread_eac
     monkeypatch.setattr(inbound, "DEADLINE", 1.0)
     buf = RDMABuffer(np.zeros(4096, dtype=np.uint8))
     served = buf._handle.tcp_address
-    # A single-host job: loopback only.
-    assert address.tcp_host(served) == "127.0.0.1", served
-    host, port = address.tcp_host(served), address.tcp_port(served)
+    # Loopback (a single-host job), plus the controller's gateway interfaces once it has any:
+    # never every interface.
+    from regency.rdma import _service
+
+    service = _service._service
+    assert service is not None
+    bound = [s.getsockname() for s in service._listeners if s.family != socket.AF_UNIX]
+    assert bound[0][0] == "127.0.0.1", bound
+    assert all(ip not in ("0.0.0.0", "::") for ip, *_ in bound), bound
+    host, port = "127.0.0.1", address.tcp_port(served)
     threads = threading.active_count()
     idle = [socket.create_connection((host, port), timeout=5) for _ in range(50)]
     loris = socket.create_connection((host, port), timeout=5)
@@ -220,8 +227,8 @@ def test_the_rdma_service_cuts_a_slow_loris_at_the_deadline_without_a_thread_eac
                     closed_after = time.monotonic() - start
                     break
         assert closed_after is not None, "the slow peer was never cut off"
-        assert 0.8 <= closed_after < 3.0, closed_after
-        assert threading.active_count() <= threads + 1, "a thread per unauthenticated peer"
+        assert 0.8 <= closed_after < 4.0, closed_after
+        assert threading.active_count() <= threads + 3, "a thread per unauthenticated peer"
     finally:
         loris.close()
         for sock in idle:

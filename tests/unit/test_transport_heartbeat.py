@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from regency._transport import address, frames, routing, tls
+from regency._transport import address, frames, routing
 from regency._transport.auth import dialer_handshake
 from regency._transport.transport import Transport
 
@@ -32,7 +32,6 @@ def test_silent_tcp_peer_is_lost_after_the_timeout_and_got_heartbeats() -> None:
     try:
         sock = address.dial(transport.address, timeout=5)
         sock.sendall(routing.preamble(""))
-        sock = tls.wrap_client(sock, SECRET)
         dialer_handshake(sock, SECRET, "tcp://127.0.0.1:9/silent")
         start = time.monotonic()
         peer, reason = lost.get(timeout=10)  # the raw peer never sends a byte after this

@@ -51,6 +51,14 @@ Ready = Callable[[tls.Stream, str], None]
 Elsewhere = Callable[[str, socket.socket], bool]
 
 
+def _local_ip(sock: socket.socket) -> str:
+    """The address a connection arrived at (decides TLS as the dialer's target did)."""
+    try:
+        return str(sock.getsockname()[0])
+    except OSError:
+        return ""
+
+
 def _peer_key(sock: socket.socket) -> str:
     try:
         name = sock.getpeername()
@@ -263,7 +271,7 @@ class Inbound:
         self._start_auth(shake)
 
     def _start_auth(self, shake: _Shake) -> None:
-        if shake.raw.family != socket.AF_UNIX and tls.enabled():
+        if shake.raw.family != socket.AF_UNIX and tls.applies(_local_ip(shake.raw)):
             shake.sslsock = tls.wrap_server(shake.raw, self._secrets())
             self._step_tls(shake)
         else:

@@ -1,8 +1,9 @@
 """Mutual TLS 1.3 for every TCP connection: identities, contexts, and a socket that speaks it.
 
-Every TCP connection (worker ports, the controller's gateway, routed connections handed to a
-proc) runs TLS 1.3 with certificates checked on both sides before the secret handshake of
-:mod:`regency._transport.auth` runs inside it; unix sockets stay plain.
+Every TCP connection between hosts (worker ports, the controller's gateway, routed connections
+handed to a proc, the RDMA transfer service) runs TLS 1.3 with certificates checked on both
+sides before the secret handshake of :mod:`regency._transport.auth` runs inside it; unix
+sockets stay plain.
 
 Whose certificates:
 
@@ -18,6 +19,7 @@ Whose certificates:
   process presents that certificate and trusts only that CA; procs inherit the identity
   through their bootstrap settings.
 
+TCP connections over loopback stay plain (there is no path to be on) unless ``REGENCY_TLS=all``;
 ``REGENCY_TLS=0`` turns TLS off (both ends must agree; a mismatch fails the handshake).
 
 :class:`SecureSocket` wraps an ``ssl.SSLSocket`` with the methods the connection, the frame
@@ -32,6 +34,7 @@ import contextlib
 import datetime
 import functools
 import hashlib
+import ipaddress
 import os
 import socket
 import ssl
@@ -46,6 +49,7 @@ CA_ENV = "REGENCY_TLS_CA"
 CERT_ENV = "REGENCY_TLS_CERT"
 KEY_ENV = "REGENCY_TLS_KEY"
 _OFF = {"0", "off", "false", "no"}
+_EVERYWHERE = {"all", "loopback", "everywhere"}
 _SNI_SUFFIX = ".regency"
 _USER_SNI = "user" + _SNI_SUFFIX
 
@@ -70,21 +74,49 @@ class Identity:
 _state_lock = threading.Lock()
 _user: Identity | None = None
 _user_loaded = False
-_forced: bool | None = None
+_forced: str | None = None
+
+
+def _mode() -> str:
+    if _forced is not None:
+        return _forced
+    value = os.environ.get(ENABLE_ENV, "1").strip().lower()
+    if value in _OFF:
+        return "off"
+    return "all" if value in _EVERYWHERE else "on"
 
 
 def enabled() -> bool:
-    """Whether TCP connections of this process use TLS (default: yes)."""
-    if _forced is not None:
-        return _forced
-    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in _OFF
+    """Whether TCP connections of this process that leave loopback use TLS (default: yes)."""
+    return _mode() != "off"
 
 
-def force_enabled(on: bool | None) -> None:
-    """Override ``REGENCY_TLS`` for this process (``None``: read it again). For tests and
-    benchmarks that compare both in one process."""
+def applies(ip: str) -> bool:
+    """Whether a TCP connection to (or accepted on) local or remote address ``ip`` runs TLS.
+
+    Loopback connections stay plain unless ``REGENCY_TLS=all``: they never leave the machine,
+    so there is no path to be on (they are authenticated with the secret like unix sockets).
+    Both ends decide alike: the dialer by the address it dials, the listener by the address
+    the connection arrived at.
+    """
+    mode = _mode()
+    if mode == "off":
+        return False
+    return mode == "all" or not _is_loopback(ip)
+
+
+def _is_loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip.strip("[]")).is_loopback
+    except ValueError:
+        return ip == "localhost"
+
+
+def force_enabled(on: bool | str | None) -> None:
+    """Override ``REGENCY_TLS`` for this process: ``True`` (across hosts), ``"all"`` (loopback
+    too), ``False`` (off), ``None`` (read the environment again). For tests and benchmarks."""
     global _forced
-    _forced = on
+    _forced = None if on is None else ("all" if on == "all" else "on" if on else "off")
 
 
 def _read_pem(value: bytes | str | Path, what: str) -> bytes:
@@ -105,6 +137,7 @@ def set_user_identity(identity: Identity | None) -> None:
     with _state_lock:
         _user, _user_loaded = identity, identity is not None
     _contexts.cache_clear()
+    _server_context.cache_clear()
 
 
 def identity_from(
@@ -157,14 +190,16 @@ def settings_for_children() -> dict[str, object]:
     """This process's TLS choices as plain data, for the procs it starts (their bootstrap
     settings): whether TLS is on, and the user identity if there is one."""
     identity = user_identity()
-    return {"enabled": enabled(), "identity": identity.export() if identity else None}
+    return {"mode": _mode(), "identity": identity.export() if identity else None}
 
 
 def install(settings: dict[str, object] | None) -> None:
     """Take the TLS choices a proc's host passed in its bootstrap settings."""
     if not settings:
         return
-    force_enabled(bool(settings.get("enabled", True)))
+    mode = settings.get("mode")
+    if isinstance(mode, str):
+        force_enabled("all" if mode == "all" else mode == "on")
     exported = settings.get("identity")
     if isinstance(exported, dict):
         set_user_identity(Identity(exported["ca"], exported["cert"], exported["key"]))
@@ -323,7 +358,8 @@ def _signed_by(ca: tuple[bytes, bytes] | None, common_name: str) -> tuple[Identi
 def _load_chain(ctx: ssl.SSLContext, identity: Identity) -> None:
     """Load the certificate and key (``ssl`` reads them from files only: a private, unlinked
     temporary file)."""
-    fd, path = tempfile.mkstemp(prefix="regency-tls-", suffix=".pem")
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, not disk
+    fd, path = tempfile.mkstemp(prefix="regency-tls-", suffix=".pem", dir=shm)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(identity.cert_pem.rstrip() + b"\n" + identity.key_pem)
@@ -371,6 +407,11 @@ def client_context(secret: bytes) -> ssl.SSLContext:
 def server_context(secrets: Sequence[bytes]) -> ssl.SSLContext:
     """The context a listener accepting any of ``secrets`` uses: it presents the certificate
     of the secret the dialer names in SNI (the first one if it names none)."""
+    return _server_context(tuple(secrets))
+
+
+@functools.lru_cache(maxsize=16)
+def _server_context(secrets: tuple[bytes, ...]) -> ssl.SSLContext:
     first = _contexts(secrets[0], True)
     if len(secrets) == 1 or user_identity() is not None:
         return first

@@ -277,7 +277,7 @@ class Transport:
             if key is not None:
                 self._tune(raw)
                 raw.sendall(routing.preamble(key))
-                if tls.enabled():
+                if tls.applies(addr.tcp_host(target)):
                     sock = tls.wrap_client(raw, secret)
             dialer_handshake(sock, secret, self.address)
         except ssl.SSLError as exc:

@@ -132,7 +132,7 @@ def connect(target: str, secret: bytes, timeout: float) -> Stream:
     try:
         raw.settimeout(max(min(timeout, HANDSHAKE_TIMEOUT_S), 0.001))
         tune(raw)
-        if address.is_tcp(target) and tls.enabled():
+        if address.is_tcp(target) and tls.applies(address.tcp_host(target)):
             sock = tls.wrap_client(raw, secret)
         auth.dialer_handshake(sock, secret, f"rdma-client:{target}")
     except ssl.SSLError as exc:

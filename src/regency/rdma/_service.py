@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import mmap
 import os
@@ -292,7 +293,12 @@ def _listen_on(hosts: Sequence[str]) -> list[socket.socket]:
         listeners = [first]
         try:
             for host in hosts[1:]:
-                listeners.append(address.listen(address.tcp_address(host, port))[0])
+                try:
+                    listeners.append(address.listen(address.tcp_address(host, port))[0])
+                except OSError as exc:
+                    if exc.errno != errno.EADDRNOTAVAIL:
+                        raise
+                    # that interface is gone (a gateway's network was torn down): skip it
         except OSError:
             for listener in listeners:
                 listener.close()
