@@ -92,7 +92,7 @@ def test_user_provided_certificates_carry_calls_both_ways(tmp_path: Path) -> Non
     identity, ca_key = tls.generate_ca_and_leaf("worker")
     worker_files = _write(tmp_path, "worker", identity)
     # The controller's own leaf, signed by the same CA.
-    mine, _ = tls._signed_by((identity.ca_pem, ca_key), "controller")
+    mine, _ = tls.leaf_signed_by((identity.ca_pem, ca_key), "controller")
     controller_files = _write(tmp_path, "controller", mine)
     secret = os.urandom(32)
     proc = _worker(secret, worker_files)

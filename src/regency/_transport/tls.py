@@ -22,18 +22,15 @@ Whose certificates:
 TCP connections over loopback stay plain (there is no path to be on) unless ``REGENCY_TLS=all``;
 ``REGENCY_TLS=0`` turns TLS off (both ends must agree; a mismatch fails the handshake).
 
-:class:`SecureSocket` wraps an ``ssl.SSLSocket`` with the methods the connection, the frame
-reader and the handshakes use (``sendmsg``, ``recv_into``…). OpenSSL objects must not be used
-by two threads at once, so every TLS call holds the socket's lock; calls never block while
-holding it (the socket is non-blocking once the handshake is done).
+The certificates are made in :mod:`regency._transport.certs`; :class:`SecureSocket`
+(:mod:`regency._transport.secure_socket`) wraps an ``ssl.SSLSocket`` with the methods the
+connection, the frame reader and the handshakes use.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
-import hashlib
 import ipaddress
 import os
 import socket
@@ -41,8 +38,48 @@ import ssl
 import tempfile
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+from regency._transport.certs import (
+    Identity,
+    TLSSetupError,
+    derived_identity,
+    fingerprint,
+    generate_ca_and_leaf,
+    leaf_signed_by,
+)
+from regency._transport.secure_socket import SecureSocket, Stream
+
+# This module is the TLS surface for the transport and the tests: it re-exports the
+# certificates (certs.py) and the socket (secure_socket.py).
+__all__ = [
+    "CA_ENV",
+    "CERT_ENV",
+    "ENABLE_ENV",
+    "KEY_ENV",
+    "Identity",
+    "SecureSocket",
+    "Stream",
+    "TLSSetupError",
+    "applies",
+    "client_context",
+    "derived_identity",
+    "enabled",
+    "failure",
+    "force_enabled",
+    "generate_ca_and_leaf",
+    "identity_from",
+    "install",
+    "leaf_signed_by",
+    "server_context",
+    "server_name",
+    "set_user_identity",
+    "settings_for_children",
+    "step_handshake",
+    "user_identity",
+    "wrap_client",
+    "wrap_server",
+]
 
 ENABLE_ENV = "REGENCY_TLS"
 CA_ENV = "REGENCY_TLS_CA"
@@ -52,23 +89,6 @@ _OFF = {"0", "off", "false", "no"}
 _EVERYWHERE = {"all", "loopback", "everywhere"}
 _SNI_SUFFIX = ".regency"
 _USER_SNI = "user" + _SNI_SUFFIX
-
-
-class TLSSetupError(ValueError):
-    """TLS material that cannot be used: missing, unreadable or inconsistent."""
-
-
-@dataclass(frozen=True)
-class Identity:
-    """A CA certificate to trust, and the certificate and key to present (all PEM)."""
-
-    ca_pem: bytes
-    cert_pem: bytes
-    key_pem: bytes
-
-    def export(self) -> dict[str, bytes]:
-        """The identity as plain data (for a proc's bootstrap settings)."""
-        return {"ca": self.ca_pem, "cert": self.cert_pem, "key": self.key_pem}
 
 
 _state_lock = threading.Lock()
@@ -208,148 +228,11 @@ def install(settings: dict[str, object] | None) -> None:
 # -- per-job identities ---------------------------------------------------------------------
 
 
-def _fingerprint(secret: bytes) -> str:
-    return hashlib.sha256(b"regency tls name" + secret).hexdigest()[:24]
-
-
 def server_name(secret: bytes) -> str:
     """What a dialer proving ``secret`` names in SNI: which CA it trusts (not secret itself)."""
     if user_identity() is not None:
         return _USER_SNI
-    return f"j{_fingerprint(secret)}{_SNI_SUFFIX}"
-
-
-@functools.lru_cache(maxsize=16)
-def derived_identity(secret: bytes) -> Identity:
-    """The job's CA and leaf certificate, derived from ``secret`` (the same in every process)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    def key(label: bytes) -> Ed25519PrivateKey:
-        seed = HKDF(hashes.SHA256(), 32, salt=b"regency-tls-v1", info=label).derive(secret)
-        return Ed25519PrivateKey.from_private_bytes(seed)
-
-    ca_key, leaf_key = key(b"ca"), key(b"leaf")
-    tag = _fingerprint(secret)
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"regency job CA {tag}")])
-    leaf_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"regency job {tag}")])
-    start = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
-    end = datetime.datetime(2200, 1, 1, tzinfo=datetime.timezone.utc)
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(1)
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), True
-        )
-        .sign(ca_key, None)
-    )
-    leaf_cert = (
-        x509.CertificateBuilder()
-        .subject_name(leaf_name)
-        .issuer_name(ca_name)
-        .public_key(leaf_key.public_key())
-        .serial_number(2)
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
-        .sign(ca_key, None)
-    )
-    pem = serialization.Encoding.PEM
-    return Identity(
-        ca_cert.public_bytes(pem),
-        leaf_cert.public_bytes(pem),
-        leaf_key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ),
-    )
-
-
-def generate_ca_and_leaf(common_name: str = "regency") -> tuple[Identity, bytes]:
-    """A fresh random CA and a leaf it signed: the identity, and the CA's private key (PEM).
-
-    For users who want certificates of their own (``REGENCY_TLS_*``) and for tests.
-    """
-    return _signed_by(None, common_name)
-
-
-def _pkcs8(key: object) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    assert isinstance(key, Ed25519PrivateKey)
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _signed_by(ca: tuple[bytes, bytes] | None, common_name: str) -> tuple[Identity, bytes]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.x509.oid import NameOID
-
-    pem = serialization.Encoding.PEM
-    start = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)
-    end = start + datetime.timedelta(days=3650)
-    if ca is None:
-        ca_key = Ed25519PrivateKey.generate()
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{common_name} CA")])
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name)
-            .issuer_name(ca_name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start)
-            .not_valid_after(end)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .sign(ca_key, None)
-        )
-    else:
-        ca_cert = x509.load_pem_x509_certificate(ca[0])
-        loaded = serialization.load_pem_private_key(ca[1], None)
-        assert isinstance(loaded, Ed25519PrivateKey)
-        ca_key = loaded
-    leaf_key = Ed25519PrivateKey.generate()
-    leaf = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(leaf_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, None)
-    )
-    identity = Identity(
-        ca_cert.public_bytes(pem),
-        leaf.public_bytes(pem),
-        leaf_key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ),
-    )
-    ca_key_pem = ca_key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return identity, ca_key_pem
+    return f"j{fingerprint(secret)}{_SNI_SUFFIX}"
 
 
 # -- contexts ---------------------------------------------------------------------------------
@@ -440,148 +323,6 @@ def failure(exc: ssl.SSLError) -> str:
     if reason in ("PEER_DID_NOT_RETURN_A_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED"):
         return f"TLS handshake failed ({reason}): the peer presented no certificate"
     return f"TLS handshake failed ({reason})"
-
-
-# -- the socket -------------------------------------------------------------------------------
-
-
-class SecureSocket:
-    """A TLS connection with the socket methods regency's transport uses."""
-
-    __slots__ = ("_lock", "_ssl", "family")
-
-    def __init__(self, sslsock: ssl.SSLSocket) -> None:
-        self._ssl = sslsock
-        self._lock = threading.Lock()
-        self.family = sslsock.family
-
-    def fileno(self) -> int:
-        """The socket's file descriptor."""
-        return self._ssl.fileno()
-
-    def setblocking(self, flag: bool) -> None:
-        """Blocking or non-blocking I/O."""
-        self._ssl.setblocking(flag)
-
-    def settimeout(self, timeout: float | None) -> None:
-        """A timeout for blocking I/O."""
-        self._ssl.settimeout(timeout)
-
-    def getpeername(self) -> object:
-        """The peer's address."""
-        return self._ssl.getpeername()
-
-    def pending(self) -> int:
-        """Decrypted bytes already read from the kernel but not yet returned."""
-        with self._lock:
-            return self._ssl.pending()
-
-    def recv(self, n: int, flags: int = 0) -> bytes:
-        """Up to ``n`` bytes (``BlockingIOError`` when none are ready; ``b""`` at the end).
-
-        ``MSG_PEEK`` looks at the raw stream: whether anything (or the end) is there.
-        """
-        if flags & socket.MSG_PEEK:
-            if self.pending():
-                return b"\0"
-            return socket.socket.recv(self._ssl, n, flags)
-        with self._lock:
-            try:
-                return self._ssl.recv(n)
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                raise BlockingIOError from None
-
-    def recvmsg(
-        self, n: int, _ancbufsize: int = 0
-    ) -> tuple[bytes, list[tuple[int, int, bytes]], int, None]:
-        """:meth:`recv` in ``socket.recvmsg``'s shape (TLS carries no descriptors)."""
-        return self.recv(n), [], 0, None
-
-    def recv_into(self, view: memoryview) -> int:
-        """Receive into ``view``; ``BlockingIOError`` when nothing is ready, 0 at the end."""
-        with self._lock:
-            try:
-                return self._ssl.recv_into(view)
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                raise BlockingIOError from None
-
-    def sendmsg(self, buffers: Sequence[bytes | bytearray | memoryview]) -> int:
-        """Encrypt and send the buffers while the kernel takes them; return how many bytes of
-        them went out.
-
-        Small neighbouring buffers go out as one TLS record (one write, one wake-up of the
-        reader, instead of one per buffer). The count only ever ends on a buffer boundary, or
-        inside a large buffer sent alone: OpenSSL keeps what it already wrote of a record, so
-        the caller passes the rest of the same buffers next time and the same pieces form
-        again.
-        """
-        sent = 0
-        with self._lock:
-            for piece, size in _pieces(buffers):
-                try:
-                    n = self._ssl.send(piece)
-                except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
-                    if sent == 0:
-                        raise BlockingIOError from None
-                    return sent
-                except (ssl.SSLEOFError, ssl.SSLZeroReturnError) as exc:
-                    raise BrokenPipeError(f"the peer closed the connection: {exc}") from None
-                if n < size:
-                    return sent if isinstance(piece, bytes) else sent + n
-                sent += n
-        return sent
-
-    def send(self, data: bytes) -> int:
-        """Send ``data`` (blocking sockets: all of it)."""
-        return self.sendmsg([data])
-
-    def sendall(self, data: bytes | bytearray | memoryview) -> None:
-        """Send all of ``data`` on a blocking socket."""
-        with self._lock:
-            try:
-                self._ssl.sendall(data)
-            except (ssl.SSLEOFError, ssl.SSLZeroReturnError) as exc:
-                raise BrokenPipeError(f"the peer closed the connection: {exc}") from None
-
-    def shutdown(self, how: int) -> None:
-        """Shut the TCP connection down (no TLS close_notify: the peer sees the end)."""
-        self._ssl.shutdown(how)
-
-    def close(self) -> None:
-        """Close the socket."""
-        self._ssl.close()
-
-
-Stream = socket.socket | SecureSocket
-
-_JOIN_BELOW = 64 * 1024
-
-
-def _pieces(
-    buffers: Sequence[bytes | bytearray | memoryview],
-) -> list[tuple[bytes | memoryview, int]]:
-    """The buffers as pieces to write: runs of small ones joined, large ones alone."""
-    pieces: list[tuple[bytes | memoryview, int]] = []
-    run: list[memoryview] = []
-    run_bytes = 0
-    for buf in buffers:
-        view = memoryview(buf).cast("B")
-        if not view.nbytes:
-            continue
-        if view.nbytes >= _JOIN_BELOW:
-            if run:
-                pieces.append((b"".join(run), run_bytes))
-                run, run_bytes = [], 0
-            pieces.append((view, view.nbytes))
-            continue
-        if run_bytes + view.nbytes > _JOIN_BELOW:
-            pieces.append((b"".join(run), run_bytes))
-            run, run_bytes = [], 0
-        run.append(view)
-        run_bytes += view.nbytes
-    if run:
-        pieces.append((b"".join(run), run_bytes))
-    return pieces
 
 
 def wrap_client(sock: socket.socket, secret: bytes) -> SecureSocket:
