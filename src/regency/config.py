@@ -63,6 +63,7 @@ from regency._config_keys import (
     Encoding,
 )
 from regency._config_sweeps import parametrize_config, parametrize_config_pointwise
+from regency._transport import tls
 
 _DEFAULTS: dict[str, Any] = {
     "cast_fanout": 16,
@@ -83,6 +84,13 @@ _TRANSPORT_SHORTCUTS = {
     "metatls-hostname": ChannelTransport.MetaTlsWithHostname,
     "tls": ChannelTransport.Tls,
 }
+_QUIC = frozenset(
+    {
+        ChannelTransport.MetaQuicWithHostname,
+        ChannelTransport.MetaQuicWithIpV6,
+        ChannelTransport.Quic,
+    }
+)
 _ENCRYPTED = frozenset(
     {
         ChannelTransport.Tls,
@@ -162,16 +170,21 @@ def _transport(given: Any) -> ChannelTransport | str:
             value = _TRANSPORT_SHORTCUTS[value]
         elif not value.startswith(_URL_SCHEMES):
             raise ValueError(f"invalid str for BindSpec {value!r}: invalid bind spec: {value}")
+    quic = value in _QUIC if isinstance(value, ChannelTransport) else False
     encrypted = (
         value in _ENCRYPTED
         if isinstance(value, ChannelTransport)
         else value.startswith(("metatls://", "tls://"))
     )
-    if encrypted:
-        # Accepting it would promise encryption regency does not provide.
+    if quic:
         raise NotImplementedError(
-            f"transport {value} needs TLS, which regency does not implement yet (issue 12); "
-            "regency's connections are authenticated with the job secret but not encrypted"
+            f"transport {value} is QUIC, which regency does not implement; its TCP connections "
+            "run mutual TLS 1.3 (choose a TLS or TCP transport)"
+        )
+    if encrypted and not tls.enabled():
+        # Accepting it would promise encryption this process does not provide.
+        raise NotImplementedError(
+            f"transport {value} needs TLS, which is turned off here ({tls.ENABLE_ENV}=0)"
         )
     return value
 

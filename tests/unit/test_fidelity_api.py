@@ -384,12 +384,18 @@ def test_returns_future_get_timeout_cancels_the_body() -> None:
 # -- attach_to_workers / worker loops: Monarch's parameters ---------------------------------------
 
 
-def test_attach_takes_monarchs_ca_and_refuses_tls() -> None:
+def test_attach_checks_monarchs_ca_and_private_key(monkeypatch: pytest.MonkeyPatch) -> None:
     from regency.actor import attach_to_workers
 
-    for kw in ({"ca": b"PEM"}, {"ca": "trust_all_connections", "private_key": b"KEY"}):
-        with pytest.raises(NotImplementedError, match="TLS security plumbing"):
-            attach_to_workers(workers=["tcp://127.0.0.1:1"], **kw)  # type: ignore[arg-type]
+    monkeypatch.delenv("REGENCY_TLS_KEY", raising=False)
+    with pytest.raises(ValueError, match="needs private_key"):
+        attach_to_workers(workers=["tcp://127.0.0.1:1"], ca=b"PEM")
+    with pytest.raises(ValueError, match="needs ca"):
+        attach_to_workers(
+            workers=["tcp://127.0.0.1:1"], ca="trust_all_connections", private_key=b"KEY"
+        )
+    with pytest.raises(ValueError, match="certificate"):
+        attach_to_workers(workers=["tcp://127.0.0.1:1"], ca=b"PEM", private_key=b"KEY")
 
 
 @pytest.mark.usefixtures("clean_config")
@@ -446,7 +452,7 @@ def test_worker_loops_take_monarchs_parameters() -> None:
         start_worker_loop_forever,
         run_worker_loop_until_shutdown,
     ):
-        with pytest.raises(NotImplementedError, match="TLS security plumbing"):
+        with pytest.raises(ValueError, match="needs private_key"):
             loop(address="tcp://127.0.0.1:0", ca=b"PEM")
 
 
@@ -474,11 +480,16 @@ def test_the_sweeps_ran_and_restored() -> None:
 
 @pytest.mark.usefixtures("clean_config")
 @pytest.mark.parametrize("transport", ["tls", "metatls", "metatls-hostname", "tls://host:1"])
-def test_tls_transports_are_refused_rather_than_silently_unencrypted(transport: str) -> None:
+def test_tls_transports_are_taken_and_refused_when_tls_is_off(transport: str) -> None:
+    from regency._transport import tls
     from regency.actor import ChannelTransport
 
-    with pytest.raises(NotImplementedError, match="needs TLS"):
-        config.configure(default_transport=transport)
-    with pytest.raises(NotImplementedError, match="issue 12"):
-        config.configure(default_transport=ChannelTransport.Tls)
-    assert "default_transport" not in config.get_runtime_config()
+    config.configure(default_transport=transport)  # TCP runs TLS 1.3: the promise holds
+    tls.force_enabled(False)
+    try:
+        with pytest.raises(NotImplementedError, match="needs TLS"):
+            config.configure(default_transport=ChannelTransport.Tls)
+    finally:
+        tls.force_enabled(None)
+    with pytest.raises(NotImplementedError, match="QUIC"):
+        config.configure(default_transport=ChannelTransport.Quic)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from regency._transport import auth, frames
-from regency._transport import transport as transport_module
+from regency._transport import inbound as inbound_module
 from regency._transport.connection import Connection
 from regency._transport.frames import Frame
 from regency._transport.transport import PeerUnreachableError, Transport
@@ -117,7 +117,7 @@ def test_silent_client_is_dropped_after_the_handshake_timeout(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(transport_module, "_HANDSHAKE_TIMEOUT", 0.3)
+    monkeypatch.setattr(inbound_module, "DEADLINE", 0.3)
     caplog.set_level(logging.WARNING)
     b = make(SECRET)
     name = b.address[len("unix:@") :]

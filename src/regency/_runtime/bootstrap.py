@@ -76,6 +76,10 @@ def serve(settings: dict[str, Any]) -> None:
     apply_cpus(settings.get("bind"))
     config.configure(**settings["config"])
 
+    from regency._transport import tls
+
+    tls.install(settings.get("tls"))
+
     from regency._runtime import state, wire
     from regency._runtime.instance import ClientInstance
     from regency._runtime.proc import ProcRuntime
@@ -90,6 +94,7 @@ def serve(settings: dict[str, Any]) -> None:
         handoff=socket.socket(fileno=handoff) if handoff is not None else None,
         gateway=settings.get("gateway"),
     )
+    runtime.gateway_ips = list(settings.get("gateway_ips") or ())
     state.install(
         runtime, ClientInstance(runtime, is_root=False), settings["agent"], settings["root"]
     )

@@ -62,6 +62,13 @@ def gateway_toward(worker: str) -> str:
         return gateway
 
 
+def gateway_ips() -> list[str]:
+    """The local IPs the controller's gateways listen on (empty outside the controller, or
+    before it attached a host on another machine)."""
+    with _gateway_lock:
+        return list(_gateways)
+
+
 def _exit_code_after_fatal_failure() -> None:
     """Runs after ``shutdown``: a fatal supervision failure ends the process with code 1 even if
     the main thread could only be sent ``KeyboardInterrupt``."""

@@ -29,6 +29,7 @@ from regency._runtime.launcher import Launcher
 from regency._runtime.proc import Part, PortRef, ProcRuntime
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
 from regency._runtime.supervision import stop_reason
+from regency._transport import tls
 from regency._transport.address import route_key
 from regency._transport.routing import Switchboard, handoff_pair
 from regency._transport.transport import PeerUnreachableError
@@ -119,6 +120,8 @@ class HostAgent:
                 )
 
     def _spawn(self, info: ProcInfo, request: SpawnProcs, session: HostSession, index: int) -> None:
+        from regency._runtime import controller  # it starts this agent: import it late
+
         launch = request.launches[index] if request.launches is not None else None
         settings = {
             "address": info.addr,
@@ -134,6 +137,10 @@ class HostAgent:
             "bootstrap": request.bootstrap,
             "rank": info.rank,
             "bind": launch.bind if launch is not None else None,
+            "tls": tls.settings_for_children(),
+            # Where the controller's machine is reached from other hosts (RDMA owners listen
+            # there too).
+            "gateway_ips": controller.gateway_ips() or list(self.runtime.gateway_ips),
         }
         self.runtime.local_children.add(info.addr)
         ours, theirs = handoff_pair()

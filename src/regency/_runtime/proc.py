@@ -72,6 +72,8 @@ class ProcRuntime:
     ) -> None:
         self.job_id = job_id
         self.secret = secret
+        # The IPs other hosts reach the controller's machine on (set at a proc's start there).
+        self.gateway_ips: list[str] = []
         self.frame_limit = int(config.get("max_frame_bytes"))
         self.transport = Transport(
             listen_address,

@@ -25,8 +25,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import socket
 import struct
+from typing import Protocol
 
 MAGIC = b"RGCY\x01"
 NONCE = 32
@@ -61,11 +61,16 @@ class AuthenticationError(ConnectionError):
     """The peer failed the handshake: wrong secret, wrong protocol, or it hung up."""
 
 
+class _Stream(Protocol):
+    def recv(self, n: int, /) -> bytes: ...
+    def sendall(self, data: bytes, /) -> None: ...
+
+
 def _mac(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(secret, role + first + second, hashlib.sha256).digest()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: _Stream, n: int) -> bytes:
     chunks = bytearray()
     while len(chunks) < n:
         chunk = sock.recv(n - len(chunks))
@@ -75,7 +80,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(chunks)
 
 
-def dialer_handshake(sock: socket.socket, secret: bytes, my_address: str) -> None:
+def dialer_handshake(sock: _Stream, secret: bytes, my_address: str) -> None:
     """Run the dialing side of the handshake on a blocking socket.
 
     A peer that hangs up before saying anything raises a plain ``ConnectionError`` (it refused

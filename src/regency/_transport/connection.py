@@ -16,6 +16,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from regency._transport.tls import Stream
+
 Buffer = bytes | bytearray | memoryview
 
 BURST_WINDOW = 100e-6  # posts closer together than this are coalesced
@@ -52,7 +54,7 @@ class Connection:
     """A connected, authenticated, non-blocking socket to the process at ``peer``."""
 
     def __init__(
-        self, sock: socket.socket, peer: str, on_close: Callable[[Connection, str], None]
+        self, sock: Stream, peer: str, on_close: Callable[[Connection, str], None]
     ) -> None:
         sock.setblocking(False)
         self.sock = sock

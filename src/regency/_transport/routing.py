@@ -19,12 +19,17 @@ import time
 from collections.abc import Callable
 
 from regency._transport.bounded import BoundedDict
+from regency._transport.ratelog import RateLimitedLog
 
 log = logging.getLogger("regency.transport")
 
 MAGIC = b"RGRT"
 MAX_KEY = 255
 HOLD_SECONDS = 30.0  # how long a connection for a process not started yet waits for it
+# Connections held for processes not started yet: at most this many (per route key, and in all),
+# the oldest going first, so connections naming made-up processes cannot pile up.
+MAX_HELD_PER_KEY = 16
+MAX_HELD = 64
 
 
 class RouteError(ConnectionError):
@@ -46,6 +51,13 @@ class PreambleReader:
 
     def __init__(self) -> None:
         self._buf = bytearray()
+
+    def missing(self) -> int:
+        """How many more bytes the preamble has (read no more: what follows is not ours)."""
+        head = len(MAGIC) + 1
+        if len(self._buf) < head:
+            return head - len(self._buf)
+        return head + self._buf[len(MAGIC)] - len(self._buf)
 
     def feed(self, data: bytes) -> str | None:
         """Take bytes; return the key once the preamble is complete (``None`` until then)."""
@@ -95,6 +107,7 @@ class Switchboard:
         self._channels: dict[str, socket.socket] = {}
         self._waiting: dict[str, list[tuple[float, socket.socket]]] = {}
         self._gone: BoundedDict[str, None] = BoundedDict()  # keys of ended processes
+        self._log = RateLimitedLog(log)
 
     def register(self, key: str, channel: socket.socket) -> None:
         """Process ``key`` takes its connections through ``channel`` from now on."""
@@ -117,25 +130,48 @@ class Switchboard:
 
     def route(self, key: str, sock: socket.socket) -> None:
         """Hand ``sock`` to process ``key`` (now, or once it registers; else close it)."""
+        evicted = None
         with self._lock:
             channel = self._channels.get(key)
             if channel is None:
                 if key in self._gone:
-                    log.warning("refused a connection for %r: that process is gone", key)
+                    self._log.warning("refused a connection for %r: that process is gone", key)
                     sock.close()
                     return
                 first = not self._waiting
+                evicted = self._make_room(key)
                 self._waiting.setdefault(key, []).append((time.monotonic(), sock))
+        if channel is None and evicted is not None:
+            self._log.warning("refused a held connection: too many wait for processes not started")
+            with contextlib.suppress(OSError):
+                evicted.close()
         if channel is not None:
             self._pass(key, channel, sock)
         elif first:
             self._call_later(HOLD_SECONDS, self._expire)
 
+    def _make_room(self, key: str) -> socket.socket | None:
+        """Under the lock: take out the oldest held connection (of ``key``, else of any) when
+        holding one more would pass ``MAX_HELD_PER_KEY`` or ``MAX_HELD``."""
+        waiting = self._waiting.get(key, [])
+        victims = None
+        if len(waiting) >= MAX_HELD_PER_KEY:
+            victims = key
+        elif sum(len(w) for w in self._waiting.values()) >= MAX_HELD:
+            victims = min(self._waiting, key=lambda k: self._waiting[k][0][0])
+        if victims is None:
+            return None
+        group = self._waiting[victims]
+        _, oldest = group.pop(0)
+        if not group:
+            del self._waiting[victims]
+        return oldest
+
     def _pass(self, key: str, channel: socket.socket, sock: socket.socket) -> None:
         try:
             socket.send_fds(channel, [b"c"], [sock.fileno()])
         except OSError as exc:
-            log.warning("could not hand a connection to %r: %s", key, exc)
+            self._log.warning("could not hand a connection to %r: %s", key, exc)
         finally:
             sock.close()
 
@@ -152,7 +188,7 @@ class Switchboard:
                     del self._waiting[key]
             again = bool(self._waiting)
         for key, sock in expired:
-            log.warning("refused a connection for %r: no such process started in time", key)
+            self._log.warning("refused a connection for %r: no such process started in time", key)
             with contextlib.suppress(OSError):
                 sock.close()
         if again:

@@ -10,7 +10,9 @@ reported once through ``on_peer_lost`` (with a reason that starts "cannot connec
 Over TCP, each connection starts with a route preamble (:mod:`regency._transport.routing`), so a
 host's single port reaches every process it started; a process whose peers are on another
 machine reaches ``unix:`` addresses through the ``gateway`` of the controller's machine. TCP
-connections carry heartbeats (:mod:`regency._transport.heartbeat`).
+connections carry heartbeats (:mod:`regency._transport.heartbeat`) and run mutual TLS 1.3 below
+the secret handshake (:mod:`regency._transport.tls`); accepted connections are taken through
+authentication, within bounds and one deadline, by :mod:`regency._transport.inbound`.
 """
 
 from __future__ import annotations
@@ -19,20 +21,23 @@ import contextlib
 import errno
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from regency._transport import address as addr
-from regency._transport import routing
-from regency._transport.auth import AuthenticationError, ListenerHandshake, dialer_handshake
+from regency._transport import routing, tls
+from regency._transport.auth import AuthenticationError, dialer_handshake
 from regency._transport.bounded import BoundedDict
 from regency._transport.connection import Buffer, Connection, ConnectionClosedError
 from regency._transport.frames import KIND_HEARTBEAT, Frame, FrameError
 from regency._transport.heartbeat import Heartbeat, Settings
+from regency._transport.inbound import Inbound
 from regency._transport.io_loop import IOLoop
-from regency._transport.ratelimit import FailureLimiter, peer_key
+from regency._transport.ratelimit import FailureLimiter
 from regency._transport.reader import FrameReader
+from regency._transport.tls import Stream
 
 log = logging.getLogger("regency.transport")
 
@@ -120,6 +125,14 @@ class Transport:
         self._heartbeat = Heartbeat(heartbeat, self._tcp_connections, self.loop.call_later)
         self._beating = False
         self._handoff = handoff
+        self._inbound = Inbound(
+            self.loop,
+            lambda: (self.secret, *self.accepted),
+            self._authenticated,
+            self._route_elsewhere,
+            self._tune,
+            limiter=lambda: self.auth_failures,
+        )
         if addr.is_tcp(listen_address) and addr.route_key(listen_address):
             self.address = listen_address  # reached through this machine's host
         else:
@@ -130,10 +143,8 @@ class Transport:
             self.loop.register(handoff.fileno(), self._on_handoff)
 
     def _add_listener(self, listener: socket.socket) -> None:
-        listener.setblocking(False)
         self._listeners.append(listener)
-        routed = listener.family != socket.AF_UNIX
-        self.loop.register(listener.fileno(), lambda _: self._on_accept_ready(listener, routed))
+        self._inbound.listen(listener, routed=listener.family != socket.AF_UNIX)
 
     def listen_tcp(self, ip: str) -> str:
         """Also accept TCP connections on ``ip`` (any free port); return that address."""
@@ -257,20 +268,25 @@ class Transport:
         for item in queue:
             item.finish(sent=False)
 
-    def _connect(self, peer: str, secret: bytes, timeout: float) -> socket.socket:
+    def _connect(self, peer: str, secret: bytes, timeout: float) -> Stream:
         """A connected, authenticated socket to ``peer`` (through its host or the gateway)."""
         target, key = peer, None
         if addr.is_tcp(peer):
             key = addr.route_key(peer)
         elif self.gateway is not None:
             target, key = self.gateway, peer
-        sock = addr.dial(target, timeout=timeout)
+        raw = addr.dial(target, timeout=timeout)
+        sock: Stream = raw
         try:
             if key is not None:
-                interval, silence = self._heartbeat.settings()
-                addr.tune_tcp(sock, interval, silence)
-                sock.sendall(routing.preamble(key))
+                self._tune(raw)
+                raw.sendall(routing.preamble(key))
+                if tls.applies(addr.tcp_host(target)):
+                    sock = tls.wrap_client(raw, secret)
             dialer_handshake(sock, secret, self.address)
+        except ssl.SSLError as exc:
+            sock.close()
+            raise AuthenticationError(tls.failure(exc)) from None
         except BaseException:
             sock.close()
             raise
@@ -281,7 +297,7 @@ class Transport:
         started = time.monotonic()
         deadline = started + timeout
         delay = 0.002
-        sock: socket.socket | None = None
+        sock: Stream | None = None
         reason = "unknown error"
         while not self._closing and peer not in self._lost:
             try:
@@ -339,7 +355,7 @@ class Transport:
 
     # -- receiving -----------------------------------------------------------------------------
 
-    def _adopt(self, sock: socket.socket, peer: str) -> Connection:
+    def _adopt(self, sock: Stream, peer: str) -> Connection:
         conn = Connection(sock, peer, self._connection_closed)
         reader = FrameReader(self.frame_limit)
         with self._lock:
@@ -402,20 +418,6 @@ class Transport:
         if not self._closing:
             self._on_peer_lost(conn.peer, f"connection lost ({reason})")
 
-    def _on_accept_ready(self, listener: socket.socket, routed: bool) -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                log.warning("accept failed: %s", exc)
-                return
-            if routed:
-                self._start_routing(sock)
-            else:
-                self._start_listener_handshake(sock)
-
     def _on_handoff(self, _: int) -> None:
         channel = self._handoff
         if channel is None:
@@ -427,129 +429,32 @@ class Transport:
             self._handoff = None
             return
         for sock in handed:
-            self._start_listener_handshake(sock)
+            self._inbound.take(sock, routed=False)
 
-    def _start_routing(self, sock: socket.socket) -> None:
-        """Read a TCP dialer's route preamble, then serve the connection or hand it over."""
-        sock.setblocking(False)
+    def _route_elsewhere(self, key: str, sock: socket.socket) -> bool:
+        """Hand a routed connection to the process ``key`` names; False if it is this one."""
+        if key in ("", self.address):
+            return False
+        if self.router is not None:
+            self.router(key, sock)
+        else:
+            log.warning("rejected a connection for %r: no such process here", key)
+            sock.close()
+        return True
+
+    def _tune(self, sock: socket.socket) -> None:
         interval, silence = self._heartbeat.settings()
         addr.tune_tcp(sock, interval, silence)
-        reader = routing.PreambleReader()
-        fd = sock.fileno()
-        state = {"done": False}
 
-        def finish() -> None:
-            state["done"] = True
-            self.loop.unregister(fd)
-
-        def reject(reason: str) -> None:
-            finish()
-            log.warning("rejected a connection from %s: %s", _peer_name(sock), reason)
-            sock.close()
-
-        def readable(_: int) -> None:
-            try:
-                data = sock.recv(routing.MAX_KEY + 8)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                reject(f"read failed before routing: {exc}")
-                return
-            if not data:
-                reject("peer hung up before naming a route")
-                return
-            try:
-                key = reader.feed(data)
-            except routing.RouteError as exc:
-                reject(str(exc))
-                return
-            if key is None:
-                return
-            finish()
-            if key in ("", self.address):
-                self._start_listener_handshake(sock)
-            elif self.router is not None:
-                self.router(key, sock)
-            else:
-                log.warning("rejected a connection for %r: no such process here", key)
-                sock.close()
-
-        def expire() -> None:
-            if not state["done"]:
-                reject("no route preamble in time")
-
-        self.loop.register(fd, readable)
-        self.loop.call_later(_HANDSHAKE_TIMEOUT, expire)
-
-    def _start_listener_handshake(self, sock: socket.socket) -> None:
-        key = peer_key(sock)
-        if self.auth_failures.blocked(key):
-            log.debug("refused a connection from %s: too many failed handshakes", key)
-            sock.close()
-            return
-        sock.setblocking(False)
-        if sock.family != socket.AF_UNIX:
-            interval, silence = self._heartbeat.settings()
-            addr.tune_tcp(sock, interval, silence)
-        shake = ListenerHandshake(self.secret, *self.accepted)
-        fd = sock.fileno()
-        state = {"done": False}
-
-        def finish(reason: str | None) -> None:
-            state["done"] = True
-            self.loop.unregister(fd)
-            if reason is not None:
-                log.warning("rejected a connection from %s: %s", _peer_name(sock), reason)
-                sock.close()
-
-        def readable(_: int) -> None:
-            try:
-                data = sock.recv(4096)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                finish(f"read failed during handshake: {exc}")
-                return
-            if not data:
-                finish("peer hung up during the handshake")
-                return
-            try:
-                proof = shake.feed(data)
-            except AuthenticationError as exc:
-                self.auth_failures.failed(key)
-                finish(str(exc))
-                return
-            if proof is None:
-                return
-            try:
-                sock.send(proof)
-            except OSError as exc:
-                finish(f"write failed during handshake: {exc}")
-                return
-            finish(None)
-            self.auth_failures.succeeded(key)
-            peer = shake.peer_address or "unknown"
-            conn = self._adopt(sock, peer)
-            with self._lock:
-                entry = self._peers.get(peer)
-                if entry is None:
-                    entry = _Peer()
-                    entry.conn = conn
-                    self._peers[peer] = entry
-                    self._lost.pop(peer, None)
-
-        def expire() -> None:
-            if not state["done"]:
-                finish("handshake timed out")
-
-        try:
-            sock.send(shake.hello())
-        except OSError as exc:
-            log.warning("rejected a connection: %s", exc)
-            sock.close()
-            return
-        self.loop.register(fd, readable)
-        self.loop.call_later(_HANDSHAKE_TIMEOUT, expire)
+    def _authenticated(self, sock: Stream, peer: str) -> None:
+        conn = self._adopt(sock, peer)
+        with self._lock:
+            entry = self._peers.get(peer)
+            if entry is None:
+                entry = _Peer()
+                entry.conn = conn
+                self._peers[peer] = entry
+                self._lost.pop(peer, None)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -561,6 +466,7 @@ class Transport:
             conns = list(self._conns)
         for conn in conns:
             conn.close("transport closed")
+        self.loop.call_soon(self._inbound.close)
         for listener in self._listeners:
             self.loop.unregister(listener.fileno())
             with contextlib.suppress(OSError):
@@ -569,14 +475,3 @@ class Transport:
             self.loop.unregister(self._handoff.fileno())
             with contextlib.suppress(OSError):
                 self._handoff.close()
-
-
-def _peer_name(sock: socket.socket) -> str:
-    """Who is at the other end of an accepted socket, for log lines."""
-    try:
-        name = sock.getpeername()
-    except OSError:
-        return "an unknown peer"
-    if isinstance(name, tuple):
-        return f"{name[0]}:{name[1]}"
-    return "a local process"

@@ -16,14 +16,15 @@ from regency._runtime.meshes import HostInfo, HostMesh, WorkerLease
 from regency._runtime.pending import Pending
 from regency._runtime.proc import Part, PortRef
 from regency._runtime.worker import Attach
-from regency._transport import address
+from regency._transport import address, tls
 from regency._transport.auth import SECRET_ENV, check_secret, wrap_secret
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Shape
 
 TRUST_ALL = "trust_all_connections"
-PrivateKey = bytes | Path | None
-CA = bytes | Path | Literal["trust_all_connections"]
+PrivateKey = bytes | str | Path | None
+CA = bytes | str | Path | Literal["trust_all_connections"]
+KEY_ENV = tls.KEY_ENV
 
 
 class AttachError(ConnectionError):
@@ -92,12 +93,24 @@ def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
 
 
 def _check_security(ca: CA | None, private_key: PrivateKey) -> None:
-    """Accept Monarch's ``ca``/``private_key``; only its no-TLS value means anything yet."""
-    if private_key is not None or (ca is not None and ca != TRUST_ALL):
-        raise NotImplementedError(
-            "TLS security plumbing: regency does not implement TLS yet; pass "
-            f"ca={TRUST_ALL!r} (connections are still authenticated with the job secret)"
-        )
+    """Apply Monarch's ``ca``/``private_key`` to this process's TLS.
+
+    ``None`` or ``"trust_all_connections"`` keeps regency's default: mutual TLS with the
+    per-job certificates derived from the job secret (or those ``REGENCY_TLS_{CA,CERT,KEY}``
+    name). A CA certificate (PEM bytes, or a path) with ``private_key`` (PEM bytes or a path;
+    the key, followed by its certificate unless ``REGENCY_TLS_CERT`` names it) makes every
+    TCP connection of this process present that certificate and trust only that CA.
+    """
+    if ca is None or ca == TRUST_ALL:
+        if private_key is not None:
+            raise ValueError(
+                "private_key= needs ca= (the CA certificate that signed its certificate)"
+            )
+        return
+    key: PrivateKey | str = private_key if private_key is not None else os.environ.get(KEY_ENV)
+    if not key:
+        raise ValueError(f"ca= needs private_key= (or {KEY_ENV}): the key to present")
+    tls.set_user_identity(tls.identity_from(ca, key, None))
 
 
 def _job_secret(secret: bytes | None, ca: CA | None) -> bytes:
@@ -158,10 +171,11 @@ def attach_to_workers(
     ``service<ID>@tcp://...`` and ``dial@bind`` forms), or futures that resolve to one; they are
     ranked in the order given. Every connection is authenticated with the job secret the
     workers hold, ``secret`` (default: ``REGENCY_JOB_SECRET``, hex; at least 16 bytes, or
-    ``ValueError``), whatever ``ca`` says:
-    ``ca="trust_all_connections"`` (Monarch's only implemented value) means no TLS, which
-    regency does not have yet; other ``ca`` values and a ``private_key`` raise
-    ``NotImplementedError`` as in Monarch.
+    ``ValueError``), inside mutual TLS 1.3:
+    with ``ca=None`` or ``"trust_all_connections"`` the certificates are the job's own,
+    derived from the secret (nothing to set up); a CA certificate (PEM bytes or a path) and
+    ``private_key`` (PEM bytes or a path: the key and its certificate) use those instead, as
+    ``REGENCY_TLS_{CA,CERT,KEY}`` do. The workers must trust the same CA.
 
     Unlike Monarch, it returns once every worker answered. Raises :class:`AttachError` naming
     each worker that did not answer within ``timeout`` seconds, refused this controller's proof

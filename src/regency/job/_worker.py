@@ -65,13 +65,14 @@ def run_worker_loop_forever(
     ``service<ID>@tcp://...``, or ``dial@bind`` (listen on ``bind``, announce ``dial``).
     ``secret`` is the job secret every controller must prove, at least 16 bytes (default:
     ``REGENCY_JOB_SECRET``, hex, which is then removed from this process's environment so that
-    procs and their commands do not inherit it); ``ca="trust_all_connections"`` means no TLS,
-    and does not turn authentication off.
-    Other ``ca`` values and a ``private_key`` raise ``NotImplementedError`` (TLS is not
-    implemented yet). Once listening, prints ``regency worker listening on tcp://IP:PORT`` on
-    stdout; a wildcard host is shown as this machine's primary IP. ``idle_timeout`` (regency's
-    addition; default: serve forever) ends the loop, exiting with code 0, once no controller has
-    been attached for that many seconds (from the start, or since the last one went away).
+    procs and their commands do not inherit it). Connections run mutual TLS 1.3 under the
+    secret handshake: ``ca=None`` or ``"trust_all_connections"`` uses the job's certificates
+    derived from the secret; a CA certificate (PEM bytes or a path) with ``private_key`` (the
+    key and its certificate, PEM bytes or a path) uses those, as ``REGENCY_TLS_{CA,CERT,KEY}``
+    do. Once listening, prints ``regency worker listening on tcp://IP:PORT`` on stdout; a
+    wildcard host is shown as this machine's primary IP. ``idle_timeout`` (regency's addition;
+    default: serve forever) ends the loop, exiting with code 0, once no controller has been
+    attached for that many seconds (from the start, or since the last one went away).
     """
     _check_security(ca, private_key)
     if idle_timeout is not None and not idle_timeout > 0:

@@ -25,7 +25,7 @@ import warnings
 
 from regency._runtime import state
 from regency._transport import address
-from regency.rdma import _cma, _ibv_probe
+from regency.rdma import _cma, _ibv_probe, _service
 from regency.rdma._errors import RDMABackendError, RDMAFallbackWarning, RDMATcpFallbackWarning
 from regency.rdma._handle import BufferHandle
 from regency.rdma._host import start_time, this_host
@@ -39,15 +39,26 @@ _ibverbs_denied: set[str] = set()
 _warned: set[tuple[str, str]] = set()
 
 
-# Owners on the controller's machine (unix-addressed procs) serve transfers on every interface.
-WILDCARD = "0.0.0.0"
+# Owners on the controller's machine (unix-addressed procs) serve transfers on loopback and on
+# the interfaces the controller's gateways listen on; their handles say WILDCARD for that.
+WILDCARD = _service.WILDCARD
 
 
-def service_host(proc_address: str) -> str:
-    """The interface an owner's transfer service listens on: its proc's own, or all of them."""
-    if address.is_tcp(proc_address):
-        return address.tcp_host(proc_address)
-    return WILDCARD
+def service_hosts() -> list[str]:
+    """The interfaces this process's transfer service listens on.
+
+    A proc on a worker host: its own address's. On the controller's machine: loopback, and the
+    interfaces other hosts reach the controller on (its gateways: the controller's current
+    ones, or, in a proc, those open when it started), so a single-host job listens on loopback
+    only.
+    """
+    rt = state.runtime()
+    if address.is_tcp(rt.address):
+        return [address.tcp_host(rt.address)]
+    from regency._runtime import controller
+
+    ips = controller.gateway_ips() or list(rt.gateway_ips)
+    return ["127.0.0.1", *[ip for ip in ips if ip != "127.0.0.1"]]
 
 
 def service_address(handle: BufferHandle) -> str:

@@ -75,7 +75,7 @@ class RDMABuffer:
         try:
             service = ensure_service(
                 rt.secret,
-                _backends.service_host(rt.address),
+                _backends.service_hosts(),
                 f"regency-rdma-{rt.job_id}-{os.getpid()}-{os.urandom(6).hex()}",
             )
             started = start_time(os.getpid())

@@ -12,8 +12,7 @@ memory directly.
 
 from __future__ import annotations
 
-import socket
-
+from regency._transport.tls import Stream
 from regency.rdma._ibv_load import IbvUnavailableError, verbs_errors
 from regency.rdma._ibv_port import agree_depth
 from regency.rdma._ibv_verbs import Endpoint, Registered, device
@@ -26,7 +25,7 @@ ATTACHMENT = "ibverbs"
 MAX_CONNECT_BYTES = 4096
 
 
-def _send_ok(conn: socket.socket, body: bytes) -> None:
+def _send_ok(conn: Stream, body: bytes) -> None:
     conn.sendall(REPLY.pack(Status.OK, len(body)) + body)
 
 
@@ -56,7 +55,7 @@ def _registration(entry: Registration) -> Registered:
 class OwnerSide:
     """The ibverbs state of one service connection: the queue pair connected to its reader."""
 
-    def __init__(self, conn: socket.socket) -> None:
+    def __init__(self, conn: Stream) -> None:
         self.conn = conn
         self._endpoint: Endpoint | None = None
 

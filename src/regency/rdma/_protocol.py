@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import enum
 import socket
+import ssl
 import struct
 import time
 
-from regency._transport import address, auth
+from regency._transport import address, auth, tls
+from regency._transport.tls import Stream
 
 REQUEST = struct.Struct("<BQQQQQ")
 REPLY = struct.Struct("<BQ")
@@ -88,7 +90,7 @@ def time_left(deadline: float) -> float:
     return left
 
 
-def recv_exact_into(sock: socket.socket, mv: memoryview, deadline: float | None = None) -> None:
+def recv_exact_into(sock: Stream, mv: memoryview, deadline: float | None = None) -> None:
     """Fill ``mv`` from ``sock``; raise :class:`PeerClosedError` on end of stream.
 
     With a ``deadline`` each receive waits only until it (the socket's timeout would otherwise
@@ -105,7 +107,7 @@ def recv_exact_into(sock: socket.socket, mv: memoryview, deadline: float | None 
         got += n
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: Stream, n: int) -> bytes:
     """Exactly ``n`` bytes from ``sock``."""
     buf = bytearray(n)
     recv_exact_into(sock, memoryview(buf))
@@ -120,42 +122,35 @@ def tune(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def connect(target: str, secret: bytes, timeout: float) -> socket.socket:
-    """Dial a transfer service and authenticate both ways (raises ``OSError`` subclasses)."""
-    sock = address.dial(target, timeout)
+def connect(target: str, secret: bytes, timeout: float) -> Stream:
+    """Dial a transfer service and authenticate it both ways.
+
+    Over TCP the connection runs TLS first. Raises ``OSError`` subclasses.
+    """
+    raw = address.dial(target, timeout)
+    sock: Stream = raw
     try:
-        sock.settimeout(max(min(timeout, HANDSHAKE_TIMEOUT_S), 0.001))
+        raw.settimeout(max(min(timeout, HANDSHAKE_TIMEOUT_S), 0.001))
+        tune(raw)
+        if address.is_tcp(target) and tls.applies(address.tcp_host(target)):
+            sock = tls.wrap_client(raw, secret)
         auth.dialer_handshake(sock, secret, f"rdma-client:{target}")
-        tune(sock)
+    except ssl.SSLError as exc:
+        sock.close()
+        raise auth.AuthenticationError(tls.failure(exc)) from None
     except BaseException:
         sock.close()
         raise
     return sock
 
 
-def accept_handshake(sock: socket.socket, secret: bytes) -> None:
-    """Run the listening side of the handshake on a fresh connection (blocking, bounded)."""
-    sock.settimeout(HANDSHAKE_TIMEOUT_S)
-    handshake = auth.ListenerHandshake(secret)
-    sock.sendall(handshake.hello())
-    while True:
-        data = sock.recv(4096)
-        if not data:
-            raise auth.AuthenticationError("peer closed the connection during the handshake")
-        proof = handshake.feed(data)
-        if proof is not None:
-            sock.sendall(proof)
-            sock.settimeout(None)
-            return
-
-
-def send_reply(sock: socket.socket, status: Status, text: str = "") -> None:
+def send_reply(sock: Stream, status: Status, text: str = "") -> None:
     """Send a reply without data (an error text, or an empty OK)."""
     body = text.encode()[:MAX_ERROR_TEXT]
     sock.sendall(REPLY.pack(status, len(body)) + body)
 
 
-def read_reply(sock: socket.socket) -> tuple[Status, int]:
+def read_reply(sock: Stream) -> tuple[Status, int]:
     """Read a reply's head: its status and the number of bytes that follow."""
     status, n = REPLY.unpack(recv_exact(sock, REPLY.size))
     try:
@@ -164,14 +159,14 @@ def read_reply(sock: socket.socket) -> tuple[Status, int]:
         raise PeerClosedError(f"unknown reply status {status}") from None
 
 
-def read_error(sock: socket.socket, n: int) -> str:
+def read_error(sock: Stream, n: int) -> str:
     """Read the error text that follows a non-OK reply head."""
     if n > MAX_ERROR_TEXT:
         raise PeerClosedError(f"error text of {n} bytes is too long")
     return recv_exact(sock, n).decode(errors="replace")
 
 
-def check_reply(sock: socket.socket, expected: int) -> None:
+def check_reply(sock: Stream, expected: int) -> None:
     """Read a reply head; raise unless it is OK and announces ``expected`` bytes of data."""
     status, n = read_reply(sock)
     if status != Status.OK:

@@ -3,27 +3,32 @@
 The service starts with the first registration in a process. It listens on a TCP socket (for
 peers on other hosts) and on an abstract Unix socket (for the shared-memory backend on this
 host), on its own threads: it never goes through an actor's mailbox, so an actor that is busy
-in a handler does not stall transfers of its buffers. Each connection is authenticated with the
-job secret before a single request is read, then served by its own thread. The protocol is in
-:mod:`regency.rdma._protocol`. The ibverbs backend sets up its connections and buffer keys
-through the same service (:mod:`regency.rdma._ibv_owner`); its transfers then bypass it.
+in a handler does not stall transfers of its buffers. Each connection runs TLS (over TCP) and is
+authenticated with the job secret before a single request is read, on the service's I/O thread
+(bounded, one deadline, no thread per unauthenticated peer), then served by its own thread. The
+protocol is in :mod:`regency.rdma._protocol`. The ibverbs backend sets up its connections and
+buffer keys through the same service (:mod:`regency.rdma._ibv_owner`); its transfers then
+bypass it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import mmap
 import os
-import selectors
 import socket
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from regency._transport import address
-from regency._transport.auth import AuthenticationError
-from regency._transport.ratelimit import FailureLimiter, peer_key
+from regency._transport.inbound import Inbound
+from regency._transport.io_loop import IOLoop
+from regency._transport.ratelimit import FailureLimiter
+from regency._transport.tls import Stream
 from regency.rdma import _cuda
 from regency.rdma._ibv_owner import OwnerSide
 from regency.rdma._memory import view
@@ -33,12 +38,13 @@ from regency.rdma._protocol import (
     Op,
     PeerClosedError,
     Status,
-    accept_handshake,
     recv_exact_into,
     send_reply,
     tune,
 )
 from regency.rdma._registry import Registration, registry
+
+WILDCARD = "0.0.0.0"  # in a handle's address: "on loopback and the interfaces other hosts use"
 
 _DRAIN_CHUNK = 1 << 20
 _REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
@@ -63,7 +69,7 @@ class _Staging:
         self.map.close()
 
 
-def _recv_request(conn: socket.socket) -> tuple[bytes, list[int]]:
+def _recv_request(conn: Stream) -> tuple[bytes, list[int]]:
     """Read one request head, with any file descriptors sent along with it."""
     data = bytearray()
     fds: list[int] = []
@@ -85,7 +91,7 @@ def _recv_request(conn: socket.socket) -> tuple[bytes, list[int]]:
     return bytes(data), fds
 
 
-def _drain(conn: socket.socket, nbytes: int) -> None:
+def _drain(conn: Stream, nbytes: int) -> None:
     scratch = memoryview(bytearray(min(nbytes, _DRAIN_CHUNK)))
     while nbytes > 0:
         step = min(nbytes, scratch.nbytes)
@@ -96,7 +102,7 @@ def _drain(conn: socket.socket, nbytes: int) -> None:
 class _Session:
     """One authenticated connection."""
 
-    def __init__(self, conn: socket.socket, is_unix: bool) -> None:
+    def __init__(self, conn: Stream, is_unix: bool) -> None:
         self.conn = conn
         self.is_unix = is_unix
         self.staging: _Staging | None = None
@@ -231,51 +237,48 @@ class _Session:
 
 
 class TransferService:
-    """Listening sockets plus an accept thread; one thread per authenticated connection."""
+    """Listening sockets, and one thread per authenticated connection.
 
-    def __init__(self, secret: bytes, tcp_host: str, unix_name: str) -> None:
+    An I/O thread takes every connection through TLS (over TCP) and the secret handshake within
+    bounds and one deadline (:mod:`regency._transport.inbound`).
+    """
+
+    def __init__(self, secret: bytes, tcp_hosts: Sequence[str], unix_name: str) -> None:
         self._secret = secret
-        self._tcp, self.tcp_address = address.listen(f"tcp://{tcp_host}:0")
-        self._unix, self.unix_address = address.listen(f"unix:@{unix_name}")
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._tcp, selectors.EVENT_READ, False)
-        self._selector.register(self._unix, selectors.EVENT_READ, True)
-        self._thread = threading.Thread(
-            target=self._accept_loop, name="regency-rdma-service", daemon=True
+        self._loop = IOLoop("regency-rdma-accept")
+        self._inbound = Inbound(
+            self._loop,
+            lambda: (self._secret,),
+            self._authenticated,
+            lambda _key, _sock: False,
+            tune,
+            limiter=lambda: _auth_failures,
         )
-        self._thread.start()
+        self._listeners = _listen_on(tcp_hosts)
+        port = self._listeners[0].getsockname()[1]
+        self.tcp_address = address.tcp_address(
+            tcp_hosts[0] if len(tcp_hosts) == 1 else WILDCARD, port
+        )
+        unix, self.unix_address = address.listen(f"unix:@{unix_name}")
+        self._listeners.append(unix)
+        for listener in self._listeners:
+            self._inbound.listen(listener, routed=False)
 
-    def _accept_loop(self) -> None:
-        while True:
-            for key, _ in self._selector.select():
-                listener: socket.socket = key.fileobj  # type: ignore[assignment]
-                try:
-                    conn, _peer = listener.accept()
-                except OSError:
-                    continue
-                threading.Thread(
-                    target=self._serve,
-                    args=(conn, bool(key.data)),
-                    name="regency-rdma-conn",
-                    daemon=True,
-                ).start()
+    def _authenticated(self, stream: Stream, _peer: str) -> None:
+        threading.Thread(
+            target=self._serve,
+            args=(stream, stream.family == socket.AF_UNIX),
+            name="regency-rdma-conn",
+            daemon=True,
+        ).start()
 
-    def _serve(self, conn: socket.socket, is_unix: bool) -> None:
+    def _serve(self, conn: Stream, is_unix: bool) -> None:
+        conn.setblocking(True)
         session = _Session(conn, is_unix)
-        key = peer_key(conn)
         try:
-            if _auth_failures.blocked(key):
-                return  # too many failed handshakes from this peer: closed below
-            try:
-                accept_handshake(conn, self._secret)
-            except AuthenticationError:
-                _auth_failures.failed(key)
-                raise
-            _auth_failures.succeeded(key)
-            tune(conn)
             session.serve()
         except OSError:
-            pass  # a peer that fails the handshake or hangs up just loses its connection
+            pass  # a peer that hangs up just loses its connection
         except Exception as exc:  # a failed copy (e.g. on a GPU) ends this connection only
             with contextlib.suppress(OSError):
                 send_reply(conn, Status.FAILED, f"{type(exc).__name__}: {exc}")
@@ -284,18 +287,43 @@ class TransferService:
                 session.close()
 
 
+def _listen_on(hosts: Sequence[str]) -> list[socket.socket]:
+    """TCP listeners on every one of ``hosts``, all on the same (free) port."""
+    for _ in range(20):
+        first, bound = address.listen(address.tcp_address(hosts[0], 0))
+        port = address.tcp_port(bound)
+        listeners = [first]
+        try:
+            for host in hosts[1:]:
+                try:
+                    listeners.append(address.listen(address.tcp_address(host, port))[0])
+                except OSError as exc:
+                    if exc.errno != errno.EADDRNOTAVAIL:
+                        raise
+                    # that interface is gone (a gateway's network was torn down): skip it
+        except OSError:
+            for listener in listeners:
+                listener.close()
+            continue  # that port is taken on another interface: try another one
+        return listeners
+    raise OSError(f"no port free on all of {', '.join(hosts)}")
+
+
 _lock = threading.Lock()
 _service: TransferService | None = None
 # Failed handshakes per peer, as the transport's listeners count them (issue 12 §3).
 _auth_failures = FailureLimiter()
 
 
-def ensure_service(secret: bytes, tcp_host: str, unix_name: str) -> TransferService:
-    """The transfer service of this process, started on first use."""
+def ensure_service(secret: bytes, tcp_hosts: Sequence[str], unix_name: str) -> TransferService:
+    """The transfer service of this process, started on first use.
+
+    It listens on the TCP interfaces ``tcp_hosts`` (see ``_backends.service_hosts``).
+    """
     global _service
     with _lock:
         if _service is None:
-            _service = TransferService(secret, tcp_host, unix_name)
+            _service = TransferService(secret, tcp_hosts, unix_name)
         return _service
 
 

@@ -47,7 +47,9 @@ class _Channel:
     """A Unix connection to one owner's service, with an attached memfd staging area."""
 
     def __init__(self, target: str, secret: bytes, timeout: float) -> None:
-        self.sock = connect(target, secret, timeout)
+        sock = connect(target, secret, timeout)
+        assert isinstance(sock, socket.socket)  # a unix connection: no TLS
+        self.sock = sock
         self.map: mmap.mmap | None = None
         self._anchor: Any = None
         try:

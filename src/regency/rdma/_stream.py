@@ -9,9 +9,9 @@ data is sent straight from the source's memory: no intermediate copies on this s
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 
+from regency._transport.tls import Stream
 from regency.rdma import _parallel
 from regency.rdma._handle import BufferHandle
 from regency.rdma._memory import Region, view
@@ -29,11 +29,11 @@ from regency.rdma._protocol import (
 CHUNK_BYTES = 4 << 20
 MAX_STREAMS = 4
 
-_pool: ConnectionPool[socket.socket] = ConnectionPool()
+_pool: ConnectionPool[Stream] = ConnectionPool()
 
 
 def _stream(
-    sock: socket.socket,
+    sock: Stream,
     handle: BufferHandle,
     mem: memoryview,
     span: tuple[int, int],
@@ -80,7 +80,7 @@ def transfer(
     """Move ``nbytes`` between ``local`` and the remote buffer through its transfer service."""
     mem = view(local.address, nbytes, writable=not write)
 
-    def dial() -> socket.socket:
+    def dial() -> Stream:
         return connect(target, secret, time_left(deadline))
 
     def job(span: tuple[int, int]) -> _parallel.Job:

@@ -1,0 +1,347 @@
+"""Accepted connections until they are authenticated: route preamble, TLS, secret handshake.
+
+Everything here runs on the I/O thread and guards the process against peers that never
+authenticate:
+
+- **one deadline** (``DEADLINE`` seconds) for the whole way from ``accept`` to an authenticated
+  connection, whatever the peer sends meanwhile (a byte every few seconds does not extend it);
+- **bounded**: at most ``PER_LISTENER`` connections still unauthenticated, and ``PER_PEER``
+  from one peer address; a new one over either bound pushes out the oldest (so a flood from one
+  address cannot keep a legitimate dialer from another, or a fresh one, out);
+- a peer that **hangs up** is closed at once;
+- ``accept`` failing for lack of descriptors (``EMFILE``…) **backs off**: the listener leaves
+  the epoll set for a growing pause (no busy loop), the oldest unauthenticated connection is
+  closed to make room, and the log says so at a bounded rate.
+
+TCP connections run TLS 1.3 (:mod:`regency._transport.tls`) before the secret handshake of
+:mod:`regency._transport.auth`; nothing is unpickled before both succeed. A TCP listener reads
+exactly the route preamble and no more, so a connection handed over to another process keeps
+the TLS bytes that follow it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import select
+import socket
+import ssl
+from collections import OrderedDict
+from collections.abc import Callable
+
+from regency._transport import routing, tls
+from regency._transport.auth import AuthenticationError, ListenerHandshake
+from regency._transport.ratelimit import FailureLimiter, peer_key
+from regency._transport.io_loop import IOLoop
+from regency._transport.ratelog import RateLimitedLog
+
+log = logging.getLogger("regency.transport")
+
+DEADLINE = 10.0
+PER_LISTENER = 256
+PER_PEER = 64
+_OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+_ACCEPTS_PER_WAKEUP = 64
+_BACKOFF_FIRST = 0.05
+_BACKOFF_MAX = 1.0
+
+# (the authenticated socket, the peer's announced address)
+Ready = Callable[[tls.Stream, str], None]
+# Takes a connection whose preamble names key; False: it is for this process.
+Elsewhere = Callable[[str, socket.socket], bool]
+
+
+def _local_ip(sock: socket.socket) -> str:
+    """The address a connection arrived at (decides TLS as the dialer's target did)."""
+    try:
+        return str(sock.getsockname()[0])
+    except OSError:
+        return ""
+
+
+def _peer_key(sock: socket.socket) -> str:
+    try:
+        name = sock.getpeername()
+    except OSError:
+        return "?"
+    return str(name[0]) if isinstance(name, tuple) else "local"
+
+
+class _Shake:
+    """One connection on its way to authentication."""
+
+    __slots__ = ("fd", "preamble", "raw", "routed", "shake", "sslsock", "stream", "who")
+
+    def __init__(self, sock: socket.socket, routed: bool) -> None:
+        self.raw = sock
+        self.fd = sock.fileno()
+        self.routed = routed
+        self.who = _peer_key(sock)
+        self.preamble = routing.PreambleReader() if routed else None
+        self.sslsock: ssl.SSLSocket | None = None
+        self.stream: tls.Stream | None = None
+        self.shake: ListenerHandshake | None = None
+
+    def name(self) -> str:
+        return "a local process" if self.who == "local" else self.who
+
+    def close(self) -> None:
+        for s in (self.sslsock, self.raw):
+            if s is not None:
+                with contextlib.suppress(OSError):
+                    s.close()
+
+
+class Inbound:
+    """Takes accepted sockets through to authenticated connections (on the I/O thread)."""
+
+    def __init__(
+        self,
+        loop: IOLoop,
+        secrets: Callable[[], tuple[bytes, ...]],
+        on_ready: Ready,
+        elsewhere: Elsewhere,
+        tune: Callable[[socket.socket], None],
+        *,
+        limit: int = PER_LISTENER,
+        per_peer: int = PER_PEER,
+        deadline: float | None = None,
+        limiter: Callable[[], FailureLimiter] | None = None,
+    ) -> None:
+        self._loop = loop
+        own = FailureLimiter()
+        # Looked up per connection: the owner may replace its limiter (a fork starts afresh).
+        self._limiter = limiter or (lambda: own)
+        self._secrets = secrets
+        self._on_ready = on_ready
+        self._elsewhere = elsewhere
+        self._tune = tune
+        self._limit = limit
+        self._per_peer = per_peer
+        self._deadline_given = deadline
+        self._pending: OrderedDict[int, _Shake] = OrderedDict()  # oldest first
+        self._by_peer: dict[str, int] = {}
+        self._backoff: dict[int, float] = {}
+        self._rejects = RateLimitedLog(log)
+        self._accept_errors = RateLimitedLog(log, burst=3)
+        self._closed = False
+
+    @property
+    def _deadline(self) -> float:
+        return DEADLINE if self._deadline_given is None else self._deadline_given
+
+    def pending(self) -> int:
+        """How many connections are still unauthenticated."""
+        return len(self._pending)
+
+    # -- accepting -----------------------------------------------------------------------------
+
+    def listen(self, listener: socket.socket, routed: bool) -> None:
+        """Accept connections on ``listener`` (``routed``: they start with a route preamble)."""
+        listener.setblocking(False)
+        self._loop.register(listener.fileno(), lambda _: self._accept(listener, routed))
+
+    def _accept(self, listener: socket.socket, routed: bool) -> None:
+        for _ in range(_ACCEPTS_PER_WAKEUP):
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                self._backoff.pop(listener.fileno(), None)
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF_FDS:
+                    self._out_of_fds(listener, routed, exc)
+                else:
+                    self._accept_errors.warning("accept failed: %s", exc)
+                return
+            self._backoff.pop(listener.fileno(), None)
+            self.take(sock, routed)
+
+    def _out_of_fds(self, listener: socket.socket, routed: bool, exc: OSError) -> None:
+        """Stop watching the listener for a while (it stays readable: no busy loop), and
+        make room by closing the oldest unauthenticated connection."""
+        fd = listener.fileno()
+        delay = min(self._backoff.get(fd, _BACKOFF_FIRST / 2) * 2, _BACKOFF_MAX)
+        self._backoff[fd] = delay
+        evicted = self._evict_oldest("closed to free a descriptor")
+        self._accept_errors.warning(
+            "accept failed: %s; pausing this listener for %.2f s%s",
+            exc,
+            delay,
+            " (closed the oldest unauthenticated connection)" if evicted else "",
+        )
+        self._loop.unregister(fd)
+
+        def resume() -> None:
+            if self._closed or listener.fileno() < 0:
+                return
+            self._loop.register(fd, lambda _: self._accept(listener, routed))
+
+        self._loop.call_later(delay, resume)
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def take(self, sock: socket.socket, routed: bool) -> None:
+        """Start authenticating an accepted (or handed-over) connection."""
+        sock.setblocking(False)
+        if sock.family != socket.AF_UNIX:
+            self._tune(sock)
+        shake = _Shake(sock, routed)
+        if self._by_peer.get(shake.who, 0) >= self._per_peer:
+            self._evict_oldest("too many unauthenticated connections from this address", shake.who)
+        if len(self._pending) >= self._limit:
+            self._evict_oldest("too many unauthenticated connections")
+        self._pending[shake.fd] = shake
+        self._by_peer[shake.who] = self._by_peer.get(shake.who, 0) + 1
+        self._loop.register(shake.fd, lambda ev: self._readable(shake, ev), _EVENTS)
+        self._loop.call_later(self._deadline, lambda: self._expire(shake))
+        if not routed:
+            self._start_auth(shake)
+
+    def _release(self, shake: _Shake) -> bool:
+        """Take ``shake`` off the books; whether it was still on them."""
+        if self._pending.get(shake.fd) is not shake:
+            return False
+        del self._pending[shake.fd]
+        left = self._by_peer[shake.who] - 1
+        if left:
+            self._by_peer[shake.who] = left
+        else:
+            del self._by_peer[shake.who]
+        self._loop.unregister(shake.fd)
+        return True
+
+    def _reject(self, shake: _Shake, reason: str) -> None:
+        if self._release(shake):
+            self._rejects.warning("rejected a connection from %s: %s", shake.name(), reason)
+            shake.close()
+
+    def _evict_oldest(self, reason: str, who: str | None = None) -> bool:
+        for shake in self._pending.values():
+            if who is None or shake.who == who:
+                self._reject(shake, reason)
+                return True
+        return False
+
+    def _expire(self, shake: _Shake) -> None:
+        if self._pending.get(shake.fd) is shake:
+            self._reject(
+                shake, f"handshake timed out (not authenticated within {self._deadline:g} s)"
+            )
+
+    # -- the stages ----------------------------------------------------------------------------
+
+    def _readable(self, shake: _Shake, events: int) -> None:
+        if self._pending.get(shake.fd) is not shake:
+            return
+        try:
+            if shake.preamble is not None:
+                self._read_preamble(shake)
+            elif shake.sslsock is not None and shake.stream is None:
+                self._step_tls(shake)
+            else:
+                self._read_proof(shake)
+        except routing.RouteError as exc:
+            self._reject(shake, str(exc))
+        except AuthenticationError as exc:
+            self._limiter().failed(peer_key(shake.raw))
+            self._reject(shake, str(exc))
+        except ssl.SSLError as exc:
+            self._reject(shake, tls.failure(exc))
+        except OSError as exc:
+            self._reject(shake, f"read failed before authentication: {exc}")
+        if events & (select.EPOLLHUP | select.EPOLLERR) and self._pending.get(shake.fd) is shake:
+            self._reject(shake, "peer hung up before authenticating")
+
+    def _read_preamble(self, shake: _Shake) -> None:
+        reader = shake.preamble
+        assert reader is not None
+        try:
+            data = shake.raw.recv(reader.missing())
+        except (BlockingIOError, InterruptedError):
+            return
+        if not data:
+            self._reject(shake, "peer hung up before naming a route")
+            return
+        key = reader.feed(data)
+        if key is None:
+            return
+        shake.preamble = None
+        # Out of the epoll set before the descriptor may travel to another process.
+        self._loop.unregister(shake.fd)
+        if self._elsewhere(key, shake.raw):
+            self._release(shake)  # handed over or refused there: no longer ours
+            return
+        self._loop.register(shake.fd, lambda ev: self._readable(shake, ev), _EVENTS)
+        self._start_auth(shake)
+
+    def _start_auth(self, shake: _Shake) -> None:
+        if self._limiter().blocked(peer_key(shake.raw)):
+            # Closed before the greeting, quietly: logging each refusal would be the flood.
+            if self._release(shake):
+                log.debug("refused %s: too many failed handshakes", shake.name())
+                shake.close()
+            return
+        if shake.raw.family != socket.AF_UNIX and tls.applies(_local_ip(shake.raw)):
+            shake.sslsock = tls.wrap_server(shake.raw, self._secrets())
+            self._step_tls(shake)
+        else:
+            shake.stream = shake.raw
+            self._send_hello(shake)
+
+    def _step_tls(self, shake: _Shake) -> None:
+        sslsock = shake.sslsock
+        assert sslsock is not None
+        if not tls.step_handshake(sslsock):
+            return
+        shake.stream = tls.SecureSocket(sslsock)
+        self._send_hello(shake)
+
+    def _send_hello(self, shake: _Shake) -> None:
+        stream = shake.stream
+        assert stream is not None
+        shake.shake = ListenerHandshake(*self._secrets())
+        try:
+            stream.send(shake.shake.hello())
+        except OSError as exc:
+            self._reject(shake, f"write failed during the handshake: {exc}")
+            return
+        if isinstance(stream, tls.SecureSocket) and stream.pending():
+            self._read_proof(shake)
+
+    def _read_proof(self, shake: _Shake) -> None:
+        stream, handshake = shake.stream, shake.shake
+        assert stream is not None
+        assert handshake is not None
+        while True:
+            try:
+                data = stream.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            if not data:
+                self._reject(shake, "peer hung up during the handshake")
+                return
+            proof = handshake.feed(data)
+            if proof is not None:
+                break
+            if not isinstance(stream, tls.SecureSocket) or not stream.pending():
+                return
+        try:
+            stream.send(proof)
+        except OSError as exc:
+            self._reject(shake, f"write failed during the handshake: {exc}")
+            return
+        if self._release(shake):
+            self._limiter().succeeded(peer_key(shake.raw))
+            self._on_ready(stream, handshake.peer_address or "unknown")
+
+    def close(self) -> None:
+        """Close every connection still unauthenticated."""
+        self._closed = True
+        for shake in list(self._pending.values()):
+            if self._release(shake):
+                shake.close()
+
+
+_EVENTS = select.EPOLLIN | select.EPOLLRDHUP
