@@ -448,7 +448,7 @@ class ProcMesh(MeshTrait):
         stopped mesh this raises ``RuntimeError("`ProcMesh` has already been stopped")``.
         """
         if not (isinstance(Class, type) and issubclass(Class, Actor)):
-            raise ValueError(f"{Class!r} must be a subclass of regency.actor.Actor")
+            raise ValueError(f"{Class!r} must subclass regency.actor.Actor to spawn it.")
         actor_is_async(Class)
         specs = endpoints_of(Class)
         clash = sorted(set(specs) & _RESERVED)
