@@ -33,9 +33,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 from compat_impl import IMPL, actor  # noqa: E402
-
 from compat_util import Failures, root_failures, spawn_procs, stop_quietly  # noqa: E402
-
 
 DEFAULT_TIMEOUT = 60  # seconds per scenario unless it says otherwise
 
@@ -100,4 +98,4 @@ def make_procs() -> Iterator[Callable[..., Any]]:
 @pytest.fixture
 def failures() -> Iterator[Failures]:
     """The failures that reach the root client during this scenario."""
-    yield Failures()
+    return Failures()

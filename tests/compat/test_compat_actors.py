@@ -241,7 +241,7 @@ def test_endpoints_named_shape_and_restarts_allowed(procs2):
 
 
 def test_spawn_non_actor_refused(procs2):
-    with pytest.raises(ValueError, match="must subclass .*Actor to spawn it"):
+    with pytest.raises(ValueError, match=r"must subclass .*Actor to spawn it"):
         _spawn(procs2, "notactor", NotAnActor)
 
 
@@ -336,5 +336,3 @@ class Relay(Actor):
     @endpoint
     def call_other(self, other) -> str:
         return other.ident.call_one().get()["rank"]
-
-

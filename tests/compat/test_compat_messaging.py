@@ -1,4 +1,4 @@
-"""Endpoints and their adverbs (monarch-api.md §1.1 "Defining actors", "Messaging", §2.3–2.4)."""
+"""Endpoints and their adverbs (monarch-api.md §1.1 "Defining actors", "Messaging", §2.3-2.4)."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ class NotEndpoint(Actor):
 def counters(procs2):
     mesh = procs2.spawn("counters", Counter, 100)
     mesh.initialized.get(timeout=CALL_TIMEOUT)
-    yield mesh
+    return mesh
 
 
 def test_call_returns_valuemesh_shaped_like_mesh(counters):
@@ -335,4 +335,4 @@ def test_as_endpoint_calls_a_plain_method(procs2):
 
 def test_unknown_attribute_on_actor_mesh_is_attribute_error(counters):
     with pytest.raises(AttributeError):
-        counters.no_such_endpoint  # noqa: B018
+        counters.no_such_endpoint

@@ -107,8 +107,10 @@ def test_point_is_a_mapping_of_label_to_index(ext):
     assert len(p) == 2
 
 
-@pytest.mark.parametrize(("rank", "coords"), [(0, {"a": 0, "b": 0}), (3, {"a": 0, "b": 3}),
-                                               (4, {"a": 1, "b": 0}), (11, {"a": 2, "b": 3})])
+@pytest.mark.parametrize(
+    ("rank", "coords"),
+    [(0, {"a": 0, "b": 0}), (3, {"a": 0, "b": 3}), (4, {"a": 1, "b": 0}), (11, {"a": 2, "b": 3})],
+)
 def test_point_row_major_coordinates(ext, rank, coords):
     assert dict(Point(rank, ext)) == coords
 
