@@ -69,7 +69,9 @@ class Future(Generic[R]):
         ``timeout`` (seconds) raises ``TimeoutError`` without cancelling anything.
         """
         if timeout is not None and (not math.isfinite(timeout) or timeout < 0):
-            raise ValueError(f"timeout must be a finite, non-negative number, got {timeout}")
+            raise ValueError(
+                f"invalid timeout {timeout}: expected a non-negative, finite number of seconds"
+            )
         if not self._pending.done:
             try:
                 asyncio.get_running_loop()
@@ -117,7 +119,10 @@ class Future(Generic[R]):
 
     def as_asyncio(self) -> asyncio.Future[R]:
         """An ``asyncio.Future`` on the running loop that completes with this future."""
-        loop = asyncio.get_running_loop()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError("as_asyncio() requires a running asyncio event loop.") from None
         afut: asyncio.Future[R] = loop.create_future()
 
         def transfer() -> None:
