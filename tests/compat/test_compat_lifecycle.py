@@ -110,7 +110,7 @@ def test_stop_is_not_a_failure(procs2):
     mesh = procs2.spawn("clean", Cleaner)
     mesh.initialized.get(timeout=CALL_TIMEOUT)
     mesh.stop().get(timeout=CALL_TIMEOUT)
-    assert [f for f in failures.new() if "clean" in str(f)] == []
+    assert [f for f in failures.new() if str(f.mesh_name).startswith("clean")] == []
 
 
 def test_self_stop_runs_cleanup_and_is_not_a_failure(procs2):
@@ -122,7 +122,8 @@ def test_self_stop_runs_cleanup_and_is_not_a_failure(procs2):
     with pytest.raises(SupervisionError, match="stopped"):
         mesh.slice(gpus=0).pid.call_one().get(timeout=CALL_TIMEOUT)
     assert mesh.slice(gpus=1).pid.call_one().get(timeout=CALL_TIMEOUT) > 0
-    assert [f for f in failures.new() if "selfstop" in str(f)] == []
+    # (Monarch also reports the undeliverable call to the stopped actor, with no mesh name)
+    assert [f for f in failures.new() if str(f.mesh_name).startswith("selfstop")] == []
 
 
 def test_abort_is_a_failure_with_no_reason_provided(make_procs, failures):

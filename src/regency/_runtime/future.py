@@ -72,7 +72,9 @@ class Future(Generic[R]):
             raise ValueError(
                 f"invalid timeout {timeout}: expected a non-negative, finite number of seconds"
             )
-        if not self._pending.done:
+        if self._value is _UNSET:
+            # As in Monarch, the warning does not depend on whether the reply has arrived yet
+            # (a race); only a value already read is returned silently.
             try:
                 asyncio.get_running_loop()
             except RuntimeError:
@@ -84,8 +86,8 @@ class Future(Generic[R]):
                     UserWarning,
                     stacklevel=2,
                 )
-            if not wait_pending(self._pending, timeout):
-                raise TimeoutError(f"no result within {timeout} s (the remote work goes on)")
+        if not self._pending.done and not wait_pending(self._pending, timeout):
+            raise TimeoutError(f"no result within {timeout} s (the remote work goes on)")
         return self._outcome()
 
     def _wait_quietly(self, timeout: float) -> BaseException | None:
