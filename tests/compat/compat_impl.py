@@ -9,6 +9,7 @@ or ``regency`` directly.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from types import ModuleType
 
@@ -19,6 +20,8 @@ MONARCH = IMPL == "monarch"
 REGENCY = IMPL == "regency"
 
 if MONARCH:
+    if importlib.util.find_spec("regency") is not None:
+        raise RuntimeError("the Monarch run must not be able to import regency: fix sys.path")
     import monarch.actor as actor
     import monarch.config as config
     import monarch.job as job

@@ -62,8 +62,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT))
 
 
-@pytest.fixture(autouse=True, scope="session")
+if IMPL == "monarch":
+    # Monarch's default hook exits the process; nothing else in this run installs one, and
+    # failures can also land between scenarios (module fixtures' teardown).
+    actor.unhandled_fault_hook = root_failures.append
+
+
+@pytest.fixture(autouse=True)
 def _record_root_failures() -> Iterator[list[Any]]:
+    """Route root failures to ``compat_util.root_failures`` during each scenario.
+
+    Function-scoped on purpose: under ``make test`` the other suites rely on the hook that
+    tests/conftest.py installs, so it is restored after every compat scenario.
+    """
     previous = actor.unhandled_fault_hook
     actor.unhandled_fault_hook = root_failures.append
     yield root_failures

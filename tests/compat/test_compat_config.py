@@ -8,9 +8,10 @@ from compat_impl import actor, config
 
 @pytest.fixture(autouse=True)
 def _clean_runtime_layer():
-    config.clear_runtime_config()
-    yield
-    config.clear_runtime_config()
+    # configured() restores the runtime layer as it was (other suites set keys at import time)
+    with config.configured():
+        config.clear_runtime_config()
+        yield
 
 
 @pytest.mark.parametrize(

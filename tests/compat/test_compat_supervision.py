@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 
 import pytest
 from compat_impl import SupervisionError, actor
@@ -395,3 +396,49 @@ def test_unhandled_fault_hook_called_once_per_failure(make_procs, failures):
     w.fail.broadcast("once")
     failures.wait(1)
     assert len([f for f in failures.new() if "once" in str(f)]) == 1
+
+
+# --- where Monarch hangs and regency does better ----------------------------------------------
+
+
+@pytest.mark.deviation(
+    "Monarch: a spawn on a proc mesh one of whose procs died never completes (initialized and "
+    "calls time out); regency spawns on the surviving procs",
+    skip="monarch",
+)
+def test_spawn_after_a_proc_death_works_on_surviving_procs(make_procs, failures):
+    procs = make_procs(2)
+    w = procs.spawn("dies", Worker)
+    with pytest.raises(SupervisionError):
+        w.slice(gpus=1).exit.call_one(9).get(timeout=CALL_TIMEOUT)
+    again = procs.spawn("again", Worker)
+    assert again.slice(gpus=0).ok.call_one().get(timeout=CALL_TIMEOUT) == 0
+
+
+# --- an actor blocked in __init__ (issue 18, difference 3) ------------------------------------
+
+
+class Helper(Actor):
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+class BlocksInInit(Actor):
+    def __init__(self, port) -> None:
+        helper = actor.context().actor_instance.proc.spawn("helper", Helper)
+        port.send(helper)
+        threading.Event().wait()  # forever: only a stop or the proc's end releases it
+
+    @endpoint
+    def never(self) -> None:
+        pass
+
+
+@pytest.mark.timeout(90)
+def test_actor_blocked_in_init_does_not_block_its_proc(make_procs):
+    procs = make_procs(1)
+    port, receiver = actor.Channel.open()
+    procs.spawn("blocked", BlocksInInit, port)
+    helper = receiver.recv().get(timeout=CALL_TIMEOUT)
+    assert helper.ping.call_one().get(timeout=CALL_TIMEOUT) == "pong"
