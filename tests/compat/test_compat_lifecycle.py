@@ -44,8 +44,11 @@ class Cleaner(Actor):
         self.child.initialized.get()
 
     def __cleanup__(self, exc: Exception | None) -> None:
+        # ``port`` is a file path: a message sent from __cleanup__ races the actor's teardown
+        # in Monarch, a file does not
         if self.port is not None:
-            self.port.send((self.tag, None if exc is None else str(exc)))
+            with open(self.port, "a") as f:
+                f.write(f"{self.tag}:{exc}\n")
 
 
 class Ctl(Actor):
@@ -72,13 +75,12 @@ class UsesCtl(Actor):
 # --- ActorMesh.stop -----------------------------------------------------------------------
 
 
-def test_actor_mesh_stop_runs_cleanup_on_every_rank(procs2):
-    port, receiver = actor.Channel.open()
-    mesh = procs2.spawn("stopped", Cleaner, port, "c")
-    mesh.initialized.get(timeout=CALL_TIMEOUT)
+def test_actor_mesh_stop_runs_cleanup_on_every_rank(procs2, tmp_path):
+    path = str(tmp_path / "cleanups")
+    mesh = procs2.spawn("stopped", Cleaner, path, "c")
+    mesh.pid.call().get(timeout=CALL_TIMEOUT)  # every rank constructed and running
     mesh.stop().get(timeout=CALL_TIMEOUT)
-    got = [receiver.recv().get(timeout=CALL_TIMEOUT) for _ in range(2)]
-    assert got == [("c", None), ("c", None)]
+    assert _cleanups(path, 2) == ["c:None", "c:None"]
 
 
 def test_call_to_stopped_actor_mesh_is_supervision_error(procs2):
@@ -113,12 +115,12 @@ def test_stop_is_not_a_failure(procs2):
     assert [f for f in failures.new() if str(f.mesh_name).startswith("clean")] == []
 
 
-def test_self_stop_runs_cleanup_and_is_not_a_failure(procs2):
+def test_self_stop_runs_cleanup_and_is_not_a_failure(procs2, tmp_path):
     failures = Failures()
-    port, receiver = actor.Channel.open()
-    mesh = procs2.spawn("selfstop", Cleaner, port, "s")
+    path = str(tmp_path / "cleanups")
+    mesh = procs2.spawn("selfstop", Cleaner, path, "s")
     mesh.slice(gpus=0).stop_self.broadcast()
-    assert receiver.recv().get(timeout=CALL_TIMEOUT) == ("s", None)
+    assert _cleanups(path, 1) == ["s:None"]
     with pytest.raises(SupervisionError, match="stopped"):
         mesh.slice(gpus=0).pid.call_one().get(timeout=CALL_TIMEOUT)
     assert mesh.slice(gpus=1).pid.call_one().get(timeout=CALL_TIMEOUT) > 0
@@ -136,13 +138,12 @@ def test_abort_is_a_failure_with_no_reason_provided(make_procs, failures):
     assert "crashed_ranks=[0]" in text
 
 
-def test_owned_child_cleans_up_before_parent(make_procs):
-    port, receiver = actor.Channel.open()
-    parent = make_procs(1).spawn("parent", Cleaner, port, "parent")
-    parent.own_child.call_one(port).get(timeout=CALL_TIMEOUT)
+def test_owned_child_cleans_up_before_parent(make_procs, tmp_path):
+    path = str(tmp_path / "cleanups")
+    parent = make_procs(1).spawn("parent", Cleaner, path, "parent")
+    parent.own_child.call_one(path).get(timeout=CALL_TIMEOUT)
     parent.stop().get(timeout=CALL_TIMEOUT)
-    got = [receiver.recv().get(timeout=CALL_TIMEOUT) for _ in range(2)]
-    assert got == [("child", None), ("parent", None)]
+    assert _cleanups(path, 2) == ["child:None", "parent:None"]
 
 
 # --- ProcMesh ---------------------------------------------------------------------------
@@ -225,14 +226,13 @@ def test_call_after_proc_mesh_stop_is_supervision_error(make_procs):
         mesh.pid.call_one().get(timeout=CALL_TIMEOUT)
 
 
-def test_proc_mesh_stop_runs_actor_cleanup(make_procs):
-    port, receiver = actor.Channel.open()
+def test_proc_mesh_stop_runs_actor_cleanup(make_procs, tmp_path):
+    path = str(tmp_path / "cleanups")
     procs = make_procs(2)
-    mesh = procs.spawn("procstop", Cleaner, port, "p")
-    mesh.initialized.get(timeout=CALL_TIMEOUT)
+    mesh = procs.spawn("procstop", Cleaner, path, "p")
+    mesh.pid.call().get(timeout=CALL_TIMEOUT)
     procs.stop().get(timeout=CALL_TIMEOUT)
-    got = [receiver.recv().get(timeout=CALL_TIMEOUT) for _ in range(2)]
-    assert got == [("p", None), ("p", None)]
+    assert _cleanups(path, 2) == ["p:None", "p:None"]
 
 
 def test_async_with_proc_mesh_stops_it():
@@ -314,6 +314,23 @@ _SHUTDOWN_SCRIPT = textwrap.dedent(
     print("DONE", flush=True)
     """
 )
+
+
+def _cleanups(path, n: int) -> list[str]:
+    def read() -> list[str]:
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return []
+        return lines if len(lines) >= n else []
+
+    try:
+        return wait_for(read, CALL_TIMEOUT, f"{n} cleanup(s)")
+    except AssertionError:
+        raise AssertionError(
+            f"cleanups so far: {open(path).read() if os.path.exists(path) else None!r}"
+        ) from None
 
 
 def _alive(pid: int) -> bool:
