@@ -69,8 +69,12 @@ class Future(Generic[R]):
         ``timeout`` (seconds) raises ``TimeoutError`` without cancelling anything.
         """
         if timeout is not None and (not math.isfinite(timeout) or timeout < 0):
-            raise ValueError(f"timeout must be a finite, non-negative number, got {timeout}")
-        if not self._pending.done:
+            raise ValueError(
+                f"invalid timeout {timeout}: expected a non-negative, finite number of seconds"
+            )
+        if self._value is _UNSET:
+            # As in Monarch, the warning does not depend on whether the reply has arrived yet
+            # (a race); only a value already read is returned silently.
             try:
                 asyncio.get_running_loop()
             except RuntimeError:
@@ -82,8 +86,8 @@ class Future(Generic[R]):
                     UserWarning,
                     stacklevel=2,
                 )
-            if not wait_pending(self._pending, timeout):
-                raise TimeoutError(f"no result within {timeout} s (the remote work goes on)")
+        if not self._pending.done and not wait_pending(self._pending, timeout):
+            raise TimeoutError(f"no result within {timeout} s (the remote work goes on)")
         return self._outcome()
 
     def _wait_quietly(self, timeout: float) -> BaseException | None:
@@ -117,7 +121,10 @@ class Future(Generic[R]):
 
     def as_asyncio(self) -> asyncio.Future[R]:
         """An ``asyncio.Future`` on the running loop that completes with this future."""
-        loop = asyncio.get_running_loop()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError("as_asyncio() requires a running asyncio event loop.") from None
         afut: asyncio.Future[R] = loop.create_future()
 
         def transfer() -> None:

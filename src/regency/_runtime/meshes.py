@@ -448,7 +448,7 @@ class ProcMesh(MeshTrait):
         stopped mesh this raises ``RuntimeError("`ProcMesh` has already been stopped")``.
         """
         if not (isinstance(Class, type) and issubclass(Class, Actor)):
-            raise ValueError(f"{Class!r} must be a subclass of regency.actor.Actor")
+            raise ValueError(f"{Class!r} must subclass regency.actor.Actor to spawn it.")
         actor_is_async(Class)
         specs = endpoints_of(Class)
         clash = sorted(set(specs) & _RESERVED)
@@ -548,7 +548,9 @@ class ProcMesh(MeshTrait):
     def host_mesh(self) -> HostMesh:
         """The host of a single-process mesh."""
         if len(self._shape) != 1:
-            raise NotImplementedError("host_mesh is only defined for a single-process ProcMesh")
+            raise NotImplementedError(
+                "`ProcMesh.host_mesh` is not yet supported for non-singleton proc meshes."
+            )
         info = self._procs[self._shape.ranks()[0]]
         return HostMesh(Shape.unity(), [HostInfo(info.agent)])
 
@@ -564,6 +566,13 @@ class ProcMesh(MeshTrait):
     def __exit__(self, *exc: object) -> None:
         if self._owned:
             self.stop().get()
+
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._owned:
+            await self.stop()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,14 +23,17 @@ LostDescriber = Callable[[str, str], SupervisionError]
 class Port(Generic[T]):
     """The sending end of a port. Picklable: pass it to other actors, who can then reply.
 
-    Delivery from one sender is reliable and in order.
+    Delivery from one sender is reliable and in order. A port opened with ``once=True`` takes
+    one message: a second ``send`` or ``exception`` through it raises ``RuntimeError``.
     """
 
-    __slots__ = ("_rank", "_ref", "return_undeliverable")
+    __slots__ = ("_once", "_rank", "_ref", "_used", "return_undeliverable")
 
-    def __init__(self, ref: PortRef, rank: int = 0) -> None:
+    def __init__(self, ref: PortRef, rank: int = 0, once: bool = False) -> None:
         self._ref = ref
         self._rank = rank
+        self._once = once
+        self._used = False
         self.return_undeliverable = True
 
     @property
@@ -47,6 +50,10 @@ class Port(Generic[T]):
         self._post(wire.FLAG_ERROR, codec.dumps(exc))
 
     def _post(self, flags: int, parts: list[Part]) -> None:
+        if self._once:
+            if self._used:
+                raise RuntimeError("OncePortRef already used")
+            self._used = True
         try:
             state.runtime().send_port(self._ref, self._rank, flags, parts)
         except PeerUnreachableError:
@@ -54,7 +61,7 @@ class Port(Generic[T]):
                 raise
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Port, (self._ref, self._rank))
+        return (Port, (self._ref, self._rank, self._once))
 
     def __repr__(self) -> str:
         return f"Port({self._ref.addr}:{self._ref.port})"
@@ -130,7 +137,7 @@ class Channel(Generic[T]):
         queue = _Queue(once)
         ref = state.runtime().open_port(queue)
         queue.port = ref.port
-        return Port(ref), PortReceiver(queue)
+        return Port(ref, once=once), PortReceiver(queue)
 
     @staticmethod
     def open_ranked(once: bool = False) -> tuple[Port[T], PortReceiver[tuple[int, T]]]:

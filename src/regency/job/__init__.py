@@ -25,7 +25,15 @@ from regency.job._local import LocalJob
 from regency.job._process import ProcessJob
 from regency.job._slurm import SlurmJob
 from regency.job._ssh import SSHJob
-from regency.job._trait import DEFAULT_JOB_PATH, JobState, JobTrait, job_load, job_loads
+from regency.job._trait import (
+    DEFAULT_JOB_PATH,
+    JobState,
+    JobTrait,
+    MeshAdminConfig,
+    TelemetryConfig,
+    job_load,
+    job_loads,
+)
 from regency.job._worker import (
     run_worker_loop_forever,
     run_worker_loop_until_shutdown,
@@ -44,9 +52,11 @@ __all__ = [
     "JobTrait",
     "KubernetesJob",
     "LocalJob",
+    "MeshAdminConfig",
     "ProcessJob",
     "SSHJob",
     "SlurmJob",
+    "TelemetryConfig",
     "Workspace",
     "attach_to_workers",
     "exec_command",

@@ -15,8 +15,9 @@ import os
 import pickle
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from regency._runtime.meshes import HostMesh
 from regency.job._private import (
@@ -31,8 +32,45 @@ _STOP_TIMEOUT = 10.0
 log = logging.getLogger("regency.job")
 
 
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """Monarch's telemetry settings, accepted by :meth:`JobTrait.enable_telemetry`.
+
+    Regency runs no telemetry, dashboard or snapshot services: the settings are recorded on the
+    job (``job.telemetry_config``) so Monarch scripts that configure them run unchanged, and the
+    ``JobState`` URLs stay ``None``. Use ``regency.observe`` for logs, spans and metrics.
+    """
+
+    retention_secs: int = 3600
+    include_dashboard: bool = False
+    dashboard_port: int = 8265
+    snapshot_interval_secs: float = 30.0
+
+
+@dataclass(frozen=True)
+class MeshAdminConfig:
+    """Monarch's mesh-admin settings, accepted by :meth:`JobTrait.enable_admin`.
+
+    Recorded on the job (``job.admin_config``); regency starts no admin HTTP server.
+    """
+
+    admin_addr: str | None = None
+
+
+_J = TypeVar("_J", bound="JobTrait")
+
+
 class JobState:
-    """The host meshes of a running job, one attribute per mesh name (``state.trainers``)."""
+    """The host meshes of a running job, one attribute per mesh name (``state.trainers``).
+
+    ``query_engine_client``, ``telemetry_url``, ``dashboard_url`` and ``admin_url`` are
+    Monarch's service handles; regency runs none of those services, so they are ``None``.
+    """
+
+    query_engine_client: Any = None
+    telemetry_url: str | None = None
+    dashboard_url: str | None = None
+    admin_url: str | None = None
 
     def __init__(self, meshes: Mapping[str, HostMesh]) -> None:
         self._meshes = dict(meshes)
@@ -123,6 +161,30 @@ class JobTrait(abc.ABC):
                         "stopping the procs of mesh %r before the kill failed: %s", name, error
                     )
         self._kill()
+
+    telemetry_config: TelemetryConfig | None = None
+    admin_config: MeshAdminConfig | None = None
+
+    def enable_telemetry(
+        self: _J,
+        config: TelemetryConfig | None = None,
+        *,
+        mesh_admin_config: MeshAdminConfig | None = None,
+        **kwargs: Any,
+    ) -> _J:
+        """Record Monarch's telemetry settings (built from ``kwargs`` if ``config`` is None).
+
+        Regency starts no telemetry services; see :class:`TelemetryConfig`. Returns ``self``.
+        """
+        self.telemetry_config = config if config is not None else TelemetryConfig(**kwargs)
+        if mesh_admin_config is not None or self.admin_config is None:
+            self.admin_config = mesh_admin_config or MeshAdminConfig()
+        return self
+
+    def enable_admin(self: _J, config: MeshAdminConfig | None = None, **kwargs: Any) -> _J:
+        """Record Monarch's mesh-admin settings (no admin server runs). Returns ``self``."""
+        self.admin_config = config if config is not None else MeshAdminConfig(**kwargs)
+        return self
 
     def can_run(self, spec: JobTrait) -> bool:
         """Whether this (running) job can serve ``spec``: same type and same ``_spec()``."""

@@ -27,8 +27,10 @@ from ._errors import RDMABufferDroppedError as RDMABufferDroppedError
 from ._errors import RDMAError as RDMAError
 from ._errors import RDMAFallbackWarning as RDMAFallbackWarning
 from ._errors import RDMAOwnerGoneError as RDMAOwnerGoneError
+from ._errors import RDMAReadTransferWarning as RDMAReadTransferWarning
 from ._errors import RDMATcpFallbackWarning as RDMATcpFallbackWarning
 from ._errors import RDMATimeoutError as RDMATimeoutError
+from ._errors import RDMAWriteTransferWarning as RDMAWriteTransferWarning
 
 
 def is_ibverbs_available() -> bool:
@@ -59,8 +61,10 @@ __all__ = [
     "RDMAError",
     "RDMAFallbackWarning",
     "RDMAOwnerGoneError",
+    "RDMAReadTransferWarning",
     "RDMATcpFallbackWarning",
     "RDMATimeoutError",
+    "RDMAWriteTransferWarning",
     "get_rdma_backend",
     "is_ibverbs_available",
     "is_rdma_available",
@@ -74,8 +78,10 @@ for _obj in (
     RDMAError,
     RDMAFallbackWarning,
     RDMAOwnerGoneError,
+    RDMAReadTransferWarning,
     RDMATcpFallbackWarning,
     RDMATimeoutError,
+    RDMAWriteTransferWarning,
     get_rdma_backend,
 ):
     _obj.__module__ = __name__

@@ -15,8 +15,10 @@ anything moves. Everything that goes wrong during a transfer fails its ``Future`
      └── TimeoutError ───────────────┘
 
     RuntimeWarning
-     └── RDMAFallbackWarning             a faster backend was refused; a slower one is used
-          └── RDMATcpFallbackWarning     ... and that slower one is TCP
+     ├── RDMAFallbackWarning             a faster backend was refused; a slower one is used
+     │    └── RDMATcpFallbackWarning     ... and that slower one is TCP
+     ├── RDMAReadTransferWarning         Monarch's names for its once-per-process GPU-transfer
+     └── RDMAWriteTransferWarning        warnings; exported so Monarch filters still import
 """
 
 from __future__ import annotations
@@ -48,3 +50,11 @@ class RDMAFallbackWarning(RuntimeWarning):
 
 class RDMATcpFallbackWarning(RDMAFallbackWarning):
     """Transfers that would use a faster path go over TCP instead; emitted once."""
+
+
+class RDMAReadTransferWarning(RuntimeWarning):
+    """Monarch's once-per-process read-transfer warning; regency defines it for filters only."""
+
+
+class RDMAWriteTransferWarning(RuntimeWarning):
+    """Monarch's once-per-process write-transfer warning; regency defines it for filters only."""
