@@ -159,9 +159,7 @@ def fresh(nbytes: int, kind: str = "numpy") -> Any:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_controller_reads_and_writes_an_actors_buffer(
-    peers: ActorMesh[Peer], backend: str
-) -> None:
+def test_controller_reads_and_writes_an_actors_buffer(peers: ActorMesh[Peer], backend: str) -> None:
     owner = at(peers, 0)
     for i, nbytes in enumerate([1, 4 * KIB, MIB]):
         buf = owner.make.call_one(f"c{backend}{i}", nbytes, seed=i, backend=backend).get(T)
@@ -206,9 +204,7 @@ def test_256_mib_over_cross_memory_attach(peers: ActorMesh[Peer]) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_actors_read_and_write_the_controllers_buffer(
-    peers: ActorMesh[Peer], backend: str
-) -> None:
+def test_actors_read_and_write_the_controllers_buffer(peers: ActorMesh[Peer], backend: str) -> None:
     nbytes = MIB + 3
     mine = pattern(11, nbytes)
     buf = RDMABuffer(mine, backend=backend)
@@ -323,9 +319,7 @@ def test_rdma_action_batches_reads_and_writes(peers: ActorMesh[Peer]) -> None:
 
 
 @pytest.mark.parametrize("backend", ["cma", "tcp"])
-def test_transfers_need_nothing_from_a_blocked_owner(
-    peers: ActorMesh[Peer], backend: str
-) -> None:
+def test_transfers_need_nothing_from_a_blocked_owner(peers: ActorMesh[Peer], backend: str) -> None:
     owner = at(peers, 3)
     nbytes = MIB
     buf = owner.make.call_one("blocked", nbytes, seed=60, backend=backend).get(T)

@@ -32,8 +32,8 @@ from collections.abc import Callable
 
 from regency._transport import routing, tls
 from regency._transport.auth import AuthenticationError, ListenerHandshake
-from regency._transport.ratelimit import FailureLimiter, peer_key
 from regency._transport.io_loop import IOLoop
+from regency._transport.ratelimit import FailureLimiter, peer_key
 from regency._transport.ratelog import RateLimitedLog
 
 log = logging.getLogger("regency.transport")
