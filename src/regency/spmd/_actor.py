@@ -59,17 +59,22 @@ class SPMDActor(Actor):
         ``ScriptExit`` with that status: the rank failed. A process group the script left
         initialized is destroyed when it ends, so the other ranks learn of a failure at once.
         """
-        if not list(argv):
-            raise ValueError(NO_SCRIPT)
-        check_master(master_addr, master_port)
-        point = current_rank()
-        apply_env(elastic_env(point, master_addr, master_port), state.runtime().address)
-        try:
-            run_argv(argv)
-        except SystemExit as exc:
-            code = exit_status(exc)
-            if code != 0:
-                raise ScriptExit(code, point.rank) from None
-        finally:
-            release_process_group()
+        run_as_rank(master_addr, master_port, argv)
         return True
+
+
+def run_as_rank(master_addr: str, master_port: int, argv: Sequence[str]) -> None:
+    """``SPMDActor.main``'s work, on the calling actor's thread (see there)."""
+    if not list(argv):
+        raise ValueError(NO_SCRIPT)
+    check_master(master_addr, master_port)
+    point = current_rank()
+    apply_env(elastic_env(point, master_addr, master_port), state.runtime().address)
+    try:
+        run_argv(argv)
+    except SystemExit as exc:
+        code = exit_status(exc)
+        if code != 0:
+            raise ScriptExit(code, point.rank) from None
+    finally:
+        release_process_group()

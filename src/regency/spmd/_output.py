@@ -1,7 +1,9 @@
-"""Rank-prefixed output.
+"""Capturing what a rank writes, line by line, at the file-descriptor level.
 
-Every line this process writes to stdout and stderr gets a prefix (``[rank3]: ...``, as
-torchrun's ``--tee`` does) for the duration of a script.
+``captured_output(sink)`` routes file descriptors 1 and 2 through pipes for the duration of a
+script; threads cut what arrives into lines and hand them to ``sink("stdout" | "stderr",
+lines)``. Output of C extensions and of child processes is captured too. ``regency run`` sends
+the lines to the controller, which prints them with the rank's prefix.
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+Sink = Callable[[str, list[str]], None]
+
+_STREAMS = {1: "stdout", 2: "stderr"}
 
 
-def _pump(read_fd: int, out_fd: int, prefix: bytes) -> None:
-    """Copy lines from ``read_fd`` to ``out_fd``, each with ``prefix``, until end of file."""
+def _pump(read_fd: int, stream: str, sink: Sink) -> None:
+    """Hand the lines arriving on ``read_fd`` to ``sink`` until end of file."""
     pending = b""
     with os.fdopen(read_fd, "rb", buffering=0) as source:
         while True:
@@ -24,41 +30,37 @@ def _pump(read_fd: int, out_fd: int, prefix: bytes) -> None:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             if lines:
-                _write_all(out_fd, b"".join(prefix + line + b"\n" for line in lines))
+                _deliver(sink, stream, lines)
     if pending:
-        _write_all(out_fd, prefix + pending + b"\n")
+        _deliver(sink, stream, [pending])
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except OSError:
-            return  # the terminal or pipe went away: drop the output, keep the script going
+def _deliver(sink: Sink, stream: str, lines: list[bytes]) -> None:
+    # If the controller went away, drop the output and keep the script going.
+    with contextlib.suppress(Exception):
+        sink(stream, [line.decode(errors="replace") for line in lines])
 
 
 @contextlib.contextmanager
-def prefixed_output(prefix: str) -> Iterator[None]:
-    """Route file descriptors 1 and 2 through threads that prefix each line with ``prefix``.
+def captured_output(sink: Sink) -> Iterator[None]:
+    """Send every line written to file descriptors 1 and 2 to ``sink`` while in the block.
 
-    Works at the file-descriptor level, so output of C extensions and child processes is
-    prefixed too. Lines of one stream keep their order.
+    On exit the descriptors are restored and the pumps drained (up to 5 s: a child process of
+    the script may still hold a pipe open).
     """
     sys.stdout.flush()
     sys.stderr.flush()
-    tag = prefix.encode()
     saved: list[tuple[int, int]] = []
     pumps: list[threading.Thread] = []
     try:
-        for fd in (1, 2):
+        for fd, stream in _STREAMS.items():
             original = os.dup(fd)
             read_fd, write_fd = os.pipe()
             os.dup2(write_fd, fd)
             os.close(write_fd)
             saved.append((fd, original))
             pump = threading.Thread(
-                target=_pump, args=(read_fd, original, tag), name="regency-output", daemon=True
+                target=_pump, args=(read_fd, stream, sink), name="regency-output", daemon=True
             )
             pump.start()
             pumps.append(pump)
@@ -67,8 +69,7 @@ def prefixed_output(prefix: str) -> Iterator[None]:
         sys.stdout.flush()
         sys.stderr.flush()
         for fd, original in saved:
-            os.dup2(original, fd)  # closes the pipe's last write end: the pump sees EOF
-        for pump, (_, original) in zip(pumps, saved, strict=False):
+            os.dup2(original, fd)  # closes the pipe's last write end: its pump sees EOF
+            os.close(original)
+        for pump in pumps:
             pump.join(5)
-            if not pump.is_alive():  # else a child process still holds the pipe: leave it
-                os.close(original)

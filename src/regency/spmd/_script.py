@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import traceback
 from collections.abc import Sequence
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ACTOR_FILE = os.path.join(_HERE, "_actor.py")
+_LAUNCH_FILE = os.path.join(_HERE, "_launch.py")
 
 NO_SCRIPT = (
     "SPMDActor.main needs a script to run: argv is empty; pass [script, args...] or "
@@ -68,6 +73,22 @@ def run_argv(argv: Sequence[str]) -> None:
         sys.argv, sys.path[:] = saved_argv, saved_path
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def script_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` as ``python script`` prints it: from the script's frames on.
+
+    Frames of regency and ``runpy`` that ran the script are left out.
+    """
+    tb = exc.__traceback__
+    while tb is not None and _is_launcher_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+def _is_launcher_frame(filename: str) -> bool:
+    ours = (__file__, _ACTOR_FILE, _LAUNCH_FILE)
+    return filename in ours or "runpy" in os.path.basename(filename)
 
 
 def release_process_group() -> None:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 _ACTOR_NAME = "_SPMDActor"
 
 
-def _rank0(actors: Any) -> SPMDActor:
+def rank0(actors: Any) -> SPMDActor:
     """The view of ``actors`` (an actor mesh) holding only rank 0."""
     extent = actors.extent
     if not extent.labels:
@@ -42,7 +42,7 @@ def setup_torch_elastic_env(
     check_master(master_addr, master_port)
     actors = proc_mesh.spawn(_ACTOR_NAME, SPMDActor)
     if master_addr is None or master_port is None:
-        master_addr, master_port = _rank0(actors).get_host_port.call_one(use_ipaddr).get()
+        master_addr, master_port = rank0(actors).get_host_port.call_one(use_ipaddr).get()
     actors.setup_env.call(master_addr, master_port).get()
 
 
@@ -56,5 +56,5 @@ async def setup_torch_elastic_env_async(
     check_master(master_addr, master_port)
     actors = proc_mesh.spawn(_ACTOR_NAME, SPMDActor)
     if master_addr is None or master_port is None:
-        master_addr, master_port = await _rank0(actors).get_host_port.call_one(use_ipaddr)
+        master_addr, master_port = await rank0(actors).get_host_port.call_one(use_ipaddr)
     await actors.setup_env.call(master_addr, master_port)
