@@ -143,8 +143,11 @@ def run_fault_tolerant(
     """Train on ``args.nproc`` procs, restarting the gang from its checkpoint when a rank dies.
 
     With ``kill_at``, rank 1 is SIGKILLed once the checkpoint has reached that step. Returns
-    the timeline (seconds since the kill: ``detected``, ``restarted``, ``resumed``) when a
-    kill happened.
+    the timeline when a kill happened, in seconds since the kill: ``detected`` (the controller
+    got the ``SupervisionError``), ``restarted`` (the policy's new procs and actors are up),
+    ``resumed`` (``main`` sent again), ``training`` (rank 0 finished its first step after the
+    restart) and ``stopped`` (all procs, the survivors' old ones included, stopped at the end:
+    seconds the stop took).
     """
     import threading
 
@@ -169,6 +172,9 @@ def run_fault_tolerant(
     )
     timeline: dict[str, float] = {}
     killed: list[float] = []
+    killed_wall: list[float] = []
+    if kill_at is not None and not args.first_step_file:
+        args.first_step_file = f"{args.checkpoint}.first"
     if kill_at is not None:
         pids = procs.spawn("pid", Pid)
         victim = pids.slice(gpus=1).pid.call_one().get()
@@ -184,6 +190,7 @@ def run_fault_tolerant(
                     pass
                 time.sleep(0.005)
             killed.append(time.monotonic())
+            killed_wall.append(time.time())
             os.kill(victim, signal.SIGKILL)
             log(f"[t=0.000] SIGKILL rank 1 (pid {victim}) after checkpoint step >= {kill_at}")
 
@@ -209,6 +216,10 @@ def run_fault_tolerant(
             if failure is None:
                 if errors:
                     raise errors[0]
+                if killed_wall:
+                    first = float(Path(args.first_step_file).read_text())
+                    timeline["training"] = first - killed_wall[0]
+                    log(f"[t={timeline['training']:.3f}] rank 0 finished its first step again")
                 return timeline
             restarts += 1
             if killed:
@@ -222,7 +233,10 @@ def run_fault_tolerant(
                     "SPMDActor constructed"
                 )
     finally:
+        began = time.monotonic()
         procs.stop().get(timeout=60)
+        if killed:
+            timeline["stopped"] = time.monotonic() - began
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

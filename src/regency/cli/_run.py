@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,14 @@ def add_run_parser(commands: Any) -> None:
     parser.add_argument(
         "--no-prefix", action="store_true", help="print the ranks' output without [rankN]:"
     )
+    parser.add_argument(
+        "--preload",
+        default="torch",
+        metavar="MODULES",
+        help="modules (comma-separated) that this host's procs start with already imported, "
+        "forked from a process that imported them once (default: torch; '' for none; "
+        "REGENCY_ZYGOTE_PRELOAD overrides)",
+    )
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
 
@@ -77,6 +87,7 @@ def _job_hosts(path: str, mesh_name: str | None) -> Any:
 
 def run_run(args: argparse.Namespace) -> int:
     """``regency run``: launch, stream the output, return the first failing rank's status."""
+    from regency._runtime.zygote import PRELOAD_ENV
     from regency.actor import shutdown_context, this_host
     from regency.spmd._launch import launch
 
@@ -84,6 +95,8 @@ def run_run(args: argparse.Namespace) -> int:
         print("regency run: --nproc-per-node must be at least 1", file=sys.stderr)
         return _USAGE
     argv = ["-m", args.script, *args.args] if args.module else [args.script, *args.args]
+    if args.preload and importlib.util.find_spec(args.preload.split(",")[0]) is not None:
+        os.environ.setdefault(PRELOAD_ENV, args.preload)
     try:
         hosts = _job_hosts(args.job, args.mesh) if args.job else this_host()
     except _UsageError as exc:

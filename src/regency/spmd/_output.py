@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
+
+from regency.spmd._script import restore_std_streams
 
 Sink = Callable[[str, list[str]], None]
 
@@ -48,8 +49,7 @@ def captured_output(sink: Sink) -> Iterator[None]:
     On exit the descriptors are restored and the pumps drained (up to 5 s: a child process of
     the script may still hold a pipe open).
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
+    restore_std_streams()
     saved: list[tuple[int, int]] = []
     pumps: list[threading.Thread] = []
     try:
@@ -66,10 +66,10 @@ def captured_output(sink: Sink) -> Iterator[None]:
             pumps.append(pump)
         yield
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        restore_std_streams()
         for fd, original in saved:
             os.dup2(original, fd)  # closes the pipe's last write end: its pump sees EOF
             os.close(original)
+        restore_std_streams()  # a stream closed with its descriptor is reopened now
         for pump in pumps:
             pump.join(5)

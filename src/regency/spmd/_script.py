@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import runpy
 import sys
@@ -71,8 +73,27 @@ def run_argv(argv: Sequence[str]) -> None:
             runpy.run_path(script, run_name="__main__")
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-        sys.stdout.flush()
-        sys.stderr.flush()
+        restore_std_streams()
+
+
+def restore_std_streams() -> None:
+    """Flush ``sys.stdout`` and ``sys.stderr``; reopen one the script closed.
+
+    A script may close them (``json.tool`` closes its output file, which is ``sys.stdout``); the
+    proc lives on, so they are reopened on their file descriptors, which closing them then
+    leaves open.
+    """
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is not None and not stream.closed:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+            continue
+        try:
+            os.fstat(fd)
+        except OSError:  # the descriptor itself is gone: whoever restores it reopens the stream
+            continue
+        setattr(sys, name, open(fd, "w", buffering=1, closefd=False))  # noqa: SIM115
 
 
 def script_traceback(exc: BaseException) -> str:
@@ -107,3 +128,7 @@ def release_process_group() -> None:
             dist.destroy_process_group()
     except Exception as exc:  # a broken group: nothing left to release
         print(f"regency.spmd: destroying the process group failed: {exc}", file=sys.stderr)
+    # The script's objects (a DistributedDataParallel module holds its group, and with it
+    # gloo's threads and sockets) often sit in reference cycles: free them now, while the
+    # peers are still up, rather than when the interpreter exits.
+    gc.collect()
