@@ -265,6 +265,10 @@ def main() -> None:
     if args.train:
         train(args)
         return
+    # New procs (the restarted gang's too) fork with torch already imported.
+    from regency.spmd import TORCH_PRELOAD
+
+    os.environ.setdefault("REGENCY_ZYGOTE_PRELOAD", TORCH_PRELOAD)
     with tempfile.TemporaryDirectory() as tmp:
         args.checkpoint = args.checkpoint or str(Path(tmp) / "ckpt.pt")
         args.out = args.out or str(Path(tmp) / "final.pt")

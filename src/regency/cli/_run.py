@@ -48,11 +48,11 @@ def add_run_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--preload",
-        default="torch",
+        default=None,
         metavar="MODULES",
         help="modules (comma-separated) that this host's procs start with already imported, "
-        "forked from a process that imported them once (default: torch; '' for none; "
-        "REGENCY_ZYGOTE_PRELOAD overrides)",
+        "forked from a process that imported them once (default: torch and the parts of it "
+        "DDP uses, when torch is installed; '' for none; REGENCY_ZYGOTE_PRELOAD overrides)",
     )
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -89,14 +89,16 @@ def run_run(args: argparse.Namespace) -> int:
     """``regency run``: launch, stream the output, return the first failing rank's status."""
     from regency._runtime.zygote import PRELOAD_ENV
     from regency.actor import shutdown_context, this_host
+    from regency.spmd._env import TORCH_PRELOAD
     from regency.spmd._launch import launch
 
     if args.nproc_per_node < 1:
         print("regency run: --nproc-per-node must be at least 1", file=sys.stderr)
         return _USAGE
     argv = ["-m", args.script, *args.args] if args.module else [args.script, *args.args]
-    if args.preload and importlib.util.find_spec(args.preload.split(",")[0]) is not None:
-        os.environ.setdefault(PRELOAD_ENV, args.preload)
+    preload = TORCH_PRELOAD if args.preload is None else args.preload
+    if preload and importlib.util.find_spec(preload.split(",")[0]) is not None:
+        os.environ.setdefault(PRELOAD_ENV, preload)
     try:
         hosts = _job_hosts(args.job, args.mesh) if args.job else this_host()
     except _UsageError as exc:

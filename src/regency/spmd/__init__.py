@@ -22,17 +22,24 @@ from __future__ import annotations
 import contextlib
 
 from regency.spmd._actor import SPMDActor
+from regency.spmd._env import TORCH_PRELOAD
 from regency.spmd._script import ScriptExit
 from regency.spmd._setup import setup_torch_elastic_env, setup_torch_elastic_env_async
 
 __all__ = [
+    "TORCH_PRELOAD",
     "SPMDActor",
     "ScriptExit",
     "setup_torch_elastic_env",
     "setup_torch_elastic_env_async",
 ]
 
-for _name in __all__:
+for _name in (
+    "SPMDActor",
+    "ScriptExit",
+    "setup_torch_elastic_env",
+    "setup_torch_elastic_env_async",
+):
     with contextlib.suppress(AttributeError, TypeError):
         globals()[_name].__module__ = __name__
 del _name

@@ -26,6 +26,13 @@ ENV_KEYS = (
 )
 """The variables ``setup_env`` sets, in torchrun's order."""
 
+TORCH_PRELOAD = (
+    "torch,torch.distributed,torch.nn.parallel,torch.optim,torch.utils.data,torch._dynamo"
+)
+"""What a DDP script imports, for ``REGENCY_ZYGOTE_PRELOAD``: procs forked with these loaded
+skip seconds of imports each (``torch._dynamo`` alone, which DDP and the optimizers load, costs
+more than a second beyond ``import torch``)."""
+
 _SIOCGIFADDR = 0x8915
 
 
