@@ -60,3 +60,34 @@ def test_module_mode_and_usage_errors(tmp_path: Path) -> None:
     bad = regency_run("--nproc-per-node", "0", "x.py")
     assert bad.returncode == 2
     assert "--nproc-per-node must be at least 1" in bad.stderr
+
+
+def test_runs_on_the_hosts_of_a_cached_job(tmp_path: Path) -> None:
+    """``--job``: one proc on each of a ProcessJob's two worker hosts; their output streams
+    back to the launcher; ``GROUP_RANK`` tells the hosts apart."""
+    from regency.job import ProcessJob, job_load
+
+    start = "from regency.job import ProcessJob\nProcessJob({'hosts': 2}).state()\n"
+    (tmp_path / "start.py").write_text(start)
+    subprocess.run([sys.executable, "start.py"], cwd=tmp_path, check=True, timeout=60)
+    cache = tmp_path / ".regency" / "job_state.pkl"
+    job = job_load(cache)
+    assert isinstance(job, ProcessJob)
+    try:
+        script = tmp_path / "where.py"
+        script.write_text(
+            "import os\n"
+            "print('rank', os.environ['RANK'], 'group', os.environ['GROUP_RANK'], "
+            "'of', os.environ['GROUP_WORLD_SIZE'], 'master', os.environ['MASTER_ADDR'])\n"
+        )
+        done = regency_run(
+            "--job", str(cache), "--nproc-per-node", "1", "--preload", "", str(script), cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr
+        lines = sorted(done.stdout.splitlines())
+        assert [line.split(" master ")[0] for line in lines] == [
+            "[rank0]: rank 0 group 0 of 2",
+            "[rank1]: rank 1 group 1 of 2",
+        ]
+    finally:
+        job.kill()
