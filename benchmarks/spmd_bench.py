@@ -19,6 +19,7 @@ the ``spmd-bench`` markers).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -215,9 +216,8 @@ def torchrun_recovery() -> float:
             EXAMPLE, "--train", *TRAIN, "--checkpoint", str(ckpt), "--first-step-file",
             str(first), "--step-delay", "0.01",
         ]  # fmt: skip
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
+        log = open(Path(tmp) / "torchrun.log", "w")  # noqa: SIM115 (closed below)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
         try:
             step_file = Path(f"{ckpt}.step")
             deadline = time.time() + 240
@@ -241,12 +241,17 @@ def torchrun_recovery() -> float:
                 except (OSError, ValueError):
                     pass
                 if proc.poll() is not None:
-                    raise RuntimeError(f"torchrun ended ({proc.returncode}) without restarting")
+                    tail = (Path(tmp) / "torchrun.log").read_text()[-1500:]
+                    raise RuntimeError(
+                        f"torchrun ended ({proc.returncode}) without training: {tail}"
+                    )
                 time.sleep(0.005)
             raise RuntimeError("torchrun did not train again within the deadline")
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            log.close()
 
 
 def regency_recovery(preload: str) -> float:
@@ -275,10 +280,18 @@ def run(
     rounds: int, warmup: int, steps: int, figures: set[str], trials: int = 10
 ) -> dict[str, Any]:
     raw: dict[str, list[float]] = {}
+    errors: list[str] = []
 
     def add(key: str, value: float) -> None:
         raw.setdefault(key, []).append(value)
         print(f"  {key}: {value:.6g}", file=sys.stderr, flush=True)
+
+    def measure(key: str, fn: Any, *args: Any) -> None:
+        try:
+            add(key, fn(*args))
+        except Exception as exc:  # one failed trial is reported, the run goes on
+            errors.append(f"{key}: {exc}")
+            print(f"  {key} FAILED: {exc}", file=sys.stderr, flush=True)
 
     for r in range(rounds):
         print(f"round {r + 1}/{rounds}", file=sys.stderr, flush=True)
@@ -299,29 +312,31 @@ def run(
                 baseline.close()
                 gang.close()
         if "first_step" in figures:
-            add("torchrun_first_s", torchrun_first_step())
-            add("regency_first_s", regency_first_step(TORCH_PRELOAD))
-            add("regency_first_cold_s", regency_first_step(""))
+            measure("torchrun_first_s", torchrun_first_step)
+            measure("regency_first_s", regency_first_step, TORCH_PRELOAD)
+            measure("regency_first_cold_s", regency_first_step, "")
         if "recovery" in figures:
-            add("torchrun_recovery_s", torchrun_recovery())
-            add("regency_recovery_s", regency_recovery(TORCH_PRELOAD))
-            add("regency_recovery_cold_s", regency_recovery(""))
+            measure("torchrun_recovery_s", torchrun_recovery)
+            measure("regency_recovery_s", regency_recovery, TORCH_PRELOAD)
+            measure("regency_recovery_cold_s", regency_recovery, "")
     med = {k: _median(v) for k, v in raw.items()}
     ratios = {}
     if "mp_step_s" in med:
         # The median of the ratios of adjacent trials.
         ratios["actor_loop_vs_mp"] = med["loop_ratio"]
         ratios["actor_call_vs_mp"] = med["call_ratio"]
-    if "torchrun_first_s" in med:
+    if "torchrun_first_s" in med and "regency_first_s" in med:
         ratios["first_step_vs_torchrun"] = med["regency_first_s"] / med["torchrun_first_s"]
-        ratios["first_step_cold_vs_torchrun"] = (
-            med["regency_first_cold_s"] / med["torchrun_first_s"]
-        )
-    if "torchrun_recovery_s" in med:
+        if "regency_first_cold_s" in med:
+            ratios["first_step_cold_vs_torchrun"] = (
+                med["regency_first_cold_s"] / med["torchrun_first_s"]
+            )
+    if "torchrun_recovery_s" in med and "regency_recovery_s" in med:
         ratios["recovery_vs_torchrun"] = med["regency_recovery_s"] / med["torchrun_recovery_s"]
-        ratios["recovery_cold_vs_torchrun"] = (
-            med["regency_recovery_cold_s"] / med["torchrun_recovery_s"]
-        )
+        if "regency_recovery_cold_s" in med:
+            ratios["recovery_cold_vs_torchrun"] = (
+                med["regency_recovery_cold_s"] / med["torchrun_recovery_s"]
+            )
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "rounds": rounds,
@@ -331,6 +346,7 @@ def run(
         "raw": raw,
         "median": med,
         "ratios": ratios,
+        "errors": errors,
     }
 
 
@@ -338,7 +354,7 @@ def render(doc: dict[str, Any]) -> str:
     m, q = doc["median"], doc["ratios"]
 
     def row(name: str, key: str, peer: str, ratio: str, target: str) -> str:
-        if key not in m:
+        if key not in m or peer not in m or ratio not in q:
             return ""
         return (
             f"| {name} | {m[key] * 1e3:.1f} ms | {m[peer] * 1e3:.1f} ms | "
