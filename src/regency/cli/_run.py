@@ -51,8 +51,8 @@ def add_run_parser(commands: Any) -> None:
         default=None,
         metavar="MODULES",
         help="modules (comma-separated) that this host's procs start with already imported, "
-        "forked from a process that imported them once (default: torch and the parts of it "
-        "DDP uses, when torch is installed; '' for none; REGENCY_ZYGOTE_PRELOAD overrides)",
+        "forked from a process that imported them once; 'torch' means regency.spmd."
+        "TORCH_PRELOAD (default: none; REGENCY_ZYGOTE_PRELOAD overrides)",
     )
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -96,7 +96,7 @@ def run_run(args: argparse.Namespace) -> int:
         print("regency run: --nproc-per-node must be at least 1", file=sys.stderr)
         return _USAGE
     argv = ["-m", args.script, *args.args] if args.module else [args.script, *args.args]
-    preload = TORCH_PRELOAD if args.preload is None else args.preload
+    preload = TORCH_PRELOAD if args.preload == "torch" else (args.preload or "")
     if preload and importlib.util.find_spec(preload.split(",")[0]) is not None:
         os.environ.setdefault(PRELOAD_ENV, preload)
     try:
