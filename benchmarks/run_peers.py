@@ -74,6 +74,18 @@ class LoadSampler:
         return {"start": self._start, "peak": max(self._peak, end), "end": end}
 
 
+_SPMD_START, _SPMD_END = "<!-- spmd-bench:start -->", "<!-- spmd-bench:end -->"
+
+
+def _keep_spmd_section(text: str, path: Path) -> str:
+    """``text`` followed by the SPMD section ``spmd_bench.py`` wrote to ``path``, if any."""
+    old = path.read_text() if path.exists() else ""
+    if _SPMD_START not in old or _SPMD_END not in old:
+        return text
+    block = old[old.index(_SPMD_START) : old.index(_SPMD_END) + len(_SPMD_END)]
+    return text.rstrip("\n") + "\n\n" + block + "\n"
+
+
 def main() -> int:
     """Set up, run every system, write the JSON and the Markdown."""
     args = parse_args()
@@ -101,7 +113,7 @@ def main() -> int:
     out_json = args.json or BENCH_DIR / "results" / f"peers-{now:%Y-%m-%d}.json"
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(doc, indent=2) + "\n")
-    args.results_md.write_text(render_results_md(doc, results))
+    args.results_md.write_text(_keep_spmd_section(render_results_md(doc, results), args.results_md))
     if has_actor_figures(results):
         print(render_table(results))
     fault_table = render_fault_table(results)

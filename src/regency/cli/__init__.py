@@ -10,6 +10,11 @@ environment variable (hex); without one the command exits with status 2. With
 command on the hosts of the job cached by an earlier ``job.state()`` (``.regency/job_state.pkl``),
 streaming each host's lines prefixed with its rank; ``regency kill [--job PATH]`` tears that job
 down and removes the cache.
+
+``regency run --nproc-per-node N [--job PATH] [-m] SCRIPT ARGS ...`` runs a torchrun script on
+``N`` procs per host (this host, or the cached job's) with torchrun's environment, printing each
+rank's output with a ``[rankN]:`` prefix, and exits with the first failing rank's status (see
+``docs/spmd.md``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from regency._transport.auth import SECRET_ENV
 
 def _parser() -> argparse.ArgumentParser:
     from regency.cli._exec import add_exec_parser, add_kill_parser
+    from regency.cli._run import add_run_parser
 
     parser = argparse.ArgumentParser(prog="regency", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -46,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_exec_parser(commands)
     add_kill_parser(commands)
+    add_run_parser(commands)
     return parser
 
 
@@ -78,6 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from regency.cli._exec import run_exec
 
         return run_exec(args)
+    if args.command == "run":
+        from regency.cli._run import run_run
+
+        return run_run(args)
     if args.command == "kill":
         from regency.cli._exec import run_kill
 

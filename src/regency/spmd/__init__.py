@@ -1,0 +1,45 @@
+"""torchrun's contract on a regency mesh: Monarch's ``monarch.spmd``.
+
+Set torchrun's environment in every proc of a mesh, then run ordinary ``torch.distributed``
+code there (an unmodified torchrun script, or your own actors)::
+
+    from regency.actor import this_host
+    from regency.spmd import SPMDActor, setup_torch_elastic_env
+
+    procs = this_host().spawn_procs(per_host={"gpus": 4})
+    setup_torch_elastic_env(procs)              # RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...
+
+    spmd = procs.spawn("train", SPMDActor)       # or run a torchrun script as it is:
+    host, port = spmd.slice(gpus=0).get_host_port.call_one(None).get()
+    spmd.main.call(host, port, ["train.py", "--epochs", "2"]).get()
+
+The command line has the same for users with only a script: ``regency run --nproc-per-node 4
+train.py --epochs 2``. See ``docs/spmd.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from regency.spmd._actor import SPMDActor
+from regency.spmd._env import TORCH_PRELOAD
+from regency.spmd._script import ScriptExit
+from regency.spmd._setup import setup_torch_elastic_env, setup_torch_elastic_env_async
+
+__all__ = [
+    "TORCH_PRELOAD",
+    "SPMDActor",
+    "ScriptExit",
+    "setup_torch_elastic_env",
+    "setup_torch_elastic_env_async",
+]
+
+for _name in (
+    "SPMDActor",
+    "ScriptExit",
+    "setup_torch_elastic_env",
+    "setup_torch_elastic_env_async",
+):
+    with contextlib.suppress(AttributeError, TypeError):
+        globals()[_name].__module__ = __name__
+del _name

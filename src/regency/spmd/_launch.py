@@ -1,0 +1,159 @@
+"""``regency run``: torchrun for a user who has only a script, on regency procs."""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from regency._runtime.endpoint_def import endpoint
+from regency._runtime.errors import ActorError, SupervisionError
+from regency._runtime.ports import Channel, Port
+from regency.actor._functions import current_rank
+from regency.spmd._actor import SPMDActor, run_as_rank
+from regency.spmd._output import captured_output
+from regency.spmd._script import ScriptExit, script_traceback
+from regency.spmd._setup import rank0
+
+_SIGNAL = re.compile(r"signal \w+ \((\d+)\)")
+_CODE = re.compile(r"non-zero code (-?\d+)")
+
+OutputMessage = tuple[int, str, list[str]]  # rank, stream ("stdout" | "stderr" | "eof"), lines
+
+
+class RankRunner(SPMDActor):
+    """An ``SPMDActor`` for ``regency run``: reports exit statuses, forwards output.
+
+    Instead of raising, ``run_rank`` returns the status ``python script`` would exit with, and
+    sends the script's output to the launcher's port.
+    """
+
+    @endpoint
+    def run_rank(
+        self,
+        master_addr: str,
+        master_port: int,
+        argv: Sequence[str],
+        output: Port[OutputMessage] | None,
+    ) -> tuple[int, int]:
+        """Run ``argv`` as ``SPMDActor.main`` does; return ``(rank, exit status)``.
+
+        The status is what ``python argv...`` would exit with: 0, the ``sys.exit`` code, or 1
+        after printing the traceback of an exception.
+        """
+        rank = current_rank().rank
+
+        def sink(stream: str, lines: list[str]) -> None:
+            assert output is not None
+            output.send((rank, stream, lines))
+
+        with captured_output(sink) if output is not None else _nothing():
+            status = 0
+            try:
+                run_as_rank(master_addr, master_port, argv)
+            except ScriptExit as exc:
+                status = exc.code
+            except BaseException as exc:
+                sys.stderr.write(script_traceback(exc))
+                sys.stderr.flush()
+                status = 1
+        if output is not None:
+            output.send((rank, "eof", []))
+        return rank, status
+
+
+class _nothing:  # noqa: N801 (a stand-in for contextlib.nullcontext, typed for this use)
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def status_of_lost(error: BaseException) -> int:
+    """The exit status to report for a rank whose process died: 128 + signal, or its code."""
+    text = str(error)
+    found = _SIGNAL.search(text)
+    if found:
+        return 128 + int(found.group(1))
+    found = _CODE.search(text)
+    if found:
+        return int(found.group(1)) % 256 or 1
+    return 1
+
+
+class _Printer:
+    """Prints forwarded lines with their rank's prefix until every rank said ``eof``."""
+
+    def __init__(self, ranks: int, prefix: bool) -> None:
+        self.port, self._receiver = Channel[OutputMessage].open()
+        self._left = set(range(ranks))
+        self._ended = {rank: threading.Event() for rank in range(ranks)}
+        self._prefix = prefix
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="regency-run-output", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self._left:
+            try:
+                rank, stream, lines = self._receiver.recv().get()
+            except Exception:
+                break
+            if stream == "eof":
+                self._left.discard(rank)
+                self._ended[rank].set()
+                continue
+            out = sys.stderr if stream == "stderr" else sys.stdout
+            tag = f"[rank{rank}]: " if self._prefix else ""
+            out.write("".join(f"{tag}{line}\n" for line in lines))
+            out.flush()
+        self.done.set()
+
+    def wait_for(self, rank: int, timeout: float) -> None:
+        """Wait (up to ``timeout`` seconds) until ``rank``'s output is all printed."""
+        self._ended[rank].wait(timeout)
+
+
+def launch(
+    hosts: Any,
+    nproc_per_node: int,
+    argv: Sequence[str],
+    prefix: bool = True,
+    log: Any = None,
+) -> int:
+    """Run ``argv`` on ``nproc_per_node`` procs of every host in ``hosts``; return the status.
+
+    Every rank gets torchrun's environment; their output is printed here with ``[rankN]: ``
+    in front (without, if not ``prefix``). The result is 0 when every rank succeeded, else the
+    status of the first rank to fail (128 + N for a rank killed by signal N). Once a rank has
+    failed the others are not waited for.
+    """
+    say = log or (lambda text: print(f"regency run: {text}", file=sys.stderr, flush=True))
+    procs = hosts.spawn_procs(per_host={"gpus": nproc_per_node}, name="run")
+    runners = procs.spawn("run", RankRunner)
+    size = len(runners)
+    printer = _Printer(size, prefix)
+    try:
+        host, port = rank0(runners).get_host_port.call_one(None).get()
+        for future in runners.run_rank.stream(host, port, list(argv), printer.port):
+            try:
+                rank, status = (int(v) for v in future.get())
+            except SupervisionError as exc:
+                status = status_of_lost(exc)
+                say(f"a rank's process was lost (exit status {status}): {exc}")
+                return status
+            except ActorError as exc:
+                say(f"a rank failed: {exc}")
+                return 1
+            if status != 0:
+                printer.wait_for(rank, 2.0)
+                say(f"rank {rank} failed with exit status {status}")
+                return status
+        printer.done.wait(5.0)
+        return 0
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
