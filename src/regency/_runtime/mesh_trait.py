@@ -51,6 +51,12 @@ class MeshTrait:
     def _new_with_shape(self: M, shape: Shape) -> M:
         raise NotImplementedError
 
+    @property
+    def _labels(self) -> tuple[str, ...]:
+        # Private in Monarch too, but its published SPMD example reads it
+        # (``dict.fromkeys(proc_mesh._labels, 0)``), so ported programs do.
+        return tuple(self._shape.labels)
+
     def slice(self: M, **dims: Any) -> M:
         """Select by dimension: an int picks one index and drops the dimension, a ``slice``
         (or ``range``) keeps it restricted. ``mesh.slice(**point)`` selects one element.
