@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from regency._runtime import state
 from regency._runtime.endpoint_def import Actor, endpoint
@@ -63,8 +63,17 @@ class SPMDActor(Actor):
         return True
 
 
-def run_as_rank(master_addr: str, master_port: int, argv: Sequence[str]) -> None:
-    """``SPMDActor.main``'s work, on the calling actor's thread (see there)."""
+def run_as_rank(
+    master_addr: str,
+    master_port: int,
+    argv: Sequence[str],
+    script_ended: Callable[[], None] | None = None,
+) -> None:
+    """``SPMDActor.main``'s work, on the calling actor's thread (see there).
+
+    ``script_ended`` runs the moment the script returns or raises, before its process group is
+    released (which can take a while after a failure).
+    """
     if not list(argv):
         raise ValueError(NO_SCRIPT)
     check_master(master_addr, master_port)
@@ -77,4 +86,6 @@ def run_as_rank(master_addr: str, master_port: int, argv: Sequence[str]) -> None
         if code != 0:
             raise ScriptExit(code, point.rank) from None
     finally:
+        if script_ended is not None:
+            script_ended()
         release_process_group()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,9 @@ from regency.spmd._setup import rank0
 
 _SIGNAL = re.compile(r"signal \w+ \((\d+)\)")
 _CODE = re.compile(r"non-zero code (-?\d+)")
+
+# After a first failure, how long other ranks' reports are awaited to find the earliest one.
+_FAILURE_WINDOW = 1.0
 
 OutputMessage = tuple[int, str, list[str]]  # rank, stream ("stdout" | "stderr" | "eof"), lines
 
@@ -37,13 +41,18 @@ class RankRunner(SPMDActor):
         master_port: int,
         argv: Sequence[str],
         output: Port[OutputMessage] | None,
-    ) -> tuple[int, int]:
-        """Run ``argv`` as ``SPMDActor.main`` does; return ``(rank, exit status)``.
+    ) -> tuple[int, int, float]:
+        """Run ``argv`` as ``SPMDActor.main`` does; return ``(rank, exit status, ended at)``.
 
         The status is what ``python argv...`` would exit with: 0, the ``sys.exit`` code, or 1
-        after printing the traceback of an exception.
+        after printing the traceback of an exception. ``ended at`` is the wall-clock time the
+        script ended, so the launcher can tell which rank failed first.
         """
         rank = current_rank().rank
+        ended = [0.0]
+
+        def script_ended() -> None:
+            ended[0] = time.time()
 
         def sink(stream: str, lines: list[str]) -> None:
             assert output is not None
@@ -52,7 +61,7 @@ class RankRunner(SPMDActor):
         with captured_output(sink) if output is not None else _nothing():
             status = 0
             try:
-                run_as_rank(master_addr, master_port, argv)
+                run_as_rank(master_addr, master_port, argv, script_ended)
             except ScriptExit as exc:
                 status = exc.code
             except BaseException as exc:
@@ -61,7 +70,7 @@ class RankRunner(SPMDActor):
                 status = 1
         if output is not None:
             output.send((rank, "eof", []))
-        return rank, status
+        return rank, status, ended[0] or time.time()
 
 
 class _nothing:  # noqa: N801 (a stand-in for contextlib.nullcontext, typed for this use)
@@ -128,8 +137,8 @@ def launch(
 
     Every rank gets torchrun's environment; their output is printed here with ``[rankN]: ``
     in front (without, if not ``prefix``). The result is 0 when every rank succeeded, else the
-    status of the first rank to fail (128 + N for a rank killed by signal N). Once a rank has
-    failed the others are not waited for.
+    status of the first rank to fail, by the time its script ended (128 + N for a rank killed
+    by signal N). Once a rank has failed the others are waited for 1 s at most.
     """
     say = log or (lambda text: print(f"regency run: {text}", file=sys.stderr, flush=True))
     procs = hosts.spawn_procs(per_host={"gpus": nproc_per_node}, name="run")
@@ -138,20 +147,36 @@ def launch(
     printer = _Printer(size, prefix)
     try:
         host, port = rank0(runners).get_host_port.call_one(None).get()
+        # (ended at, rank, status) of the failed ranks: a rank that fails makes the others fail
+        # soon after (their collectives lose it), and their reports may arrive first.
+        failed: list[tuple[float, int, int]] = []
+        deadline = None
         for future in runners.run_rank.stream(host, port, list(argv), printer.port):
+            wait = None if deadline is None else max(0.001, deadline - time.monotonic())
             try:
-                rank, status = (int(v) for v in future.get())
+                rank, status, ended = future.get(timeout=wait)
+            except TimeoutError:
+                break
             except SupervisionError as exc:
+                if deadline is not None:
+                    break  # a consequence of the first failure
                 status = status_of_lost(exc)
                 say(f"a rank's process was lost (exit status {status}): {exc}")
                 return status
             except ActorError as exc:
+                if deadline is not None:
+                    break
                 say(f"a rank failed: {exc}")
                 return 1
             if status != 0:
-                printer.wait_for(rank, 2.0)
-                say(f"rank {rank} failed with exit status {status}")
-                return status
+                failed.append((ended, rank, status))
+                if deadline is None:
+                    deadline = time.monotonic() + _FAILURE_WINDOW
+        if failed:
+            _, rank, status = min(failed)
+            printer.wait_for(rank, 2.0)
+            say(f"rank {rank} failed with exit status {status}")
+            return status
         printer.done.wait(5.0)
         return 0
     finally:
