@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from _worker_helpers import kill_and_check
@@ -62,3 +64,36 @@ def test_stream_true_prints_with_rank_prefix(
     hosts = job.state(cached_path=None).hosts
     exec_command(hosts, ["sh", "-c", "echo x$REGENCY_RANK_HOSTS"], stream=True)
     assert sorted(capsys.readouterr().out.splitlines()) == ["[0] x0", "[1] x1"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_timeout_kills_each_command_with_what_it_started(
+    job: ProcessJob, tmp_path: Path
+) -> None:
+    hosts = job.state(cached_path=None).hosts
+    pids = tmp_path / "pids-"
+    # The shell starts a grandchild that would outlive it, then waits for it.
+    script = f"sleep 300 & echo $! > {pids}$REGENCY_RANK_HOSTS; echo started; wait"
+    started = threading.Event()
+    with pytest.raises(TimeoutError):
+        exec_command(
+            hosts,
+            script,
+            stream=lambda rank, stream, line: started.set(),
+            timeout=3,
+        )
+    assert started.is_set()
+    sleepers = [int((tmp_path / f"pids-{rank}").read_text()) for rank in range(2)]
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in sleepers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in sleepers), "a command's child outlived the timeout"
+    # The hosts still run commands afterwards.
+    assert [r.returncode for r in exec_command(hosts, "true").values()] == [0, 0]

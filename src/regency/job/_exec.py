@@ -9,9 +9,11 @@ stream back line by line through a port while the commands run; the result is a 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import threading
@@ -19,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from regency._runtime.endpoint_def import Actor, endpoint
+from regency._runtime.endpoint_def import Actor, concurrent_endpoint, endpoint
 from regency._runtime.future import Future
 from regency._runtime.meshes import HostMesh
 from regency._runtime.ports import Channel, Port
@@ -57,10 +59,18 @@ def rank_env(point: Mapping[str, int], sizes: Mapping[str, int]) -> dict[str, st
 
 
 class BashActor(Actor):
-    """Runs commands on its host with ``subprocess``, streaming lines to a port if given."""
+    """Runs commands on its host with ``subprocess``, streaming lines to a port if given.
 
-    @endpoint
-    def run(
+    Each command runs in its own process group, so that :meth:`kill` ends it with everything
+    it started; ``run`` is concurrent, so ``kill`` is served while a command runs.
+    """
+
+    def __init__(self) -> None:
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+
+    @concurrent_endpoint
+    async def run(
         self,
         cmd: Sequence[str] | str,
         envs: Sequence[Mapping[str, str]],
@@ -69,7 +79,27 @@ class BashActor(Actor):
     ) -> CommandResult:
         """Run ``cmd`` (an argv, or a string for ``sh -c``) with ``envs[my rank]`` added."""
         rank = current_rank().rank
-        env = {k: v for k, v in os.environ.items() if k != SECRET_ENV} | dict(envs[rank])
+        return await asyncio.to_thread(self._run, rank, cmd, envs[rank], cwd, port)
+
+    @endpoint
+    async def kill(self) -> int:
+        """SIGKILL the process group of every command still running; return how many."""
+        with self._lock:
+            running = list(self._running)
+        for child in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+        return len(running)
+
+    def _run(
+        self,
+        rank: int,
+        cmd: Sequence[str] | str,
+        extra: Mapping[str, str],
+        cwd: str | None,
+        port: Port[_Event] | None,
+    ) -> CommandResult:
+        env = {k: v for k, v in os.environ.items() if k != SECRET_ENV} | dict(extra)
         argv: Sequence[str] = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         try:
             child = subprocess.Popen(
@@ -79,6 +109,7 @@ class BashActor(Actor):
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
+                start_new_session=True,
             )
         except OSError as exc:
             message = f"cannot run {argv[0]!r}: {exc}"
@@ -86,8 +117,14 @@ class BashActor(Actor):
                 port.send((rank, "stderr", message))
                 port.send((rank, "end", ""))
             return CommandResult(127, "", message + "\n")
-        texts = _pump(child, rank, port)
-        returncode = child.wait()
+        with self._lock:
+            self._running.add(child)
+        try:
+            texts = _pump(child, rank, port)
+            returncode = child.wait()
+        finally:
+            with self._lock:
+                self._running.discard(child)
         if port is not None:
             port.send((rank, "end", ""))
         return CommandResult(returncode, texts["stdout"], texts["stderr"])
@@ -156,6 +193,7 @@ def run_on_hosts(
     if len(envs) != len(host_mesh):
         raise ValueError(f"need one environment per host: {len(host_mesh)}, got {len(envs)}")
     procs = host_mesh.spawn_procs(name="exec")
+    actors: BashActor | None = None
     try:
         actors = procs.spawn("bash", BashActor)
         if on_line is None:
@@ -166,6 +204,12 @@ def run_on_hosts(
         deadline = None if timeout is None else time.monotonic() + timeout
         _relay(call, port, receiver.recv, len(host_mesh), on_line, deadline)
         return call.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except BaseException:
+        # A timeout (or Ctrl-C) here ends the commands too, with whatever they started.
+        if actors is not None:
+            with contextlib.suppress(Exception):
+                actors.kill.call().get(timeout=_STOP_TIMEOUT)
+        raise
     finally:
         # Stopping may fail for a lost host; its error (if any) is the call's error.
         with contextlib.suppress(Exception):
@@ -220,8 +264,8 @@ def exec_command(
     prefixed with its host's rank (``[1] text``; stderr lines to stderr); a callable
     ``stream(rank, "stdout" | "stderr", line)`` receives them instead. Either way the result
     still holds each host's whole output. A lost host raises (``SupervisionError``);
-    ``timeout`` (seconds, whole run) raises ``TimeoutError`` and leaves the commands running
-    until their procs are stopped.
+    ``timeout`` (seconds, whole run) raises ``TimeoutError`` after killing each host's command
+    with its whole process group (everything it started).
     """
     extent = host_mesh.extent
     sizes = dict(extent)
