@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -241,9 +242,11 @@ def torchrun_recovery() -> float:
                 except (OSError, ValueError):
                     pass
                 if proc.poll() is not None:
-                    tail = (Path(tmp) / "torchrun.log").read_text()[-1500:]
+                    kept = Path(tempfile.gettempdir()) / f"spmd_bench_torchrun_{proc.pid}.log"
+                    shutil.copy(Path(tmp) / "torchrun.log", kept)  # the whole log, kept
+                    tail = kept.read_text()[-1500:]
                     raise RuntimeError(
-                        f"torchrun ended ({proc.returncode}) without training: {tail}"
+                        f"torchrun ended ({proc.returncode}) without training (log: {kept}): {tail}"
                     )
                 time.sleep(0.005)
             raise RuntimeError("torchrun did not train again within the deadline")
