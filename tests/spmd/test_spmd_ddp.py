@@ -3,6 +3,7 @@ on the mean of the ranks' losses."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from regency.actor import ProcMesh, this_host  # noqa: E402
 from regency.spmd import SPMDActor  # noqa: E402
+from regency.spmd._settle import wait_for_native_threads_to_settle  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -68,3 +70,35 @@ def test_ddp_ranks_agree_and_match_one_process(spmd: SPMDActor, world: int, tmp_
     torch.manual_seed(0)
     init = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     assert not torch.equal(init.state_dict()["0.weight"], ranks[0]["0.weight"])
+
+
+def test_back_to_back_ddp_runs_free_their_groups_without_deadlock(
+    spmd: SPMDActor, tmp_path: Path
+) -> None:
+    """torch 2.13's gloo could deadlock when a finished script's DDP module was freed: the
+    group's destructor joined a worker that waited for the GIL. One run in a few hung on 2 cores;
+    the proc now waits for torch's native threads to settle before freeing the script's objects."""
+    for run in range(10):
+        out = tmp_path / str(run)
+        out.mkdir()
+        host, port = spmd.slice(gpus=0).get_host_port.call_one(None).get(timeout=60)
+        done = spmd.main.call(host, port, [SCRIPT, str(out), "2", str(BATCH)])
+        assert list(done.get(timeout=60).values()) == [True] * 4, f"run {run}"
+
+
+def test_gloo_threads_settle_after_a_ddp_step_and_destroy() -> None:
+    import torch.distributed as dist
+
+    from regency.spmd._env import free_port
+
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        ddp(torch.randn(3, 2)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    start = time.monotonic()
+    assert wait_for_native_threads_to_settle(timeout=5)
+    assert time.monotonic() - start < 2  # gloo's epoll loop wakes on a timer: not a GIL wait
+    del ddp, store

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from regency._runtime import state
 from regency._runtime.endpoint_def import Actor, endpoint
@@ -11,6 +12,7 @@ from regency.spmd._env import apply_env, check_master, elastic_env, free_port, h
 from regency.spmd._script import (
     NO_SCRIPT,
     ScriptExit,
+    collect_script_objects,
     exit_status,
     release_process_group,
     run_argv,
@@ -79,8 +81,9 @@ def run_as_rank(
     check_master(master_addr, master_port)
     point = current_rank()
     apply_env(elastic_env(point, master_addr, master_port), state.runtime().address)
+    script_globals: dict[str, Any] | None = None
     try:
-        run_argv(argv)
+        script_globals = run_argv(argv)
     except SystemExit as exc:
         code = exit_status(exc)
         if code != 0:
@@ -89,3 +92,5 @@ def run_as_rank(
         if script_ended is not None:
             script_ended()
         release_process_group()
+        del script_globals  # the script's objects go only now (see release_process_group)
+        collect_script_objects()

@@ -9,6 +9,9 @@ import runpy
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
+
+from regency.spmd._settle import wait_for_native_threads_to_settle
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ACTOR_FILE = os.path.join(_HERE, "_actor.py")
@@ -45,12 +48,13 @@ def exit_status(exc: SystemExit) -> int:
     return code
 
 
-def run_argv(argv: Sequence[str]) -> None:
+def run_argv(argv: Sequence[str]) -> dict[str, Any]:
     """Run ``[script, args...]`` or ``["-m", module, args...]`` as ``__main__``.
 
     ``sys.argv`` is set as ``python script args...`` would set it, and the script's directory (or
     the working directory, for ``-m``) goes first on ``sys.path`` for the run; both are put back
-    afterwards. ``SystemExit`` propagates.
+    afterwards. ``SystemExit`` propagates. Returns the script's globals, so that the caller decides
+    when its objects are freed (see ``release_process_group``).
     """
     argv = [str(a) for a in argv]
     if not argv:
@@ -63,14 +67,14 @@ def run_argv(argv: Sequence[str]) -> None:
             module = argv[1]
             sys.argv = [module, *argv[2:]]  # runpy puts the module's file in argv[0]
             sys.path.insert(0, os.getcwd())
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            return runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             script = argv[0]
             if not os.path.exists(script):
                 raise FileNotFoundError(f"SPMDActor.main: no script {script!r} (cwd {os.getcwd()})")
             sys.argv = list(argv)
             sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-            runpy.run_path(script, run_name="__main__")
+            return runpy.run_path(script, run_name="__main__")
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         restore_std_streams()
@@ -119,6 +123,10 @@ def release_process_group() -> None:
     the other ranks; a proc lives on. Destroying the group closes them just as promptly, so the
     other ranks' collectives fail at once instead of waiting out gloo's timeout, and the next
     ``main`` can initialize a new group. A no-op when the script never imported torch.
+
+    The caller still holds the script's objects (its globals, or the traceback of what it
+    raised): they are freed only after this returns, once torch's native threads have settled
+    (see ``regency.spmd._settle``), and then collected with ``gc.collect()``.
     """
     dist = sys.modules.get("torch.distributed")
     if dist is None:
@@ -128,7 +136,14 @@ def release_process_group() -> None:
             dist.destroy_process_group()
     except Exception as exc:  # a broken group: nothing left to release
         print(f"regency.spmd: destroying the process group failed: {exc}", file=sys.stderr)
-    # The script's objects (a DistributedDataParallel module holds its group, and with it
-    # gloo's threads and sockets) often sit in reference cycles: free them now, while the
-    # peers are still up, rather than when the interpreter exits.
+    wait_for_native_threads_to_settle()
+
+
+def collect_script_objects() -> None:
+    """Free what the script left in reference cycles, once the caller dropped its globals.
+
+    A ``DistributedDataParallel`` module holds its group, and with it gloo's threads and sockets,
+    often in cycles: free them now, while the peers are still up, rather than when the
+    interpreter exits.
+    """
     gc.collect()
