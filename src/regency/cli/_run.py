@@ -48,11 +48,12 @@ def add_run_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--preload",
-        default=None,
+        default="torch",
         metavar="MODULES",
         help="modules (comma-separated) that this host's procs start with already imported, "
         "forked from a process that imported them once; 'torch' means regency.spmd."
-        "TORCH_PRELOAD (default: none; REGENCY_ZYGOTE_PRELOAD overrides)",
+        "TORCH_PRELOAD (default: torch, where it is installed; '' for none; "
+        "REGENCY_ZYGOTE_PRELOAD overrides)",
     )
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
