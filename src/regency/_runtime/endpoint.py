@@ -13,7 +13,7 @@ from regency._runtime.errors import SupervisionError, failed_text, process_faile
 from regency._runtime.future import Future
 from regency._runtime.mesh_trait import EmptySliceError
 from regency._runtime.ports import GatherReply, OnceReply, Port, StreamReply, fail_handler
-from regency._runtime.proc import PortRef
+from regency._runtime.refs import PortRef
 from regency._runtime.supervision import UndeliverableMessageEnvelope, is_stop_reason
 from regency._runtime.value_mesh import ValueMesh
 from regency._transport import frames

@@ -26,8 +26,9 @@ from typing import Any
 from regency import config
 from regency._runtime import wire
 from regency._runtime.launcher import Launcher
-from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.proc import ProcRuntime
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.supervision import stop_reason
 from regency._transport import tls
 from regency._transport.address import route_key

@@ -31,7 +31,8 @@ from regency._runtime.identity import (
     wait_stopped_async,
 )
 from regency._runtime.mailbox import Delivery
-from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.proc import ProcRuntime
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.service import Service
 from regency._runtime.supervision import (
     FailureEvent,

@@ -33,7 +33,6 @@ from regency._runtime.instance import SpawnActor
 from regency._runtime.mesh_supervisor import MeshSupervisor
 from regency._runtime.mesh_trait import MeshTrait
 from regency._runtime.pending import Pending
-from regency._runtime.proc import Part, PortRef
 from regency._runtime.procs import (
     ProcInfo,
     ShutdownHost,
@@ -41,6 +40,7 @@ from regency._runtime.procs import (
     StopProcs,
     new_proc_address,
 )
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.supervision import RestartPolicy, stop_reason
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Point, Shape

@@ -14,7 +14,7 @@ from regency._runtime.errors import SupervisionError
 from regency._runtime.future import Future
 from regency._runtime.identity import InstanceBase, new_uid
 from regency._runtime.pending import Pending
-from regency._runtime.proc import Part, PortRef
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.supervision import MeshFailure
 from regency._transport.transport import PeerUnreachableError
 

@@ -14,7 +14,7 @@ from regency._runtime import controller, state, wire
 from regency._runtime.future import Future
 from regency._runtime.meshes import HostInfo, HostMesh, WorkerLease
 from regency._runtime.pending import Pending
-from regency._runtime.proc import Part, PortRef
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.worker import Attach
 from regency._transport import address, tls
 from regency._transport.auth import SECRET_ENV, check_secret, wrap_secret
