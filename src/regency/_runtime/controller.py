@@ -12,7 +12,7 @@ import os
 import sys
 
 from regency import config
-from regency._runtime import gateways, state, supervision, wire
+from regency._runtime import context, gateways, state, supervision, wire
 from regency._runtime.host_agent import HostAgent, HostSession
 from regency._runtime.instance import ClientInstance
 from regency._runtime.proc import ProcRuntime
@@ -30,7 +30,8 @@ def bootstrap_controller() -> None:
     job_id = os.urandom(4).hex()
     secret = os.urandom(32)
     runtime = ProcRuntime(f"unix:@regency-{job_id}-controller", secret, job_id)
-    state.install(runtime, ClientInstance(runtime, is_root=True), runtime.address, runtime.address)
+    context.install_client(ClientInstance(runtime, is_root=True))
+    state.install(runtime, runtime.address, runtime.address)
     _proc_agent = ProcAgent(runtime)
     _host_agent = HostAgent(
         runtime, HostSession(job_id, runtime.address, runtime.address, secret, None)
@@ -75,3 +76,7 @@ def shutdown(timeout: float | None = None) -> None:
     _host_agent = _proc_agent = None
     gateways.clear()
     state.clear(shut_down=True)
+    context.clear_client()
+
+
+state.set_boot(bootstrap_controller)
