@@ -80,7 +80,7 @@ def serve(settings: dict[str, Any]) -> None:
 
     tls.install(settings.get("tls"))
 
-    from regency._runtime import state, wire
+    from regency._runtime import context, state, wire
     from regency._runtime.instance import ClientInstance
     from regency._runtime.proc import ProcRuntime
     from regency._runtime.proc_agent import ProcAgent
@@ -95,9 +95,8 @@ def serve(settings: dict[str, Any]) -> None:
         gateway=settings.get("gateway"),
     )
     runtime.gateway_ips = list(settings.get("gateway_ips") or ())
-    state.install(
-        runtime, ClientInstance(runtime, is_root=False), settings["agent"], settings["root"]
-    )
+    context.install_client(ClientInstance(runtime, is_root=False))
+    state.install(runtime, settings["agent"], settings["root"])
 
     stop = threading.Event()
     watch_parent(runtime, settings["parent_pid"])

@@ -11,12 +11,10 @@ from __future__ import annotations
 import pickle
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from regency._runtime import wire
-
-if TYPE_CHECKING:
-    from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.refs import Part, PortRef
 
 
 class Dest(NamedTuple):
@@ -75,10 +73,22 @@ def unpack_entries(rank: int, flags: int, parts: Sequence[Part]) -> list[Entry]:
     return entries
 
 
+class PortSender(Protocol):
+    """What a relay needs of its process's router (implemented by ``ProcRuntime``)."""
+
+    def close_port(self, port: int, watch: Sequence[str] = ()) -> None:
+        """Forget a port; later messages to it are dropped."""
+
+    def send_port(
+        self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
+    ) -> None:
+        """Send a value to a port (anywhere)."""
+
+
 class GatherRelay:
     """A tree node's accumulator: collects its subtree's replies, then sends them up as one."""
 
-    def __init__(self, runtime: ProcRuntime, upstream: PortRef | None, expected: int) -> None:
+    def __init__(self, runtime: PortSender, upstream: PortRef | None, expected: int) -> None:
         self._runtime = runtime
         self._upstream = upstream
         self._expected = expected

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextvars
 from typing import TYPE_CHECKING, Any
 
+from regency._runtime import state
 from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
     from regency._runtime.identity import InstanceBase
 
 _EMPTY_POINT = Point(0, Extent([], []))
+_client: InstanceBase | None = None
 
 
 class Context:
@@ -54,3 +56,23 @@ def set_current(ctx: Context) -> Any:
 def empty_point() -> Point:
     """A 0-dimensional point (the rank of a direct, non-cast message)."""
     return _EMPTY_POINT
+
+
+def install_client(instance: InstanceBase) -> None:
+    """Make ``instance`` the sender of code that runs outside any actor (before the runtime
+    is installed, so that a started runtime always has its client)."""
+    global _client
+    _client = instance
+
+
+def clear_client() -> None:
+    """Forget the client instance (after shutdown)."""
+    global _client
+    _client = None
+
+
+def client() -> InstanceBase:
+    """The instance that sends on behalf of code running outside any actor."""
+    state.runtime()
+    assert _client is not None
+    return _client

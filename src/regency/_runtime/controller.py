@@ -10,22 +10,18 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import threading
 
 from regency import config
-from regency._runtime import state, supervision, wire
+from regency._runtime import context, gateways, state, supervision, wire
 from regency._runtime.host_agent import HostAgent, HostSession
 from regency._runtime.instance import ClientInstance
 from regency._runtime.proc import ProcRuntime
 from regency._runtime.proc_agent import ProcAgent
 from regency._runtime.service import Service
 from regency._runtime.singletons import SingletonRegistry
-from regency._transport import address
 
 _host_agent: HostAgent | None = None
 _proc_agent: ProcAgent | None = None
-_gateways: dict[str, str] = {}  # local IP -> the controller's TCP address on it
-_gateway_lock = threading.Lock()
 
 
 def bootstrap_controller() -> None:
@@ -34,7 +30,8 @@ def bootstrap_controller() -> None:
     job_id = os.urandom(4).hex()
     secret = os.urandom(32)
     runtime = ProcRuntime(f"unix:@regency-{job_id}-controller", secret, job_id)
-    state.install(runtime, ClientInstance(runtime, is_root=True), runtime.address, runtime.address)
+    context.install_client(ClientInstance(runtime, is_root=True))
+    state.install(runtime, runtime.address, runtime.address)
     _proc_agent = ProcAgent(runtime)
     _host_agent = HostAgent(
         runtime, HostSession(job_id, runtime.address, runtime.address, secret, None)
@@ -48,25 +45,6 @@ def bootstrap_controller() -> None:
     supervision.install_exit_path()
     atexit.register(_exit_code_after_fatal_failure)
     atexit.register(shutdown)
-
-
-def gateway_toward(worker: str) -> str:
-    """The controller's TCP address that worker host ``worker`` can reach (listening on the
-    interface that routes there, from the first call for that interface on)."""
-    runtime = state.runtime()
-    ip = address.local_ip_toward(worker)
-    with _gateway_lock:
-        gateway = _gateways.get(ip)
-        if gateway is None:
-            gateway = _gateways[ip] = runtime.transport.listen_tcp(ip)
-        return gateway
-
-
-def gateway_ips() -> list[str]:
-    """The local IPs the controller's gateways listen on (empty outside the controller, or
-    before it attached a host on another machine)."""
-    with _gateway_lock:
-        return list(_gateways)
 
 
 def _exit_code_after_fatal_failure() -> None:
@@ -96,5 +74,9 @@ def shutdown(timeout: float | None = None) -> None:
         _proc_agent.stop_all(timeout)
     runtime.close()
     _host_agent = _proc_agent = None
-    _gateways.clear()
+    gateways.clear()
     state.clear(shut_down=True)
+    context.clear_client()
+
+
+state.set_boot(bootstrap_controller)

@@ -6,14 +6,14 @@ import inspect
 import pickle
 import random
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar, overload
 
 from regency._runtime import casting, codec, context, state, wire
 from regency._runtime.errors import SupervisionError, failed_text, process_failed, stopped_text
 from regency._runtime.future import Future
 from regency._runtime.mesh_trait import EmptySliceError
 from regency._runtime.ports import GatherReply, OnceReply, Port, StreamReply, fail_handler
-from regency._runtime.proc import PortRef
+from regency._runtime.refs import PortRef
 from regency._runtime.supervision import UndeliverableMessageEnvelope, is_stop_reason
 from regency._runtime.value_mesh import ValueMesh
 from regency._transport import frames
@@ -22,16 +22,58 @@ from regency._transport.transport import PeerUnreachableError
 if TYPE_CHECKING:
     from regency._runtime.endpoint_def import ArgumentCheck, EndpointSpec
     from regency._runtime.identity import InstanceBase
-    from regency._runtime.meshes import ActorMesh
+    from regency._runtime.mesh_supervisor import MeshSupervisor
+    from regency.shape import Shape
 
 R = TypeVar("R")
 V = TypeVar("V")
 
 
+class Route(NamedTuple):
+    """A mesh view's destinations: base ranks, proc addresses, and the cast extent."""
+
+    bases: list[int]
+    addrs: list[str]
+    ranks: list[int]
+    unique: list[str]
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    fanout: int
+    envelopes: dict[str, bytes]  # pickled envelopes of messages without a reply port
+    generation: int  # the supervisor's generation it was computed for
+
+
+class MeshTarget(Protocol):
+    """What an endpoint reads of the actor mesh it sends to (``ActorMesh`` implements it)."""
+
+    @property
+    def _class(self) -> type:
+        """The actors' class."""
+
+    @property
+    def _name(self) -> str:
+        """The mesh's name."""
+
+    @property
+    def _shape(self) -> Shape:
+        """The shape of this view."""
+
+    @property
+    def _mesh_id(self) -> int:
+        """The mesh's id, shared by its views."""
+
+    @property
+    def _supervisor(self) -> MeshSupervisor | None:
+        """Per-rank health and restarts, on the owner's mesh and its views."""
+
+    def _route(self) -> Route:
+        """Where this view's messages go."""
+
+
 def current_instance() -> InstanceBase:
     """The instance sending from this thread or task (the client outside actors)."""
     ctx = context.current_or_none()
-    return ctx.actor_instance if ctx is not None else state.client()
+    return ctx.actor_instance if ctx is not None else context.client()
 
 
 class Endpoint(Generic[R]):
@@ -40,7 +82,7 @@ class Endpoint(Generic[R]):
     __slots__ = ("_checker", "_mesh", "_name", "_spec")
 
     def __init__(
-        self, mesh: ActorMesh[Any], name: str, spec: EndpointSpec, checker: ArgumentCheck
+        self, mesh: MeshTarget, name: str, spec: EndpointSpec, checker: ArgumentCheck
     ) -> None:
         self._mesh = mesh
         self._name = name
@@ -318,7 +360,7 @@ class NotAnEndpoint:
 
     __slots__ = ("_mesh", "_name")
 
-    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+    def __init__(self, mesh: MeshTarget, name: str) -> None:
         self._mesh = mesh
         self._name = name
 

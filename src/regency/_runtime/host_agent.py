@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regency import config
-from regency._runtime import wire
+from regency._runtime import gateways, wire
 from regency._runtime.launcher import Launcher
-from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.proc import ProcRuntime
 from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.supervision import stop_reason
 from regency._transport import tls
 from regency._transport.address import route_key
@@ -120,8 +121,6 @@ class HostAgent:
                 )
 
     def _spawn(self, info: ProcInfo, request: SpawnProcs, session: HostSession, index: int) -> None:
-        from regency._runtime import controller  # it starts this agent: import it late
-
         launch = request.launches[index] if request.launches is not None else None
         settings = {
             "address": info.addr,
@@ -140,7 +139,7 @@ class HostAgent:
             "tls": tls.settings_for_children(),
             # Where the controller's machine is reached from other hosts (RDMA owners listen
             # there too).
-            "gateway_ips": controller.gateway_ips() or list(self.runtime.gateway_ips),
+            "gateway_ips": gateways.gateway_ips() or list(self.runtime.gateway_ips),
         }
         self.runtime.local_children.add(info.addr)
         ours, theirs = handoff_pair()

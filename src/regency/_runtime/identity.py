@@ -8,16 +8,26 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from regency._runtime.mesh_trait import ProcMeshBase
 from regency.shape import Point
 
 if TYPE_CHECKING:
     from regency._runtime.future import Future
-    from regency._runtime.meshes import ProcMesh
 
 log = logging.getLogger("regency.supervision")
+
+_this_proc_mesh: Callable[[], ProcMeshBase] | None = None
+
+
+def set_this_proc_mesh(make: Callable[[], ProcMeshBase]) -> None:
+    """Register how an instance builds its process's singleton proc mesh (``instance.proc``):
+    :mod:`regency._runtime.meshes`, which defines proc meshes, does so when imported."""
+    global _this_proc_mesh
+    _this_proc_mesh = make
 
 
 class Stoppable(Protocol):
@@ -88,8 +98,8 @@ class CreatorInstance:
     spawning instance's identity, with its own ``creator`` up to the root (``None`` above it)."""
 
     rank: Point
-    proc_mesh: ProcMesh
-    proc: ProcMesh
+    proc_mesh: ProcMeshBase
+    proc: ProcMeshBase
     name: str
     class_name: str | None
     creator: CreatorInstance | None
@@ -164,16 +174,15 @@ class InstanceBase:
         return ActorId(self.name, self.uid, self.rank, self.proc_id, False)
 
     @property
-    def proc_mesh(self) -> ProcMesh:
+    def proc_mesh(self) -> ProcMeshBase:
         """The proc mesh this actor was spawned on."""
         raise NotImplementedError
 
     @property
-    def proc(self) -> ProcMesh:
+    def proc(self) -> ProcMeshBase:
         """The singleton proc mesh of the process this actor runs in."""
-        from regency._runtime.meshes import this_proc_mesh
-
-        return this_proc_mesh()
+        assert _this_proc_mesh is not None, "regency._runtime.meshes registers it when imported"
+        return _this_proc_mesh()
 
     def as_creator(self) -> CreatorInstance:
         """This instance's identity, to hand to the actors it spawns."""

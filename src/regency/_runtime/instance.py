@@ -31,7 +31,10 @@ from regency._runtime.identity import (
     wait_stopped_async,
 )
 from regency._runtime.mailbox import Delivery
-from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.mesh_trait import ProcMeshBase
+from regency._runtime.ports import Port
+from regency._runtime.proc import ProcRuntime
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.service import Service
 from regency._runtime.supervision import (
     FailureEvent,
@@ -46,7 +49,6 @@ from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
     from regency._runtime.future import Future
-    from regency._runtime.meshes import ProcMesh
 
 log = logging.getLogger("regency.actor")
 
@@ -72,7 +74,7 @@ class ClientInstance(InstanceBase):
         self.is_root = is_root
 
     @property
-    def proc_mesh(self) -> ProcMesh:
+    def proc_mesh(self) -> ProcMeshBase:
         """The singleton proc mesh of this process."""
         return self.proc
 
@@ -180,7 +182,7 @@ class ActorInstance(InstanceBase):
         self.stop_reason = ""
         self._endpoints: dict[str, tuple[Callable[..., Any], EndpointSpec]] = {}
         self._is_async = False
-        self._proc_mesh: ProcMesh | None = None
+        self._proc_mesh: ProcMeshBase | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # Stops of owned meshes begun by a failure; cleanup waits for them.
         self._owned_stopping: list[Future[None]] = []
@@ -199,7 +201,7 @@ class ActorInstance(InstanceBase):
     # -- identity ------------------------------------------------------------------------------
 
     @property
-    def proc_mesh(self) -> ProcMesh:
+    def proc_mesh(self) -> ProcMeshBase:
         """The proc mesh this actor was spawned on."""
         assert self._proc_mesh is not None
         return self._proc_mesh
@@ -766,8 +768,6 @@ class ActorInstance(InstanceBase):
             return None
         fn, spec = entry
         if spec.explicit_port:
-            from regency._runtime.ports import Port
-
             port: Any = Port(reply, point.rank) if reply is not None else _NullPort()
             args = (port, *args)
         return fn, spec, method, reply, point, args, kwargs

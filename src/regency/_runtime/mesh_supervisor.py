@@ -20,8 +20,8 @@ from regency._runtime import state
 from regency._runtime.errors import failed_text, process_failed, stopped_text
 from regency._runtime.identity import segment
 from regency._runtime.pending import Pending
-from regency._runtime.proc import Part, PortRef
 from regency._runtime.procs import ProcInfo
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.supervision import (
     FailureEvent,
     MeshFailure,

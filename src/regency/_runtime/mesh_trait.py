@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import abc
 import builtins
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from regency.shape import Extent, Shape
 
+if TYPE_CHECKING:
+    from regency._runtime.future import Future
+
 M = TypeVar("M", bound="MeshTrait")
+T = TypeVar("T")
 
 
 class EmptySliceError(IndexError, ValueError):
@@ -101,3 +106,24 @@ class MeshTrait:
 
     def __len__(self) -> int:
         return len(self._shape)
+
+
+class ProcMeshBase(MeshTrait, abc.ABC):
+    """A proc mesh as the layers below the user's mesh objects know it.
+
+    Actor instances name their proc meshes with this type; :class:`regency.actor.ProcMesh`
+    implements it.
+    """
+
+    @abc.abstractmethod
+    def spawn(self, name: str, Class: type[T], *args: Any, **kwargs: Any) -> T:  # noqa: N803
+        """Spawn one actor of ``Class`` in each proc of this mesh, as the actor mesh ``name``."""
+
+    @property
+    @abc.abstractmethod
+    def initialized(self) -> Future[bool]:
+        """Resolves to ``True`` once every proc of the mesh has started."""
+
+    @abc.abstractmethod
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop every proc of the mesh."""

@@ -11,14 +11,20 @@ import pickle
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, TypeVar
 
 import cloudpickle
 
 from regency import config
 from regency._runtime import context, state, wire
 from regency._runtime.bootstrap_command import BootstrapCommand, ProcLaunch, launches_for
-from regency._runtime.endpoint import Endpoint, NotAnEndpoint, YieldsToEndpoint, current_instance
+from regency._runtime.endpoint import (
+    Endpoint,
+    NotAnEndpoint,
+    Route,
+    YieldsToEndpoint,
+    current_instance,
+)
 from regency._runtime.endpoint_def import (
     Actor,
     ArgumentCheck,
@@ -28,12 +34,11 @@ from regency._runtime.endpoint_def import (
 )
 from regency._runtime.errors import ActorError
 from regency._runtime.future import Future
-from regency._runtime.identity import CreatorInstance, InstanceBase, new_uid
+from regency._runtime.identity import CreatorInstance, InstanceBase, new_uid, set_this_proc_mesh
 from regency._runtime.instance import SpawnActor
 from regency._runtime.mesh_supervisor import MeshSupervisor
-from regency._runtime.mesh_trait import MeshTrait
+from regency._runtime.mesh_trait import MeshTrait, ProcMeshBase
 from regency._runtime.pending import Pending
-from regency._runtime.proc import Part, PortRef
 from regency._runtime.procs import (
     ProcInfo,
     ShutdownHost,
@@ -41,6 +46,7 @@ from regency._runtime.procs import (
     StopProcs,
     new_proc_address,
 )
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.supervision import RestartPolicy, stop_reason
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Point, Shape
@@ -405,7 +411,7 @@ def stop_procs(infos: Sequence[ProcInfo], reason: str) -> Future[None]:
     return Future._from_pending(tracker.pending)
 
 
-class ProcMesh(MeshTrait):
+class ProcMesh(ProcMeshBase):
     """A mesh of processes; ``spawn`` creates one actor in each."""
 
     def __init__(
@@ -642,20 +648,6 @@ class _ActorSpawn:
         # Otherwise the new actor or proc failed too, and reported it: the policy decides again.
 
 
-class Route(NamedTuple):
-    """A mesh view's destinations: base ranks, proc addresses, and the cast extent."""
-
-    bases: list[int]
-    addrs: list[str]
-    ranks: list[int]
-    unique: list[str]
-    labels: tuple[str, ...]
-    sizes: tuple[int, ...]
-    fanout: int
-    envelopes: dict[str, bytes]  # pickled envelopes of messages without a reply port
-    generation: int  # the supervisor's generation it was computed for
-
-
 class ActorMesh(MeshTrait, Generic[T]):
     """A mesh of actors of one class. Reach endpoints as attributes: ``mesh.method.call()``."""
 
@@ -840,6 +832,9 @@ def this_proc_mesh() -> ProcMesh:
     return ProcMesh(Shape.unity(), [info], "this_proc", None, owned=False)
 
 
+set_this_proc_mesh(this_proc_mesh)
+
+
 def this_host_mesh() -> HostMesh:
     """The host the calling process runs on, as a 0-dimensional mesh (as in Monarch)."""
     state.runtime()
@@ -851,4 +846,4 @@ def current_context() -> context.Context:
     ctx = context.current_or_none()
     if ctx is not None:
         return ctx
-    return context.Context(state.client())
+    return context.Context(context.client())

@@ -12,7 +12,7 @@ from regency._runtime import casting, codec, state, wire
 from regency._runtime.errors import SupervisionError
 from regency._runtime.future import Future
 from regency._runtime.pending import Pending
-from regency._runtime.proc import Part, PortRef
+from regency._runtime.refs import Part, PortRef
 from regency._transport.transport import PeerUnreachableError
 
 T = TypeVar("T")

@@ -15,12 +15,13 @@ import pickle
 import socket
 import threading
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from regency import config
 from regency._runtime import bulk, casting, wire
 from regency._runtime.bulk import Bulk
 from regency._runtime.mailbox import Mailbox
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.service import Service
 from regency._transport import frames
 from regency._transport.bounded import BoundedDict
@@ -28,8 +29,6 @@ from regency._transport.connection import Connection
 from regency._transport.transport import PeerUnreachableError, Transport
 
 log = logging.getLogger("regency.proc")
-
-Part = bytes | bytearray | memoryview
 
 _EXIT_REPORT_GRACE = 1.0
 # Frames of at most this many parts are envelope + pickle body: our own bytes, safe to hold.
@@ -40,13 +39,6 @@ _COALESCE_MAX = 16 * 1024
 def buffers_size(buffers: Sequence[Part]) -> int:
     """Total bytes of some buffers."""
     return sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers)
-
-
-class PortRef(NamedTuple):
-    """Where a port lives: the owning process's address and the port's id there."""
-
-    addr: str
-    port: int
 
 
 class PortHandler(Protocol):

@@ -13,7 +13,8 @@ from typing import Any
 from regency import config
 from regency._runtime import wire
 from regency._runtime.instance import ActorInstance, SpawnActor
-from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.proc import ProcRuntime
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.unbooted import UnbootedInstance
 from regency._transport.transport import PeerUnreachableError
 

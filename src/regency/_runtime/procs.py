@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from regency._runtime.bootstrap_command import ProcLaunch
-from regency._runtime.proc import PortRef
+from regency._runtime.refs import PortRef
 from regency._transport import address
 
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.-]")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 
@@ -13,13 +13,11 @@ from regency._runtime import codec, context, state, wire
 from regency._runtime.errors import SupervisionError
 from regency._runtime.future import Future
 from regency._runtime.identity import InstanceBase, new_uid
+from regency._runtime.meshes import ProcMesh, this_proc_mesh
 from regency._runtime.pending import Pending
-from regency._runtime.proc import Part, PortRef
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.supervision import MeshFailure
 from regency._transport.transport import PeerUnreachableError
-
-if TYPE_CHECKING:
-    from regency._runtime.meshes import ProcMesh
 
 
 class _Reply:
@@ -61,7 +59,7 @@ class SingletonRegistry(InstanceBase):
     @property
     def proc_mesh(self) -> ProcMesh:
         """The root's own proc, where the controllers run."""
-        return self.proc
+        return this_proc_mesh()
 
     def supervise(self, notice: Any) -> None:
         """Record a controller's failure (a restart notice needs nothing)."""
@@ -84,8 +82,6 @@ class SingletonRegistry(InstanceBase):
             mesh = self._meshes.get(name)
             if mesh is None:
                 cls, args, kwargs = codec.loads([payload])
-                from regency._runtime.meshes import this_proc_mesh
-
                 mesh = this_proc_mesh()._spawn_owned(name, cls, args, kwargs, owner=self)
                 self._meshes[name] = mesh
             parts = codec.dumps(mesh)

@@ -1,27 +1,38 @@
-"""The process-wide runtime singleton (one :class:`ProcRuntime` and its client instance)."""
+"""The process-wide runtime singleton (one :class:`ProcRuntime`).
+
+The controller's process starts its runtime on first use, through the function
+:mod:`regency._runtime.controller` registers with :func:`set_boot` when it is imported.
+"""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from regency._runtime.instance import ClientInstance
     from regency._runtime.proc import ProcRuntime
 
 _lock = threading.RLock()
 _runtime: ProcRuntime | None = None
-_client: ClientInstance | None = None
+_boot: Callable[[], None] | None = None
 _shut_down = False
 _host_agent: str | None = None
 _root: str | None = None
 
 
-def install(runtime: ProcRuntime, client: ClientInstance, host_agent: str, root: str) -> None:
-    """Make ``runtime`` this process's runtime and ``client`` its fallback sender; record the
-    addresses of this machine's host agent and of the root controller."""
-    global _runtime, _client, _host_agent, _root
-    _runtime, _client, _host_agent, _root = runtime, client, host_agent, root
+def set_boot(boot: Callable[[], None]) -> None:
+    """Register how a process with no runtime starts one on first use (the controller's boot,
+    which must :func:`install` the runtime)."""
+    global _boot
+    _boot = boot
+
+
+def install(runtime: ProcRuntime, host_agent: str, root: str) -> None:
+    """Make ``runtime`` this process's runtime; record the addresses of this machine's host
+    agent and of the root controller."""
+    global _runtime, _host_agent, _root
+    _runtime, _host_agent, _root = runtime, host_agent, root
 
 
 def root_address() -> str:
@@ -47,18 +58,13 @@ def runtime() -> ProcRuntime:
         if _runtime is None:
             if _shut_down:
                 raise RuntimeError("regency was shut down in this process and cannot restart")
-            from regency._runtime.controller import bootstrap_controller
-
-            bootstrap_controller()
+            if _boot is None:
+                raise RuntimeError(
+                    "regency has no runtime in this process: import regency.actor to start one"
+                )
+            _boot()
         assert _runtime is not None
         return _runtime
-
-
-def client() -> ClientInstance:
-    """The instance that sends on behalf of code running outside any actor."""
-    runtime()
-    assert _client is not None
-    return _client
 
 
 def existing() -> ProcRuntime | None:
@@ -68,6 +74,6 @@ def existing() -> ProcRuntime | None:
 
 def clear(shut_down: bool) -> None:
     """Forget the runtime (after shutdown)."""
-    global _runtime, _client, _shut_down
-    _runtime, _client = None, None
+    global _runtime, _shut_down
+    _runtime = None
     _shut_down = _shut_down or shut_down

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -246,9 +247,7 @@ def run_fault_hook(failure: MeshFailure) -> None:
     A normal return ignores the failure. If the hook raises (its default raises ``SystemExit``),
     a report goes to stderr and the controller exits with code 1, running its atexit handlers.
     """
-    import regency.actor
-
-    hook = regency.actor.unhandled_fault_hook
+    hook = _fault_hook_lookup()
     try:
         hook(failure)
     except BaseException as exc:
@@ -265,6 +264,20 @@ def run_fault_hook(failure: MeshFailure) -> None:
 def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     """Monarch's default: an unhandled failure ends the controller (exit code 1)."""
     sys.exit(1)
+
+
+def _default_lookup() -> Callable[[MeshFailure], None]:
+    return default_unhandled_fault_hook
+
+
+_fault_hook_lookup: Callable[[], Callable[[MeshFailure], None]] = _default_lookup
+
+
+def set_fault_hook_lookup(lookup: Callable[[], Callable[[MeshFailure], None]]) -> None:
+    """Read the fault hook through ``lookup`` at each failure: ``regency.actor`` registers one
+    that returns its ``unhandled_fault_hook`` attribute, which users may replace at any time."""
+    global _fault_hook_lookup
+    _fault_hook_lookup = lookup
 
 
 def _exit_controller() -> None:

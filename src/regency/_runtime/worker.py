@@ -26,8 +26,9 @@ from typing import Any
 from regency import config
 from regency._runtime import wire
 from regency._runtime.host_agent import HostAgent, HostSession
-from regency._runtime.proc import Part, PortRef, ProcRuntime
+from regency._runtime.proc import ProcRuntime
 from regency._runtime.procs import ShutdownHost
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.service import Service
 from regency._transport import address
 from regency._transport.auth import AuthenticationError, unwrap_secret

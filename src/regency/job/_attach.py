@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Literal
 
 from regency import config
-from regency._runtime import controller, state, wire
+from regency._runtime import gateways, state, wire
 from regency._runtime.future import Future
 from regency._runtime.meshes import HostInfo, HostMesh, WorkerLease
 from regency._runtime.pending import Pending
-from regency._runtime.proc import Part, PortRef
+from regency._runtime.refs import Part, PortRef
 from regency._runtime.worker import Attach
 from regency._transport import address, tls
 from regency._transport.auth import SECRET_ENV, check_secret, wrap_secret
@@ -78,7 +78,7 @@ def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
         rt.address,
         rt.job_id,
         worker,
-        controller.gateway_toward(worker) if address.is_tcp(worker) else None,
+        gateways.gateway_toward(worker) if address.is_tcp(worker) else None,
         wrap_secret(secret, rt.secret),
         config.get_global_config(),
         ref,

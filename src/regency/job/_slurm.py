@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from regency.job._trait import JobTrait
+from regency.job._worker import worker_command, worker_env
 
 __all__ = ["SlurmJob"]
 
@@ -170,8 +171,6 @@ class SlurmJob(JobTrait):
 
     def _create(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        from regency.job import worker_env
-
         env = {**os.environ, **worker_env(self.secret)}
         out = _slurm(
             [*self.sbatch_args(), "--parsable"], input=self.batch_script(), env=env
@@ -256,8 +255,6 @@ class SlurmJob(JobTrait):
 
     def batch_script(self) -> str:
         """The batch script: one ``srun`` step running a worker on every node."""
-        from regency.job import worker_command
-
         worker = worker_command(f"tcp://0.0.0.0:{self.port}", python=self.python_exe)
         ranges = []
         start = 0

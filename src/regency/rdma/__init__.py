@@ -18,6 +18,11 @@ without its owner taking part::
 * Errors form the `RDMAError` family; see :mod:`regency.rdma._errors` for the tree.
 """
 
+# A buffer registered in the controller's own code starts the controller's runtime on first
+# use, as every public package's first call does: the controller registers that boot with
+# the runtime's state when imported.
+import regency._runtime.controller  # noqa: F401
+
 from ._action import RDMAAction as RDMAAction
 from ._backends import get_rdma_backend as get_rdma_backend
 from ._backends import is_ibverbs_available as _is_ibverbs_available

@@ -23,7 +23,7 @@ import os
 import threading
 import warnings
 
-from regency._runtime import state
+from regency._runtime import gateways, state
 from regency._transport import address
 from regency.rdma import _cma, _ibv_probe, _service
 from regency.rdma._errors import RDMABackendError, RDMAFallbackWarning, RDMATcpFallbackWarning
@@ -55,9 +55,7 @@ def service_hosts() -> list[str]:
     rt = state.runtime()
     if address.is_tcp(rt.address):
         return [address.tcp_host(rt.address)]
-    from regency._runtime import controller
-
-    ips = controller.gateway_ips() or list(rt.gateway_ips)
+    ips = gateways.gateway_ips() or list(rt.gateway_ips)
     return ["127.0.0.1", *[ip for ip in ips if ip != "127.0.0.1"]]
 
 

@@ -1,0 +1,133 @@
+"""regency's modules import each other without circles (issue 16).
+
+The graph is read from the source with ``ast``, so every import counts: module level,
+function-local and ``if TYPE_CHECKING:`` ones. A lower layer that needs something from a higher
+one gets it through a callback the higher one registers or a Protocol it implements.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = "regency"
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name)."""
+    modules: dict[str, Path] = {}
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _owner(name: str, modules: dict[str, Path]) -> str | None:
+    """The module ``name`` is, or the innermost package or module that defines it."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imported(
+    node: ast.Import | ast.ImportFrom, module: str, is_package: bool, modules: dict[str, Path]
+) -> list[str]:
+    """The dotted names an import statement loads, relative ones made absolute."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        base = module if is_package else module.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            base = base.rpartition(".")[0]
+        source = f"{base}.{node.module}" if node.module else base
+    else:
+        source = node.module or ""
+    # ``from pkg import name`` loads the submodule pkg.name when there is one, else pkg itself.
+    return [
+        f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
+        for alias in node.names
+    ]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports anywhere in its source."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for target in _imported(node, name, path.name == "__init__.py", modules):
+                if target != PACKAGE and not target.startswith(PACKAGE + "."):
+                    continue
+                owner = _owner(target, modules)
+                if owner is not None and owner != name:
+                    graph[name].add(owner)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root, imports in graph.items():
+        if root in index:
+            continue
+        work = [(root, iter(sorted(imports)))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            for succ in successors:
+                if succ not in index:
+                    index[succ] = low[succ] = len(index)
+                    stack.append(succ)
+                    on_stack.add(succ)
+                    work.append((succ, iter(sorted(graph[succ]))))
+                    break
+                if succ in on_stack:
+                    low[node] = min(low[node], index[succ])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_the_graph_sees_every_kind_of_import() -> None:
+    graph = import_graph()
+    assert len(graph) > 100
+    # module level, function-local and TYPE_CHECKING imports all appear
+    assert "regency._runtime.state" in graph["regency._runtime.waiting"]
+    assert "regency.job" in graph["regency.actor"]  # function-local (Monarch's names)
+    assert "regency._runtime.future" in graph["regency._runtime.mesh_trait"]  # TYPE_CHECKING
+
+
+def test_circles_finds_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_circles() -> None:
+    found = circles(import_graph())
+    report = "\n".join(f"circle of {len(c)}: {', '.join(c)}" for c in found)
+    assert not found, f"import circles in src/{PACKAGE}:\n{report}"
