@@ -929,3 +929,21 @@ def test_root_fault_hook_outcomes(tmp_path: Path, mode: str, code: int) -> None:
         assert "RuntimeError: hook refuses doomed" in err, described
     else:
         assert "SystemExit" in err, described
+
+
+def test_a_fatal_failure_ends_a_controller_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """A shell's background job (or nohup) starts with SIGINT ignored; the fatal exit path
+    used to need SIGINT, so the controller stayed blocked in its wait instead of exiting."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the controller
+    try:
+        controller = Controller(write_script(tmp_path, HOOKS), "default")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    pids: list[int] = []
+    try:
+        pids.extend(controller.expect("PIDS", 30))
+        assert controller.wait(30) == 1
+        assert "NOT-INTERRUPTED" not in "".join(controller.stdout)
+    finally:
+        controller.close()
+        kill_all(pids)

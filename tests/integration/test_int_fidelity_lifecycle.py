@@ -221,7 +221,11 @@ def test_a_failed_bootstrap_fails_the_spawns_and_calls_on_its_procs(
 
 WAIT_FOR_CTRL_C = """
 import os
+import signal
 import time
+
+# Ctrl-C as in a terminal: a test run in a shell's background inherits SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from regency.actor import Actor, endpoint, this_host
 

@@ -295,22 +295,35 @@ def _exit_controller() -> None:
     _thread.interrupt_main()
 
 
+_ctrl_c_ignored = False
+"""SIGINT was ignored when the controller started (a background job of a shell, ``nohup``)."""
+
+
 def _on_sigint(signum: int, frame: Any) -> None:
     if _fatal.is_set():
         _delivered.set()
         raise SystemExit(1)
-    raise KeyboardInterrupt
+    if not _ctrl_c_ignored:
+        raise KeyboardInterrupt
 
 
 def install_exit_path() -> None:
     """Let a fatal failure stop the main thread (called at controller start-up).
 
-    Only when running on the main thread with Python's default SIGINT handler: then Ctrl-C still
-    raises ``KeyboardInterrupt`` and a fatal failure raises ``SystemExit(1)`` in the main thread.
-    Otherwise the main thread gets ``KeyboardInterrupt`` and the exit code is forced at exit.
+    Only when running on the main thread with Python's default SIGINT handler, or with SIGINT
+    ignored: then a fatal failure raises ``SystemExit(1)`` in the main thread, whatever it is
+    blocked in, and Ctrl-C still raises ``KeyboardInterrupt`` (or is still ignored). Otherwise
+    (the program installed its own handler) the main thread gets ``KeyboardInterrupt`` and the
+    exit code is forced at exit.
     """
-    on_main = threading.current_thread() is threading.main_thread()
-    if on_main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    global _ctrl_c_ignored
+    if threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signal.SIGINT)
+    if current is signal.default_int_handler or current == signal.SIG_IGN:
+        # An ignored SIGINT cannot carry the fatal exit (Python drops it, and interrupt_main()
+        # does nothing then): a controller run in the background hung on a fatal failure.
+        _ctrl_c_ignored = current == signal.SIG_IGN
         signal.signal(signal.SIGINT, _on_sigint)
 
 
