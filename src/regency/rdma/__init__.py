@@ -24,8 +24,8 @@ without its owner taking part::
 import regency._runtime.controller  # noqa: F401
 
 from ._action import RDMAAction as RDMAAction
-from ._backends import get_rdma_backend as get_rdma_backend
-from ._backends import is_ibverbs_available as _is_ibverbs_available
+from ._backends.choice import get_rdma_backend as get_rdma_backend
+from ._backends.choice import is_ibverbs_available as _is_ibverbs_available
 from ._buffer import RDMABuffer as RDMABuffer
 from ._errors import RDMABackendError as RDMABackendError
 from ._errors import RDMABufferDroppedError as RDMABufferDroppedError

@@ -20,7 +20,7 @@ each one in order, so a client may pipeline several::
     IBV_CONNECT length, queue pair info -> the owner's queue pair info: a reliable connection
                                        between the two, alive as long as this connection
     IBV_KEY                         -> the buffer's remote key (it is registered with the NIC on
-                                       first use); see :mod:`regency.rdma._ibv_wire`
+                                       first use); see :mod:`regency.rdma._ibverbs.wire`
 
 An owner that cannot serve ibverbs answers ``IBV_CONNECT`` and ``IBV_KEY`` with UNSUPPORTED.
 """

@@ -24,13 +24,13 @@ import time
 from collections import OrderedDict
 
 from regency.rdma._handle import BufferHandle
-from regency.rdma._ibv_load import (
+from regency.rdma._ibverbs.load import (
     IbvUnavailableError,
     close_quietly,
     data_path_errors,
     verbs_errors,
 )
-from regency.rdma._ibv_plan import (
+from regency.rdma._ibverbs.plan import (
     STAGING_BYTES,
     Window,
     chunk_size,
@@ -41,15 +41,15 @@ from regency.rdma._ibv_plan import (
     split_wr_id,
     use_staging,
 )
-from regency.rdma._ibv_port import agree_depth
-from regency.rdma._ibv_status import (
+from regency.rdma._ibverbs.port import agree_depth
+from regency.rdma._ibverbs.status import (
     IbvCompletionError,
     completion_error,
     first_failure,
     needs_owner,
 )
-from regency.rdma._ibv_verbs import Endpoint, Registered, device
-from regency.rdma._ibv_wire import KEY_BYTES, QP_INFO_BYTES, QpInfo, RemoteKey
+from regency.rdma._ibverbs.verbs import Endpoint, Registered, device
+from regency.rdma._ibverbs.wire import KEY_BYTES, QP_INFO_BYTES, QpInfo, RemoteKey
 from regency.rdma._memory import Region
 from regency.rdma._pool import ConnectionPool
 from regency.rdma._protocol import (
