@@ -138,19 +138,10 @@ def transfer(
 
     def job(span: tuple[int, int]) -> _parallel.Job:
         def run(failed: threading.Event) -> None:
-            chan = _pool.take(target, lambda: _Channel(target, secret, time_left(deadline)))
-            healthy = False
-            try:
+            with _pool.lease(target, lambda: _Channel(target, secret, time_left(deadline))) as chan:
                 _stream(
                     chan, handle, local.address, span, write=write, deadline=deadline, failed=failed
                 )
-                healthy = True
-            finally:
-                if healthy:
-                    _pool.give(target, chan)
-                else:
-                    with contextlib.suppress(OSError):
-                        chan.close()
 
         return run
 

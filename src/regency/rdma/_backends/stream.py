@@ -8,7 +8,6 @@ data is sent straight from the source's memory: no intermediate copies on this s
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 from regency._transport.tls import Stream
@@ -85,17 +84,8 @@ def transfer(
 
     def job(span: tuple[int, int]) -> _parallel.Job:
         def run(failed: threading.Event) -> None:
-            sock = _pool.take(target, dial)
-            healthy = False
-            try:
+            with _pool.lease(target, dial) as sock:
                 _stream(sock, handle, mem, span, write=write, deadline=deadline, failed=failed)
-                healthy = True
-            finally:
-                if healthy:
-                    _pool.give(target, sock)
-                else:
-                    with contextlib.suppress(OSError):
-                        sock.close()
 
         return run
 
@@ -105,19 +95,10 @@ def transfer(
 
 def drop(target: str, secret: bytes, handle: BufferHandle, deadline: float) -> None:
     """Ask the owner's transfer service to drop the registration."""
-    sock = _pool.take(target, lambda: connect(target, secret, time_left(deadline)))
-    healthy = False
-    try:
+    with _pool.lease(target, lambda: connect(target, secret, time_left(deadline))) as sock:
         sock.settimeout(time_left(deadline))
         sock.sendall(REQUEST.pack(Op.DROP, handle.buffer_id, handle.token, 0, 0, 0))
         check_reply(sock, 0)
-        healthy = True
-    finally:
-        if healthy:
-            _pool.give(target, sock)
-        else:
-            with contextlib.suppress(OSError):
-                sock.close()
 
 
 def forget(target: str) -> None:

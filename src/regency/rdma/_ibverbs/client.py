@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import os
 import socket
 import threading
@@ -106,8 +107,6 @@ class _Channel:
         self.endpoint: Endpoint | None = None
         self.staging: Registered | None = None
         self.epoch = 0
-        self.pooled = False
-        """Whether it sat idle in the pool (and must be checked before use)."""
         try:
             dev = device()
             with verbs_errors("creating a queue pair failed", lasting=True):
@@ -247,14 +246,6 @@ _pool: ConnectionPool[_Channel] = ConnectionPool()
 _keys = _KeyCache()
 
 
-def _take(target: str, secret: bytes, deadline: float) -> _Channel:
-    while True:
-        chan = _pool.take(target, lambda: _Channel(target, secret, deadline))
-        if not chan.pooled or chan.idle_ok():
-            return chan
-        chan.close()
-
-
 def _key(chan: _Channel, target: str, handle: BufferHandle, deadline: float) -> RemoteKey:
     found = _keys.get(target, handle)
     if found is None:
@@ -315,23 +306,23 @@ def transfer(
         ):
             registered = device().register(local.address, nbytes, remote=False, writable=not write)
     try:
-        chan = _take(target, secret, deadline)
-        healthy = False
-        try:
+        refused: IbvUnavailableError | RemoteRefusedError | None = None
+        dial = functools.partial(_Channel, target, secret, deadline)
+        with _pool.lease(target, dial, _Channel.idle_ok) as chan:
             try:
                 key = _key(chan, target, handle, deadline)
-            except (IbvUnavailableError, RemoteRefusedError):
-                healthy = True  # the owner answered in full; the channel itself is fine
-                raise
-            _run(chan, handle, key, local, registered, nbytes, write=write, deadline=deadline)
-            healthy = True
-        finally:
-            if healthy:
-                chan.pooled = True
-                _pool.give(target, chan)
+            except (IbvUnavailableError, RemoteRefusedError) as exc:
+                refused = exc  # the owner answered in full; the channel goes back to the pool
             else:
-                _keys.evict(target, handle)
-                chan.close()
+                try:
+                    _run(
+                        chan, handle, key, local, registered, nbytes, write=write, deadline=deadline
+                    )
+                except BaseException:
+                    _keys.evict(target, handle)
+                    raise
+        if refused is not None:
+            raise refused
     finally:
         if registered is not None:
             close_quietly(registered)
