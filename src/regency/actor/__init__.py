@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from regency._config_keys import ChannelTransport
+from regency._errors import RegencyError
 from regency._runtime.accumulator import Accumulator
 from regency._runtime.bootstrap_command import BootstrapCommand, default_bootstrap_cmd
 from regency._runtime.context import Context
@@ -82,6 +83,7 @@ __all__ = [
     "PortReceiver",
     "ProcId",
     "ProcMesh",
+    "RegencyError",
     "RestartPolicy",
     "SupervisionError",
     "Uid",

@@ -18,6 +18,7 @@ See ``docs/multihost.md``.
 from __future__ import annotations
 
 from regency.job._attach import AttachError, attach_to_workers
+from regency.job._errors import JobError
 from regency.job._exec import CommandResult, exec_command
 from regency.job._hosts_from_config import hosts_from_config
 from regency.job._kubernetes import ImageSpec, KubernetesJob
@@ -48,6 +49,7 @@ __all__ = [
     "AttachError",
     "CommandResult",
     "ImageSpec",
+    "JobError",
     "JobState",
     "JobTrait",
     "KubernetesJob",

@@ -38,7 +38,7 @@ from regency.rdma._host import is_running, this_host
 from regency.rdma._ibverbs import client as _ibv_client
 from regency.rdma._ibverbs.load import IbvUnavailableError
 from regency.rdma._memory import Region, region_of
-from regency.rdma._protocol import PeerClosedError, RemoteRefusedError, Status
+from regency.rdma._protocol import RemoteRefusedError, Status
 from regency.rdma._registry import registry
 
 _WORKERS = 8
@@ -231,7 +231,7 @@ def _translate(exc: BaseException, t: Transfer, timeout: float) -> BaseException
             f"{t.describe()} failed: the owner's transfer service did not accept this job's "
             f"secret (is the buffer from another job?): {exc}"
         )
-    if isinstance(exc, (_cma.CmaProcessGoneError, PeerClosedError, ConnectionError)):
+    if isinstance(exc, (_cma.CmaProcessGoneError, ConnectionError)):
         if h.host.shares_memory_with(this_host()) and not is_running(h.pid, h.start_time):
             return _owner_gone(t, "is gone")
         if isinstance(exc, _cma.CmaProcessGoneError):

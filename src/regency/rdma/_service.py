@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from regency._transport import address
+from regency._transport.connection import ConnectionClosedError
 from regency._transport.inbound import Inbound
 from regency._transport.io_loop import IOLoop
 from regency._transport.ratelimit import FailureLimiter
@@ -36,7 +37,6 @@ from regency.rdma._protocol import (
     REPLY,
     REQUEST,
     Op,
-    PeerClosedError,
     Status,
     recv_exact_into,
     send_reply,
@@ -86,7 +86,7 @@ def _recv_request(conn: Stream) -> tuple[bytes, list[int]]:
         if not chunk:
             for fd in fds:
                 os.close(fd)
-            raise PeerClosedError("connection closed")
+            raise ConnectionClosedError("connection closed")
         data += chunk
     return bytes(data), fds
 

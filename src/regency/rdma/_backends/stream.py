@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 
+from regency._transport.connection import ConnectionClosedError
+from regency._transport.deadline import time_left
 from regency._transport.tls import Stream
 from regency.rdma import _parallel
 from regency.rdma._handle import BufferHandle
@@ -18,11 +20,9 @@ from regency.rdma._pool import ConnectionPool
 from regency.rdma._protocol import (
     REQUEST,
     Op,
-    PeerClosedError,
     check_reply,
     connect,
     recv_exact_into,
-    time_left,
 )
 
 CHUNK_BYTES = 4 << 20
@@ -53,11 +53,11 @@ def _stream(
             check_reply(sock, n)
             recv_exact_into(sock, mem[off : off + n], deadline)
             if failed.is_set():
-                raise PeerClosedError("another stream of this transfer failed")
+                raise ConnectionClosedError("another stream of this transfer failed")
         return
     for head, (off, n) in zip(heads, chunks, strict=True):
         if failed.is_set():
-            raise PeerClosedError("another stream of this transfer failed")
+            raise ConnectionClosedError("another stream of this transfer failed")
         sock.settimeout(time_left(deadline))
         sock.sendall(head)
         sock.sendall(mem[off : off + n])

@@ -24,6 +24,8 @@ import threading
 import time
 from collections import OrderedDict
 
+from regency._transport.connection import ConnectionClosedError
+from regency._transport.deadline import time_left
 from regency.rdma._handle import BufferHandle
 from regency.rdma._ibverbs.load import (
     IbvUnavailableError,
@@ -56,14 +58,12 @@ from regency.rdma._pool import ConnectionPool
 from regency.rdma._protocol import (
     REQUEST,
     Op,
-    PeerClosedError,
     RemoteRefusedError,
     Status,
     connect,
     read_error,
     read_reply,
     recv_exact,
-    time_left,
 )
 
 _KEY_CACHE_SIZE = 4096
@@ -133,7 +133,7 @@ class _Channel:
         if status != Status.OK:
             raise RemoteRefusedError(status, read_error(self.sock, n))
         if n != QP_INFO_BYTES:
-            raise PeerClosedError(f"queue pair info of {n} bytes, expected {QP_INFO_BYTES}")
+            raise ConnectionClosedError(f"queue pair info of {n} bytes, expected {QP_INFO_BYTES}")
         try:
             return QpInfo.unpack(recv_exact(self.sock, n))
         except ValueError as exc:
@@ -168,7 +168,7 @@ class _Channel:
         if status != Status.OK:
             raise RemoteRefusedError(status, read_error(self.sock, n))
         if n != KEY_BYTES:
-            raise PeerClosedError(f"remote key of {n} bytes, expected {KEY_BYTES}")
+            raise ConnectionClosedError(f"remote key of {n} bytes, expected {KEY_BYTES}")
         key = RemoteKey.unpack(recv_exact(self.sock, n))
         try:
             key.check_covers(handle.address, handle.nbytes)
