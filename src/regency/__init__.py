@@ -6,10 +6,11 @@ SPMD launch) and :mod:`regency.config` (settings). :class:`RegencyError` is the 
 error regency raises (the tree is drawn in :mod:`regency._errors`).
 """
 
+from regency import _public
 from regency._errors import RegencyError
 
 __version__ = "0.1.0"
 
 __all__ = ["RegencyError", "__version__"]
 
-RegencyError.__module__ = __name__
+_public.publish(__name__, globals())

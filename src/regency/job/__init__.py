@@ -17,6 +17,7 @@ See ``docs/multihost.md``.
 
 from __future__ import annotations
 
+from regency import _public
 from regency.job._attach import AttachError, attach_to_workers
 from regency.job._errors import JobError
 from regency.job._exec import CommandResult, exec_command
@@ -72,8 +73,5 @@ __all__ = [
     "worker_command",
     "worker_env",
 ]
-for _name in __all__:
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("regency.job._"):
-        _obj.__module__ = __name__
-del _name, _obj
+
+_public.publish(__name__, globals())
