@@ -50,7 +50,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from regency import _humantime
+from regency import _humantime, _public
 from regency._config_keys import (
     BOOL,
     DURATION,
@@ -437,3 +437,6 @@ def parametrize_config_pointwise(
     keys = list(options)
     rows = zip(*options.values(), strict=True)
     return _sweep([dict(zip(keys, values, strict=True)) for values in rows])
+
+
+_public.publish(__name__, globals())

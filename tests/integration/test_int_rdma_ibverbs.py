@@ -36,11 +36,11 @@ from regency.rdma import (
     RDMAOwnerGoneError,
     RDMATcpFallbackWarning,
     RDMATimeoutError,
-    _backends,
     is_ibverbs_available,
 )
+from regency.rdma._backends import choice as _choice
 from regency.rdma._host import HostIdentity
-from regency.rdma._ibv_probe import availability
+from regency.rdma._ibverbs.probe import availability
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -303,9 +303,9 @@ def test_forcing_ibverbs_without_a_nic_says_why(
         RDMABuffer(np.zeros(16, np.uint8), backend="ibverbs")
     assert availability().detail in str(info.value)
     buf = at(owners, 0).make.call_one("forced", 64, 80, backend=None).get(T)
-    monkeypatch.setenv(_backends.BACKEND_ENV, "ibverbs")
+    monkeypatch.setenv(_choice.BACKEND_ENV, "ibverbs")
     expect(buf.read_into(np.zeros(64, np.uint8), timeout=T), RDMABackendError)
-    monkeypatch.delenv(_backends.BACKEND_ENV)
+    monkeypatch.delenv(_choice.BACKEND_ENV)
     at(owners, 0).drop.call_one("forced").get(T)
 
 
@@ -323,9 +323,9 @@ def test_a_device_that_fails_to_open_falls_back_to_tcp_once(
     nbytes = 2 * MIB + 1
     real = at(owners, 1).make.call_one("fallback", nbytes, 90, backend=None).get(T)
     remote = RDMABuffer._from_handle(real._handle._replace(host=OTHER_HOST, ibverbs=True))
-    monkeypatch.setattr(_backends, "is_ibverbs_available", lambda: True)
-    monkeypatch.setattr(_backends, "_warned", set())
-    monkeypatch.setattr(_backends, "_ibverbs_denied", set())
+    monkeypatch.setattr(_choice, "is_ibverbs_available", lambda: True)
+    monkeypatch.setattr(_choice, "_warned", set())
+    monkeypatch.setattr(_choice, "_ibverbs_denied", set())
     assert remote.backend == "ibverbs"
     dst = np.zeros(nbytes, dtype=np.uint8)
     with warnings.catch_warnings(record=True) as seen:

@@ -10,10 +10,11 @@ import warnings
 
 import pytest
 
-from regency.rdma import RDMABackendError, RDMATcpFallbackWarning, _backends, is_ibverbs_available
+from regency.rdma import RDMABackendError, RDMATcpFallbackWarning, is_ibverbs_available
+from regency.rdma._backends import choice as _choice
 from regency.rdma._handle import BufferHandle
 from regency.rdma._host import HostIdentity, this_host
-from regency.rdma._ibv_probe import availability
+from regency.rdma._ibverbs.probe import availability
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,11 +45,11 @@ def handle(*, host: HostIdentity, owner_nic: bool, device: str = "cpu") -> Buffe
 
 @pytest.fixture(autouse=True)
 def _no_forced_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(_backends.BACKEND_ENV, raising=False)
+    monkeypatch.delenv(_choice.BACKEND_ENV, raising=False)
 
 
 def test_ibverbs_between_hosts_needs_a_nic_on_both_sides() -> None:
-    assert _backends.remote_chain(owner_has_nic=True, here_has_nic=True, denied=False) == [
+    assert _choice.remote_chain(owner_has_nic=True, here_has_nic=True, denied=False) == [
         "ibverbs",
         "tcp",
     ]
@@ -58,19 +59,19 @@ def test_ibverbs_between_hosts_needs_a_nic_on_both_sides() -> None:
         (False, False, False),
         (True, True, True),  # ibverbs failed to reach this owner before
     ]:
-        chain = _backends.remote_chain(owner_has_nic=owner, here_has_nic=here, denied=denied)
+        chain = _choice.remote_chain(owner_has_nic=owner, here_has_nic=here, denied=denied)
         assert chain == ["tcp"], (owner, here, denied)
 
 
 def test_forced_ibverbs_refusals_say_why() -> None:
-    assert _backends.ibverbs_refusal(device="cpu", here=None, owner_has_nic=True) is None
-    gpu = _backends.ibverbs_refusal(device="cuda:0", here=None, owner_has_nic=True)
+    assert _choice.ibverbs_refusal(device="cpu", here=None, owner_has_nic=True) is None
+    gpu = _choice.ibverbs_refusal(device="cuda:0", here=None, owner_has_nic=True)
     assert gpu is not None
     assert "host memory only" in gpu
     assert "cuda:0" in gpu
-    here = _backends.ibverbs_refusal(device="cpu", here="no RDMA device found", owner_has_nic=True)
+    here = _choice.ibverbs_refusal(device="cpu", here="no RDMA device found", owner_has_nic=True)
     assert here == "backend 'ibverbs' is not usable in this process: no RDMA device found"
-    owner = _backends.ibverbs_refusal(device="cpu", here=None, owner_has_nic=False)
+    owner = _choice.ibverbs_refusal(device="cpu", here=None, owner_has_nic=False)
     assert owner is not None
     assert "owner" in owner
 
@@ -80,43 +81,43 @@ def test_detection_on_this_machine_matches_the_probe() -> None:
     assert is_ibverbs_available() is found.usable
     assert found.detail  # the port in use, or why there is none
     if not found.usable:
-        assert _backends.get_rdma_backend() in ("cma", "tcp")
+        assert _choice.get_rdma_backend() in ("cma", "tcp")
 
 
 def test_plans_between_hosts_on_this_machine() -> None:
     usable = is_ibverbs_available()
     with_nic = handle(host=OTHER_HOST, owner_nic=True)
     without_nic = handle(host=OTHER_HOST, owner_nic=False)
-    assert _backends.plan(with_nic) == (["ibverbs", "tcp"] if usable else ["tcp"])
-    assert _backends.plan(without_nic) == ["tcp"]
+    assert _choice.plan(with_nic) == (["ibverbs", "tcp"] if usable else ["tcp"])
+    assert _choice.plan(without_nic) == ["tcp"]
     # GPU memory is never registered with the NIC: staged TCP between hosts.
-    assert _backends.plan(handle(host=OTHER_HOST, owner_nic=True, device="cuda:0")) == ["tcp"]
+    assert _choice.plan(handle(host=OTHER_HOST, owner_nic=True, device="cuda:0")) == ["tcp"]
 
 
 @pytest.mark.skipif(is_ibverbs_available(), reason="checks the refusal on a machine without a NIC")
 def test_forcing_ibverbs_without_a_nic_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(_backends.BACKEND_ENV, "ibverbs")
+    monkeypatch.setenv(_choice.BACKEND_ENV, "ibverbs")
     with pytest.raises(RDMABackendError, match="not usable in this process") as info:
-        _backends.plan(handle(host=OTHER_HOST, owner_nic=True))
+        _choice.plan(handle(host=OTHER_HOST, owner_nic=True))
     assert availability().detail in str(info.value)
     with pytest.raises(RDMABackendError, match="not usable in this process"):
-        _backends.plan(handle(host=this_host(), owner_nic=False))
+        _choice.plan(handle(host=this_host(), owner_nic=False))
 
 
 def test_an_owner_ibverbs_cannot_reach_is_skipped_afterwards() -> None:
     h = handle(host=OTHER_HOST, owner_nic=True)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        _backends.deny_ibverbs(h.tcp_address, "link layers differ", "tcp")
-        _backends.deny_ibverbs(h.tcp_address, "link layers differ", "tcp")
+        _choice.deny_ibverbs(h.tcp_address, "link layers differ", "tcp")
+        _choice.deny_ibverbs(h.tcp_address, "link layers differ", "tcp")
     shown = [w for w in seen if issubclass(w.category, RDMATcpFallbackWarning)]
     assert len(shown) <= 1  # once per process (an earlier test may have shown it already)
     if shown:
         assert "'ibverbs' is not available (link layers differ); using 'tcp'" in str(
             shown[0].message
         )
-    assert _backends.plan(h) == ["tcp"]
+    assert _choice.plan(h) == ["tcp"]
 
 
 def test_the_backend_variable_accepts_ibverbs() -> None:
-    assert _backends.check_backend_name(" IBVerbs ") == "ibverbs"
+    assert _choice.check_backend_name(" IBVerbs ") == "ibverbs"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from regency.rdma._ibv_plan import (
+from regency.rdma._ibverbs.plan import (
     CHUNK_BYTES,
     STAGING_BYTES,
     Window,

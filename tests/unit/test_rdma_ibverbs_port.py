@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from regency.rdma._ibv_port import (
+from regency.rdma._ibverbs.port import (
     DeviceSpec,
     GidEntry,
     PortCandidate,
@@ -19,7 +19,7 @@ from regency.rdma._ibv_port import (
     route,
     spec_text,
 )
-from regency.rdma._ibv_wire import LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, QpInfo
+from regency.rdma._ibverbs.wire import LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, QpInfo
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,11 +22,15 @@ from typing import Any
 
 import pytest
 
-from regency.rdma import _ibv_load, _ibv_plan, _ibv_status, _ibv_verbs, _ibv_wire
-from regency.rdma._ibv_plan import make_wr_id
-from regency.rdma._ibv_port import DeviceSpec, GidEntry, PortCandidate, choose_port
-from regency.rdma._ibv_status import WcStatus
-from regency.rdma._ibv_wire import LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, QpInfo, gid_text
+from regency.rdma._ibverbs import load as _ibv_load
+from regency.rdma._ibverbs import plan as _ibv_plan
+from regency.rdma._ibverbs import status as _ibv_status
+from regency.rdma._ibverbs import verbs as _ibv_verbs
+from regency.rdma._ibverbs import wire as _ibv_wire
+from regency.rdma._ibverbs.plan import make_wr_id
+from regency.rdma._ibverbs.port import DeviceSpec, GidEntry, PortCandidate, choose_port
+from regency.rdma._ibverbs.status import WcStatus
+from regency.rdma._ibverbs.wire import LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, QpInfo, gid_text
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -173,7 +177,10 @@ import json, sys
 blocked = sys.argv[1] == "blocked"
 if blocked:
     sys.modules["pyverbs"] = None  # what Python does for a package that is not installed
-from regency.rdma import _ibv_load, _ibv_probe, _ibv_verbs, is_ibverbs_available
+from regency.rdma import is_ibverbs_available
+from regency.rdma._ibverbs import load as _ibv_load
+from regency.rdma._ibverbs import probe as _ibv_probe
+from regency.rdma._ibverbs import verbs as _ibv_verbs
 found = _ibv_probe.availability()
 try:
     _ibv_verbs.device()
@@ -227,7 +234,11 @@ def test_a_bad_device_choice_is_reported(pythonpath: str) -> None:
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     done = subprocess.run(
-        [sys.executable, "-c", "from regency.rdma._ibv_probe import availability as a; print(a())"],
+        [
+            sys.executable,
+            "-c",
+            "from regency.rdma._ibverbs.probe import availability as a; print(a())",
+        ],
         env=env,
         capture_output=True,
         text=True,

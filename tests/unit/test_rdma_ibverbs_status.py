@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from regency.rdma._ibv_status import (
+from regency.rdma._ibverbs.status import (
     Completion,
     Fault,
     IbvCompletionError,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from regency.rdma._ibv_wire import (
+from regency.rdma._ibverbs.wire import (
     KEY_BYTES,
     LINK_LAYER_ETHERNET,
     LINK_LAYER_INFINIBAND,

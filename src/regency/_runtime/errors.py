@@ -1,12 +1,13 @@
 """Errors a caller sees: :class:`ActorError` for a remote exception, :class:`SupervisionError` for
 a mesh that is unhealthy (crashed, stopped or unreachable).
 
-Hierarchy::
+Hierarchy (both under :class:`regency.RegencyError`; the whole tree is drawn in
+:mod:`regency._errors`)::
 
     Exception
-    ├── ActorError              an endpoint raised; the actor lives on
-    └── RuntimeError
-        └── SupervisionError    the target actor, proc or host failed or stopped
+    └── RegencyError
+        ├── ActorError                          an endpoint raised; the actor lives on
+        └── SupervisionError  (+ RuntimeError)  the target actor, proc or host failed or stopped
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import textwrap
 import traceback
 from typing import Any
 
+from regency._errors import RegencyError
+
 _REMOTE_TRACEBACK = "Traceback of where the remote call failed (most recent call last):"
 
 
-class ActorError(Exception):
+class ActorError(RegencyError):
     """An exception raised inside a remote endpoint (or actor constructor).
 
     ``exception`` is the original exception when it could be carried over (else ``None``),
@@ -101,7 +104,7 @@ def _indent(text: str) -> str:
     return textwrap.indent(text, "  ", lambda line: True)
 
 
-class SupervisionError(RuntimeError):
+class SupervisionError(RegencyError, RuntimeError):
     """A call could not complete because its target mesh is unhealthy.
 
     ``endpoint`` names the call (``mesh.method``) when known.

@@ -14,10 +14,12 @@ import math
 import socket
 import struct
 
+from regency._errors import RegencyError
+
 _SIOCGIFADDR = 0x8915
 
 
-class AddressError(ValueError):
+class AddressError(RegencyError, ValueError):
     """An address string that regency cannot listen on or dial."""
 
 

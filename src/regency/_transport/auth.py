@@ -28,6 +28,8 @@ import os
 import struct
 from typing import Protocol
 
+from regency._errors import RegencyError
+
 MAGIC = b"RGCY\x01"
 NONCE = 32
 MAC = 32
@@ -57,7 +59,7 @@ def check_secret(secret: bytes, source: str) -> bytes:
     return bytes(secret)
 
 
-class AuthenticationError(ConnectionError):
+class AuthenticationError(RegencyError, ConnectionError):
     """The peer failed the handshake: wrong secret, wrong protocol, or it hung up."""
 
 

@@ -12,8 +12,10 @@ import functools
 import hashlib
 from dataclasses import dataclass
 
+from regency._errors import RegencyError
 
-class TLSSetupError(ValueError):
+
+class TLSSetupError(RegencyError, ValueError):
     """TLS material that cannot be used: missing, unreadable or inconsistent."""
 
 

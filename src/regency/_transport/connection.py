@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from regency._errors import RegencyError
 from regency._transport.tls import Stream
 
 Buffer = bytes | bytearray | memoryview
@@ -25,8 +26,8 @@ OUTBOX_BUFFERS = 512  # flush at once beyond this many buffers (IOV_MAX is 1024)
 OUTBOX_BYTES = 256 * 1024  # ...or this many bytes
 
 
-class ConnectionClosedError(ConnectionError):
-    """The connection is closed; nothing more can be sent on it."""
+class ConnectionClosedError(RegencyError, ConnectionError):
+    """The connection is closed, perhaps in the middle of an exchange; nothing more can be sent."""
 
 
 def _advance(buffers: Sequence[Buffer], sent: int) -> list[memoryview]:

@@ -17,6 +17,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
+from regency._errors import RegencyError
+
 HEADER: Final = struct.Struct("<QBBHIQQQ")
 LENGTH_PREFIX: Final = 8
 PART_LEN: Final = struct.Struct("<Q")
@@ -32,11 +34,11 @@ def _table(nparts: int) -> struct.Struct:
     return _TABLES[nparts]
 
 
-class FrameError(Exception):
+class FrameError(RegencyError):
     """A peer sent bytes that are not a valid frame (the connection is closed)."""
 
 
-class FrameTooLargeError(ValueError):
+class FrameTooLargeError(RegencyError, ValueError):
     """A frame exceeds the configured size limit."""
 
 

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from regency._errors import RegencyError
 from regency._transport.bounded import BoundedDict
 from regency._transport.ratelog import RateLimitedLog
 
@@ -32,7 +33,7 @@ MAX_HELD_PER_KEY = 16
 MAX_HELD = 64
 
 
-class RouteError(ConnectionError):
+class RouteError(RegencyError, ConnectionError):
     """A connection that did not start with a valid route preamble."""
 
 

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from regency._errors import RegencyError
 from regency._transport import address as addr
 from regency._transport import routing, tls
 from regency._transport.auth import AuthenticationError, dialer_handshake
@@ -53,7 +54,7 @@ _RETRYABLE = {errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN, errno.ECONNRESET}
 DEFAULT_HEARTBEAT = (1.0, 5.0)
 
 
-class PeerUnreachableError(ConnectionError):
+class PeerUnreachableError(RegencyError, ConnectionError):
     """A peer process could not be reached, or its connection was lost."""
 
 

@@ -16,11 +16,12 @@ Define actors, spawn them on meshes of processes, and message them::
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from regency import _public
 from regency._config_keys import ChannelTransport
+from regency._errors import RegencyError
 from regency._runtime.accumulator import Accumulator
 from regency._runtime.bootstrap_command import BootstrapCommand, default_bootstrap_cmd
 from regency._runtime.context import Context
@@ -82,6 +83,7 @@ __all__ = [
     "PortReceiver",
     "ProcId",
     "ProcMesh",
+    "RegencyError",
     "RestartPolicy",
     "SupervisionError",
     "Uid",
@@ -152,17 +154,4 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_FROM_JOB})
 
 
-_PRIVATE = ("regency._runtime", "regency._config_keys", "regency.actor._")
-
-
-def _publish(names: list[str], namespace: dict[str, Any]) -> None:
-    for name in names:
-        if name in ("unhandled_fault_hook", "config") or name in _FROM_JOB:
-            continue
-        obj = namespace[name]
-        if getattr(obj, "__module__", "").startswith(_PRIVATE):
-            with contextlib.suppress(AttributeError, TypeError):
-                obj.__module__ = __name__
-
-
-_publish(__all__, globals())
+_public.publish(__name__, globals())

@@ -17,7 +17,9 @@ See ``docs/multihost.md``.
 
 from __future__ import annotations
 
+from regency import _public
 from regency.job._attach import AttachError, attach_to_workers
+from regency.job._errors import JobError
 from regency.job._exec import CommandResult, exec_command
 from regency.job._hosts_from_config import hosts_from_config
 from regency.job._kubernetes import ImageSpec, KubernetesJob
@@ -48,6 +50,7 @@ __all__ = [
     "AttachError",
     "CommandResult",
     "ImageSpec",
+    "JobError",
     "JobState",
     "JobTrait",
     "KubernetesJob",
@@ -70,8 +73,5 @@ __all__ = [
     "worker_command",
     "worker_env",
 ]
-for _name in __all__:
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("regency.job._"):
-        _obj.__module__ = __name__
-del _name, _obj
+
+_public.publish(__name__, globals())

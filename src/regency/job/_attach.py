@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from regency import config
+from regency._errors import RegencyError
 from regency._runtime import gateways, state, wire
 from regency._runtime.future import Future
 from regency._runtime.meshes import HostInfo, HostMesh, WorkerLease
@@ -27,7 +28,7 @@ CA = bytes | str | Path | Literal["trust_all_connections"]
 KEY_ENV = tls.KEY_ENV
 
 
-class AttachError(ConnectionError):
+class AttachError(RegencyError, ConnectionError):
     """A worker could not be attached: unreachable, wrong secret, or serving another controller."""
 
 

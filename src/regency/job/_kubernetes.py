@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regency._transport.auth import SECRET_ENV
+from regency.job._errors import JobError
 from regency.job._trait import JobTrait
 from regency.job._worker import worker_command
 
@@ -443,7 +444,7 @@ class KubernetesJob(JobTrait):
         for mesh in meshes:
             while self._pods(core, mesh):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(
+                    raise JobError(
                         f"the pods of Job {self.resource_name(mesh.name)} are still there "
                         f"{_DELETE_TIMEOUT:.0f}s after deleting it; kill() again to retry"
                     )

@@ -19,8 +19,10 @@ import stat
 import tempfile
 from pathlib import Path
 
+from regency._errors import RegencyError
 
-class UnsafePathError(PermissionError):
+
+class UnsafePathError(RegencyError, PermissionError):
     """A path regency would trust is not private to the current user."""
 
 

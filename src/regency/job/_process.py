@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from regency.job._errors import JobError
 from regency.job._trait import JobTrait
 from regency.job._worker import worker_command, worker_env
 
@@ -180,7 +181,7 @@ class ProcessJob(JobTrait):
             if found is not None:
                 return found.group(1).decode()
             if not _alive(worker.pid, worker.started):
-                raise RuntimeError(
+                raise JobError(
                     f"worker {worker.pid} exited before listening; its log "
                     f"({log}):\n{log.read_text(errors='replace')[-2000:]}"
                 )

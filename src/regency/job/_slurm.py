@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from regency.job._errors import JobError
 from regency.job._trait import JobTrait
 from regency.job._worker import worker_command, worker_env
 
@@ -178,7 +179,7 @@ class SlurmJob(JobTrait):
         # --parsable prints "JOBID" or "JOBID;CLUSTER".
         job_id = out.split(";")[0]
         if not job_id.isdigit():
-            raise RuntimeError(f"sbatch printed {out!r}, not a job id")
+            raise JobError(f"sbatch printed {out!r}, not a job id")
         self.job_id = job_id
         self._addresses = None
 
@@ -212,7 +213,7 @@ class SlurmJob(JobTrait):
             if state not in _ALIVE_STATES and state != "COMPLETING":
                 break
             if time.monotonic() >= deadline:
-                raise RuntimeError(
+                raise JobError(
                     f"Slurm job {job_id} is still {state} {_SLURM_TIMEOUT_S:.0f}s after "
                     f"scancel ({cancel.stderr.strip() or 'no error'}); kill() again to retry"
                 )
@@ -302,7 +303,7 @@ class SlurmJob(JobTrait):
         if proc.returncode != 0:
             if "Invalid job id" in proc.stderr:  # finished long enough ago to be purged
                 return "", ""
-            raise RuntimeError(f"squeue failed ({proc.returncode}): {proc.stderr.strip()}")
+            raise JobError(f"squeue failed ({proc.returncode}): {proc.stderr.strip()}")
         if not line:
             return "", ""
         state, _, reason = line[0].partition("|")
@@ -310,7 +311,7 @@ class SlurmJob(JobTrait):
 
     def _wait_for_workers(self) -> dict[str, list[str]]:
         if self.job_id is None:
-            raise RuntimeError("SlurmJob has no Slurm job: call apply() or state() first")
+            raise JobError("SlurmJob has no Slurm job: call apply() or state() first")
         found: dict[int, str] = {}
         deadline = (
             None if self.job_start_timeout is None else time.monotonic() + self.job_start_timeout
@@ -364,7 +365,7 @@ class SlurmJob(JobTrait):
         port = match.group(1).rpartition(":")[2]
         node = _NODE_LINE.search(text)
         if node is None:
-            raise RuntimeError(f"{self._task_output(task)} does not name its Slurm node")
+            raise JobError(f"{self._task_output(task)} does not name its Slurm node")
         return f"tcp://{_node_address(node.group(1))}:{port}"
 
     def _fail_started(self, state: str) -> None:
@@ -383,18 +384,16 @@ class SlurmJob(JobTrait):
                 logs.append(f"--- {path}:\n" + "\n".join(tail))
         self._kill()
         detail = ("\n" + "\n".join(logs)) if logs else ""
-        raise RuntimeError(
+        raise JobError(
             f"Slurm job {job_id} ended before its workers listened "
             f"(state {state or 'gone from squeue'}){detail}"
         )
 
 
 def _slurm(argv: list[str], *, input: str | None = None, env: dict[str, str] | None = None) -> str:
-    """Run a Slurm client command; its stdout, or a ``RuntimeError`` with its stderr."""
+    """Run a Slurm client command; its stdout, or a :class:`JobError` with its stderr."""
     if shutil.which(argv[0]) is None:
-        raise RuntimeError(
-            f"`{argv[0]}` not found: SlurmJob needs the Slurm client commands on PATH"
-        )
+        raise JobError(f"`{argv[0]}` not found: SlurmJob needs the Slurm client commands on PATH")
     proc = subprocess.run(
         argv,
         input=input,
@@ -405,7 +404,7 @@ def _slurm(argv: list[str], *, input: str | None = None, env: dict[str, str] | N
         check=False,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"{argv[0]} failed ({proc.returncode}): {proc.stderr.strip()}")
+        raise JobError(f"{argv[0]} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout
 
 

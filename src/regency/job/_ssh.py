@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from regency._transport.auth import SECRET_ENV
+from regency.job._errors import JobError
 from regency.job._process import _alive, _group_members, _start_time, _wait_gone
 from regency.job._trait import JobTrait
 from regency.job._worker import worker_command
@@ -206,7 +207,7 @@ class SSHJob(JobTrait):
 
     def _create(self) -> None:
         if shutil.which(self.ssh_exe) is None:
-            raise RuntimeError(f"`{self.ssh_exe}` not found: SSHJob needs an ssh client")
+            raise JobError(f"`{self.ssh_exe}` not found: SSHJob needs an ssh client")
         self.job_dir = tempfile.mkdtemp(prefix="regency-ssh-")  # mode 0700
         self._sessions = {}
         secret_line = self.secret.hex().encode() + b"\n"
@@ -249,7 +250,7 @@ class SSHJob(JobTrait):
     def _worker_addresses(self) -> dict[str, list[str]]:
         sessions = [s for group in self._sessions.values() for s in group]
         if not sessions:
-            raise RuntimeError("SSHJob has no ssh sessions: call apply() or state() first")
+            raise JobError("SSHJob has no ssh sessions: call apply() or state() first")
         self._wait_for_addresses(sessions)
         return {name: [s.address or "" for s in group] for name, group in self._sessions.items()}
 
@@ -288,7 +289,7 @@ class SSHJob(JobTrait):
             ]
             if pending:
                 lines.append(f"(still starting when the job was stopped: {pending})")
-            raise RuntimeError(
+            raise JobError(
                 "SSHJob could not start its workers; every ssh session was closed:\n"
                 + "\n".join(lines)
             )

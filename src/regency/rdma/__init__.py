@@ -22,20 +22,22 @@ without its owner taking part::
 # use, as every public package's first call does: the controller registers that boot with
 # the runtime's state when imported.
 import regency._runtime.controller  # noqa: F401
-
-from ._action import RDMAAction as RDMAAction
-from ._backends import get_rdma_backend as get_rdma_backend
-from ._backends import is_ibverbs_available as _is_ibverbs_available
-from ._buffer import RDMABuffer as RDMABuffer
-from ._errors import RDMABackendError as RDMABackendError
-from ._errors import RDMABufferDroppedError as RDMABufferDroppedError
-from ._errors import RDMAError as RDMAError
-from ._errors import RDMAFallbackWarning as RDMAFallbackWarning
-from ._errors import RDMAOwnerGoneError as RDMAOwnerGoneError
-from ._errors import RDMAReadTransferWarning as RDMAReadTransferWarning
-from ._errors import RDMATcpFallbackWarning as RDMATcpFallbackWarning
-from ._errors import RDMATimeoutError as RDMATimeoutError
-from ._errors import RDMAWriteTransferWarning as RDMAWriteTransferWarning
+from regency import _public
+from regency.rdma._action import RDMAAction
+from regency.rdma._backends.choice import get_rdma_backend
+from regency.rdma._backends.choice import is_ibverbs_available as _is_ibverbs_available
+from regency.rdma._buffer import RDMABuffer
+from regency.rdma._errors import (
+    RDMABackendError,
+    RDMABufferDroppedError,
+    RDMAError,
+    RDMAFallbackWarning,
+    RDMAOwnerGoneError,
+    RDMAReadTransferWarning,
+    RDMATcpFallbackWarning,
+    RDMATimeoutError,
+    RDMAWriteTransferWarning,
+)
 
 
 def is_ibverbs_available() -> bool:
@@ -75,19 +77,4 @@ __all__ = [
     "is_rdma_available",
 ]
 
-for _obj in (
-    RDMAAction,
-    RDMABackendError,
-    RDMABuffer,
-    RDMABufferDroppedError,
-    RDMAError,
-    RDMAFallbackWarning,
-    RDMAOwnerGoneError,
-    RDMAReadTransferWarning,
-    RDMATcpFallbackWarning,
-    RDMATimeoutError,
-    RDMAWriteTransferWarning,
-    get_rdma_backend,
-):
-    _obj.__module__ = __name__
-del _obj
+_public.publish(__name__, globals())

@@ -9,10 +9,14 @@ from typing import Any
 from regency._runtime import state
 from regency._runtime.future import Future
 from regency._runtime.meshes import current_context
-from regency.rdma import _backends, _cuda, _engine, _ibv_probe, _stream
+from regency.rdma import _engine
+from regency.rdma._backends import choice as _choice
+from regency.rdma._backends import cuda as _cuda
+from regency.rdma._backends import stream as _stream
 from regency.rdma._errors import RDMABackendError, RDMAOwnerGoneError
 from regency.rdma._handle import BufferHandle
 from regency.rdma._host import is_running, start_time, this_host
+from regency.rdma._ibverbs import probe as _ibv_probe
 from regency.rdma._memory import region_of
 from regency.rdma._registry import registry
 from regency.rdma._service import ensure_service
@@ -56,14 +60,14 @@ class RDMABuffer:
 
     def __init__(self, data: Any, *, backend: str | None = None) -> None:
         if backend is not None:
-            backend = _backends.check_backend_name(backend)
+            backend = _choice.check_backend_name(backend)
         region = region_of(data, one_dim=True)
         if region.nbytes == 0:
             raise ValueError("RDMABuffer needs at least one byte; got an empty buffer")
-        nic = not region.is_cuda and _backends.is_ibverbs_available()
+        nic = not region.is_cuda and _choice.is_ibverbs_available()
         if backend == "ibverbs" and not nic:
             found = _ibv_probe.availability()
-            refusal = _backends.ibverbs_refusal(
+            refusal = _choice.ibverbs_refusal(
                 device=region.device,
                 here=None if found.usable else found.detail,
                 owner_has_nic=True,
@@ -75,7 +79,7 @@ class RDMABuffer:
         try:
             service = ensure_service(
                 rt.secret,
-                _backends.service_hosts(),
+                _choice.service_hosts(),
                 f"regency-rdma-{rt.job_id}-{os.getpid()}-{os.urandom(6).hex()}",
             )
             started = start_time(os.getpid())
@@ -119,7 +123,7 @@ class RDMABuffer:
 
     def _export_cuda(self) -> Any:
         h = self._handle
-        if not _backends.is_this_process(h):
+        if not _choice.is_this_process(h):
             return None
         entry = registry().lookup(h.buffer_id, h.token)
         if entry is None:
@@ -150,7 +154,7 @@ class RDMABuffer:
         process, where transfers are plain copies, it names what peers on the owner's host use.
         """
         h = self._handle
-        return _backends.plan(h, from_owner_peer=_backends.is_this_process(h))[0]
+        return _choice.plan(h, from_owner_peer=_choice.is_this_process(h))[0]
 
     @property
     def writable(self) -> bool:
@@ -185,7 +189,7 @@ class RDMABuffer:
         owner is gone counts as dropped.
         """
         h = self._handle
-        if _backends.is_this_process(h):
+        if _choice.is_this_process(h):
             registry().drop(h.buffer_id, h.token)
             return Future._resolved(None)
         return _engine.submit_call(lambda: _drop_remote(h))
@@ -213,10 +217,7 @@ def _drop_remote(h: BufferHandle) -> None:
     here = this_host()
     if here.shares_memory_with(h.host) and not is_running(h.pid, h.start_time):
         return
-    if here.shares_unix_sockets_with(h.host):
-        target = h.unix_address
-    else:
-        target = _backends.service_address(h)
+    target = h.unix_address if here.shares_unix_sockets_with(h.host) else _choice.service_address(h)
     try:
         _stream.drop(target, state.runtime().secret, h, time.monotonic() + DEFAULT_TIMEOUT)
     except (ConnectionError, TimeoutError) as exc:

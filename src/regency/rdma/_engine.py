@@ -21,7 +21,11 @@ from regency._runtime import state
 from regency._runtime.future import Future
 from regency._runtime.pending import Pending
 from regency._transport.auth import AuthenticationError
-from regency.rdma import _backends, _cma, _cuda, _ibv_client, _shm, _stream
+from regency.rdma._backends import choice as _choice
+from regency.rdma._backends import cma as _cma
+from regency.rdma._backends import cuda as _cuda
+from regency.rdma._backends import shm as _shm
+from regency.rdma._backends import stream as _stream
 from regency.rdma._errors import (
     RDMABackendError,
     RDMABufferDroppedError,
@@ -31,9 +35,10 @@ from regency.rdma._errors import (
 )
 from regency.rdma._handle import BufferHandle
 from regency.rdma._host import is_running, this_host
-from regency.rdma._ibv_load import IbvUnavailableError
+from regency.rdma._ibverbs import client as _ibv_client
+from regency.rdma._ibverbs.load import IbvUnavailableError
 from regency.rdma._memory import Region, region_of
-from regency.rdma._protocol import PeerClosedError, RemoteRefusedError, Status
+from regency.rdma._protocol import RemoteRefusedError, Status
 from regency.rdma._registry import registry
 
 _WORKERS = 8
@@ -85,7 +90,7 @@ def prepare(handle: BufferHandle, data: Any, *, write: bool) -> Transfer:
 
 
 def _owner_gone(t: Transfer, why: str) -> RDMAOwnerGoneError:
-    served = _backends.service_address(t.handle)
+    served = _choice.service_address(t.handle)
     _stream.forget(served)
     _ibv_client.forget(served)
     _shm.forget(t.handle.unix_address)
@@ -154,10 +159,10 @@ def _run_cuda_ipc(t: Transfer, deadline: float) -> None:
     h = t.handle
     if not is_running(h.pid, h.start_time):
         raise _owner_gone(t, "is gone")
-    if _backends.cma_usable():
+    if _choice.cma_usable():
         _check_token(t, "before the transfer")
     _cuda.ipc_copy((h.buffer_id, h.token), h.cuda_ipc, t.local, t.nbytes, write=t.write)
-    if _backends.cma_usable():
+    if _choice.cma_usable():
         _check_token(t, "during the transfer")
 
 
@@ -165,7 +170,7 @@ def _run_service(t: Transfer, deadline: float, backend: str) -> None:
     h = t.handle
     secret = state.runtime().secret
     move = _shm.transfer if backend == "shm" else _stream.transfer
-    target = h.unix_address if backend == "shm" else _backends.service_address(h)
+    target = h.unix_address if backend == "shm" else _choice.service_address(h)
     if not t.local.is_cuda:
         move(target, secret, h, t.local, t.nbytes, write=t.write, deadline=deadline)
         return
@@ -181,7 +186,7 @@ def _run_ibverbs(t: Transfer, deadline: float) -> None:
     h = t.handle
     secret = state.runtime().secret
     _ibv_client.transfer(
-        _backends.service_address(h), secret, h, t.local, t.nbytes, write=t.write, deadline=deadline
+        _choice.service_address(h), secret, h, t.local, t.nbytes, write=t.write, deadline=deadline
     )
 
 
@@ -226,7 +231,7 @@ def _translate(exc: BaseException, t: Transfer, timeout: float) -> BaseException
             f"{t.describe()} failed: the owner's transfer service did not accept this job's "
             f"secret (is the buffer from another job?): {exc}"
         )
-    if isinstance(exc, (_cma.CmaProcessGoneError, PeerClosedError, ConnectionError)):
+    if isinstance(exc, (_cma.CmaProcessGoneError, ConnectionError)):
         if h.host.shares_memory_with(this_host()) and not is_running(h.pid, h.start_time):
             return _owner_gone(t, "is gone")
         if isinstance(exc, _cma.CmaProcessGoneError):
@@ -242,7 +247,7 @@ def run(t: Transfer, deadline: float, timeout: float) -> None:
     if t.nbytes == 0:
         return
     try:
-        chain = _backends.plan(t.handle)
+        chain = _choice.plan(t.handle)
         for i, backend in enumerate(chain):
             later = chain[i + 1] if i + 1 < len(chain) else None
             try:
@@ -251,18 +256,18 @@ def run(t: Transfer, deadline: float, timeout: float) -> None:
             except _cma.CmaDeniedError as exc:
                 if later is None:
                     raise RDMAError(f"{t.describe()} failed: {exc}") from exc
-                _backends.deny_cma(str(exc), later)
+                _choice.deny_cma(str(exc), later)
             except _cuda.CudaIpcUnavailableError as exc:
                 if later is None:
                     raise RDMAError(f"{t.describe()} failed: {exc}") from exc
-                _backends.warn_once("cuda_ipc", later, str(exc))
+                _choice.warn_once("cuda_ipc", later, str(exc))
             except IbvUnavailableError as exc:
                 if later is None:
                     raise RDMABackendError(f"{t.describe()} cannot use ibverbs: {exc}") from exc
                 if exc.lasting:
-                    _backends.deny_ibverbs(t.handle.tcp_address, str(exc), later)
+                    _choice.deny_ibverbs(t.handle.tcp_address, str(exc), later)
                 else:
-                    _backends.warn_once("ibverbs", later, str(exc))
+                    _choice.warn_once("ibverbs", later, str(exc))
     except BaseException as exc:
         translated = _translate(exc, t, timeout)
         if translated is exc:

@@ -5,26 +5,36 @@ to, an unsupported memory object) raise built-in ``ValueError`` or ``TypeError``
 anything moves. Everything that goes wrong during a transfer fails its ``Future`` with an
 :class:`RDMAError`::
 
-    RuntimeError
+    RegencyError + RuntimeError
      └── RDMAError
           ├── RDMABufferDroppedError     the registration was dropped (before or during)
           ├── RDMAOwnerGoneError         the owner's process is dead or unreachable
           ├── RDMABackendError           the requested backend cannot serve this transfer
           └── RDMATimeoutError ──────┐   the transfer did not finish within its timeout
-    OSError                          │
-     └── TimeoutError ───────────────┘
+    RegencyError + TimeoutError      │
+     └── DeadlineError ──────────────┘   the transport's error for a passed deadline
+
+Warnings::
 
     RuntimeWarning
      ├── RDMAFallbackWarning             a faster backend was refused; a slower one is used
      │    └── RDMATcpFallbackWarning     ... and that slower one is TCP
      ├── RDMAReadTransferWarning         Monarch's names for its once-per-process GPU-transfer
      └── RDMAWriteTransferWarning        warnings; exported so Monarch filters still import
+
+(:class:`regency.RegencyError` is the root of all of regency's errors; :mod:`regency._errors`
+draws the whole tree.) Inside a transfer the backends raise the transport's own errors
+(``DeadlineError``, ``ConnectionClosedError``); the engine turns each into one of these before
+a ``Future`` fails with it.
 """
 
 from __future__ import annotations
 
+from regency._errors import RegencyError
+from regency._transport.deadline import DeadlineError
 
-class RDMAError(RuntimeError):
+
+class RDMAError(RegencyError, RuntimeError):
     """A one-sided transfer failed; the destination's contents are unspecified."""
 
 
@@ -40,7 +50,7 @@ class RDMABackendError(RDMAError):
     """The backend asked for (by keyword or ``REGENCY_RDMA_BACKEND``) cannot do this transfer."""
 
 
-class RDMATimeoutError(RDMAError, TimeoutError):
+class RDMATimeoutError(RDMAError, DeadlineError):
     """The transfer did not finish within its ``timeout``; it is abandoned, not retried."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
 
 _MAX_IDLE_PER_TARGET = 8
@@ -29,13 +29,39 @@ class ConnectionPool(Generic[C]):
         self._idle: dict[str, list[C]] = {}
         os.register_at_fork(after_in_child=self._forget)
 
-    def take(self, target: str, dial: Callable[[], C]) -> C:
-        """An idle connection to ``target``, or a new one from ``dial()``."""
-        with self._lock:
-            idle = self._idle.get(target)
-            if idle:
-                return idle.pop()
-        return dial()
+    def take(
+        self, target: str, dial: Callable[[], C], usable: Callable[[C], bool] | None = None
+    ) -> C:
+        """An idle connection to ``target``, or a new one from ``dial()``.
+
+        With ``usable``, an idle connection it refuses (e.g. its peer closed it) is closed and
+        the next one tried; a new connection is not checked.
+        """
+        while True:
+            with self._lock:
+                idle = self._idle.get(target)
+                conn = idle.pop() if idle else None
+            if conn is None:
+                return dial()
+            if usable is None or usable(conn):
+                return conn
+            _close_quietly(conn)
+
+    @contextlib.contextmanager
+    def lease(
+        self, target: str, dial: Callable[[], C], usable: Callable[[C], bool] | None = None
+    ) -> Iterator[C]:
+        """A connection for one exchange (see :meth:`take`), given back when the block ends.
+
+        If the block raises, the connection is closed instead: an exchange may be half done on it.
+        """
+        conn = self.take(target, dial, usable)
+        try:
+            yield conn
+        except BaseException:
+            _close_quietly(conn)
+            raise
+        self.give(target, conn)
 
     def give(self, target: str, conn: C) -> None:
         """Return a healthy connection (one with no exchange half done)."""
@@ -44,16 +70,14 @@ class ConnectionPool(Generic[C]):
             if len(idle) < _MAX_IDLE_PER_TARGET:
                 idle.append(conn)
                 return
-        with contextlib.suppress(OSError):
-            conn.close()
+        _close_quietly(conn)
 
     def discard(self, target: str) -> None:
         """Close every idle connection to ``target`` (its service is gone)."""
         with self._lock:
             idle = self._idle.pop(target, [])
         for conn in idle:
-            with contextlib.suppress(OSError):
-                conn.close()
+            _close_quietly(conn)
 
     def close_all(self) -> None:
         """Close every idle connection (at interpreter exit)."""
@@ -61,10 +85,14 @@ class ConnectionPool(Generic[C]):
             idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:
-                with contextlib.suppress(OSError):
-                    conn.close()
+                _close_quietly(conn)
 
     def _forget(self) -> None:
         # The child shares these sockets with its parent; it must neither use nor close them.
         self._lock = threading.Lock()
         self._idle = {}
+
+
+def _close_quietly(conn: Closeable) -> None:
+    with contextlib.suppress(OSError):
+        conn.close()

@@ -20,7 +20,7 @@ each one in order, so a client may pipeline several::
     IBV_CONNECT length, queue pair info -> the owner's queue pair info: a reliable connection
                                        between the two, alive as long as this connection
     IBV_KEY                         -> the buffer's remote key (it is registered with the NIC on
-                                       first use); see :mod:`regency.rdma._ibv_wire`
+                                       first use); see :mod:`regency.rdma._ibverbs.wire`
 
 An owner that cannot serve ibverbs answers ``IBV_CONNECT`` and ``IBV_KEY`` with UNSUPPORTED.
 """
@@ -31,9 +31,10 @@ import enum
 import socket
 import ssl
 import struct
-import time
 
 from regency._transport import address, auth, tls
+from regency._transport.connection import ConnectionClosedError
+from regency._transport.deadline import time_left
 from regency._transport.tls import Stream
 
 REQUEST = struct.Struct("<BQQQQQ")
@@ -66,10 +67,6 @@ class Status(enum.IntEnum):
     UNSUPPORTED = 4
 
 
-class PeerClosedError(ConnectionError):
-    """The other side closed the connection in the middle of an exchange."""
-
-
 class RemoteRefusedError(Exception):
     """The service answered a request with an error status."""
 
@@ -78,20 +75,8 @@ class RemoteRefusedError(Exception):
         self.status = status
 
 
-class DeadlineError(TimeoutError):
-    """The transfer's deadline passed."""
-
-
-def time_left(deadline: float) -> float:
-    """Seconds until ``deadline`` (a ``time.monotonic()`` value); raise once it has passed."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise DeadlineError("deadline passed")
-    return left
-
-
 def recv_exact_into(sock: Stream, mv: memoryview, deadline: float | None = None) -> None:
-    """Fill ``mv`` from ``sock``; raise :class:`PeerClosedError` on end of stream.
+    """Fill ``mv`` from ``sock``; raise :class:`ConnectionClosedError` on end of stream.
 
     With a ``deadline`` each receive waits only until it (the socket's timeout would otherwise
     apply to every receive anew).
@@ -103,7 +88,7 @@ def recv_exact_into(sock: Stream, mv: memoryview, deadline: float | None = None)
             sock.settimeout(time_left(deadline))
         n = sock.recv_into(mv[got:])
         if n == 0:
-            raise PeerClosedError("connection closed by the peer")
+            raise ConnectionClosedError("connection closed by the peer")
         got += n
 
 
@@ -156,13 +141,13 @@ def read_reply(sock: Stream) -> tuple[Status, int]:
     try:
         return Status(status), n
     except ValueError:
-        raise PeerClosedError(f"unknown reply status {status}") from None
+        raise ConnectionClosedError(f"unknown reply status {status}") from None
 
 
 def read_error(sock: Stream, n: int) -> str:
     """Read the error text that follows a non-OK reply head."""
     if n > MAX_ERROR_TEXT:
-        raise PeerClosedError(f"error text of {n} bytes is too long")
+        raise ConnectionClosedError(f"error text of {n} bytes is too long")
     return recv_exact(sock, n).decode(errors="replace")
 
 
@@ -172,4 +157,4 @@ def check_reply(sock: Stream, expected: int) -> None:
     if status != Status.OK:
         raise RemoteRefusedError(status, read_error(sock, n))
     if n != expected:
-        raise PeerClosedError(f"reply announces {n} bytes, expected {expected}")
+        raise ConnectionClosedError(f"reply announces {n} bytes, expected {expected}")

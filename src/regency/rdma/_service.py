@@ -7,7 +7,7 @@ in a handler does not stall transfers of its buffers. Each connection runs TLS (
 authenticated with the job secret before a single request is read, on the service's I/O thread
 (bounded, one deadline, no thread per unauthenticated peer), then served by its own thread. The
 protocol is in :mod:`regency.rdma._protocol`. The ibverbs backend sets up its connections and
-buffer keys through the same service (:mod:`regency.rdma._ibv_owner`); its transfers then
+buffer keys through the same service (:mod:`regency.rdma._ibverbs.owner`); its transfers then
 bypass it.
 """
 
@@ -25,18 +25,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from regency._transport import address
+from regency._transport.connection import ConnectionClosedError
 from regency._transport.inbound import Inbound
 from regency._transport.io_loop import IOLoop
 from regency._transport.ratelimit import FailureLimiter
 from regency._transport.tls import Stream
-from regency.rdma import _cuda
-from regency.rdma._ibv_owner import OwnerSide
+from regency.rdma._backends import cuda as _cuda
+from regency.rdma._ibverbs.owner import OwnerSide
 from regency.rdma._memory import view
 from regency.rdma._protocol import (
     REPLY,
     REQUEST,
     Op,
-    PeerClosedError,
     Status,
     recv_exact_into,
     send_reply,
@@ -86,7 +86,7 @@ def _recv_request(conn: Stream) -> tuple[bytes, list[int]]:
         if not chunk:
             for fd in fds:
                 os.close(fd)
-            raise PeerClosedError("connection closed")
+            raise ConnectionClosedError("connection closed")
         data += chunk
     return bytes(data), fds
 
@@ -318,7 +318,7 @@ _auth_failures = FailureLimiter()
 def ensure_service(secret: bytes, tcp_hosts: Sequence[str], unix_name: str) -> TransferService:
     """The transfer service of this process, started on first use.
 
-    It listens on the TCP interfaces ``tcp_hosts`` (see ``_backends.service_hosts``).
+    It listens on the TCP interfaces ``tcp_hosts`` (see ``_backends.choice.service_hosts``).
     """
     global _service
     with _lock:

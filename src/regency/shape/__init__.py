@@ -9,15 +9,13 @@
 The package depends only on the standard library. See ``docs/shape.md``.
 """
 
-from ._errors import DimensionNotFoundError as DimensionNotFoundError
-from ._extent import Extent as Extent
-from ._extent import Point as Point
-from ._selection import Selection as Selection
-from ._shape import Shape as Shape
-from ._slice import Slice as Slice
+from regency import _public
+from regency.shape._errors import DimensionNotFoundError
+from regency.shape._extent import Extent, Point
+from regency.shape._selection import Selection
+from regency.shape._shape import Shape
+from regency.shape._slice import Slice
 
 __all__ = ["DimensionNotFoundError", "Extent", "Point", "Selection", "Shape", "Slice"]
 
-for _cls in (DimensionNotFoundError, Extent, Point, Selection, Shape, Slice):
-    _cls.__module__ = __name__
-del _cls
+_public.publish(__name__, globals())

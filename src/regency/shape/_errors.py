@@ -11,8 +11,10 @@ Monarch's (``ValueError``, ``IndexError``, ``TypeError``, ``KeyError``, ``Overfl
 
 from __future__ import annotations
 
+from regency._errors import RegencyError
 
-class DimensionNotFoundError(KeyError, ValueError):
+
+class DimensionNotFoundError(RegencyError, KeyError, ValueError):
     """A dimension label that the `Extent`, `Point` or `Shape` does not have.
 
     It is both a `KeyError`, so `Extent` and `Point` behave as proper mappings (``get``,

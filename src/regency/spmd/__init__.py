@@ -19,8 +19,7 @@ train.py --epochs 2``. See ``docs/spmd.md``.
 
 from __future__ import annotations
 
-import contextlib
-
+from regency import _public
 from regency.spmd._actor import SPMDActor
 from regency.spmd._env import TORCH_PRELOAD
 from regency.spmd._script import ScriptExit
@@ -34,12 +33,4 @@ __all__ = [
     "setup_torch_elastic_env_async",
 ]
 
-for _name in (
-    "SPMDActor",
-    "ScriptExit",
-    "setup_torch_elastic_env",
-    "setup_torch_elastic_env_async",
-):
-    with contextlib.suppress(AttributeError, TypeError):
-        globals()[_name].__module__ = __name__
-del _name
+_public.publish(__name__, globals())

@@ -20,6 +20,8 @@ import threading
 from collections import deque
 from typing import Any
 
+from regency._transport.connection import ConnectionClosedError
+from regency._transport.deadline import time_left
 from regency.rdma import _parallel
 from regency.rdma._handle import BufferHandle
 from regency.rdma._memory import Region
@@ -27,14 +29,12 @@ from regency.rdma._pool import ConnectionPool
 from regency.rdma._protocol import (
     REQUEST,
     Op,
-    PeerClosedError,
     RemoteRefusedError,
     Status,
     check_reply,
     connect,
     read_error,
     read_reply,
-    time_left,
 )
 
 SLOT_BYTES = 8 << 20
@@ -116,7 +116,7 @@ def _stream(
 
     for index in range(len(chunks)):
         if failed.is_set():
-            raise PeerClosedError("another stream of this transfer failed")
+            raise ConnectionClosedError("another stream of this transfer failed")
         if len(inflight) == SLOTS:
             complete()
         post(index)
@@ -138,19 +138,10 @@ def transfer(
 
     def job(span: tuple[int, int]) -> _parallel.Job:
         def run(failed: threading.Event) -> None:
-            chan = _pool.take(target, lambda: _Channel(target, secret, time_left(deadline)))
-            healthy = False
-            try:
+            with _pool.lease(target, lambda: _Channel(target, secret, time_left(deadline))) as chan:
                 _stream(
                     chan, handle, local.address, span, write=write, deadline=deadline, failed=failed
                 )
-                healthy = True
-            finally:
-                if healthy:
-                    _pool.give(target, chan)
-                else:
-                    with contextlib.suppress(OSError):
-                        chan.close()
 
         return run
 

@@ -25,10 +25,12 @@ import warnings
 
 from regency._runtime import gateways, state
 from regency._transport import address
-from regency.rdma import _cma, _ibv_probe, _service
+from regency.rdma import _service
+from regency.rdma._backends import cma as _cma
 from regency.rdma._errors import RDMABackendError, RDMAFallbackWarning, RDMATcpFallbackWarning
 from regency.rdma._handle import BufferHandle
 from regency.rdma._host import start_time, this_host
+from regency.rdma._ibverbs import probe as _ibv_probe
 
 BACKEND_ENV = "REGENCY_RDMA_BACKEND"
 CHOICES = ("cma", "shm", "tcp", "ibverbs")

@@ -13,10 +13,10 @@ memory directly.
 from __future__ import annotations
 
 from regency._transport.tls import Stream
-from regency.rdma._ibv_load import IbvUnavailableError, verbs_errors
-from regency.rdma._ibv_port import agree_depth
-from regency.rdma._ibv_verbs import Endpoint, Registered, device
-from regency.rdma._ibv_wire import QpInfo, RemoteKey
+from regency.rdma._ibverbs.load import IbvUnavailableError, verbs_errors
+from regency.rdma._ibverbs.port import agree_depth
+from regency.rdma._ibverbs.verbs import Endpoint, Registered, device
+from regency.rdma._ibverbs.wire import QpInfo, RemoteKey
 from regency.rdma._protocol import REPLY, Status, recv_exact, send_reply
 from regency.rdma._registry import Registration, registry
 

@@ -2,7 +2,7 @@
 
 Probed once per process. The first probe calls ``ibv_fork_init`` before any other verbs call,
 so that, on kernels that need it, registered pages are not shared copy-on-write with a child.
-Which port and GID are used is decided by :mod:`regency.rdma._ibv_port`.
+Which port and GID are used is decided by :mod:`regency.rdma._ibverbs.port`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import functools
 import os
 from typing import Any, NamedTuple
 
-from regency.rdma._ibv_load import IbvUnavailableError, Pyverbs, load
-from regency.rdma._ibv_port import (
+from regency.rdma._ibverbs.load import IbvUnavailableError, Pyverbs, load
+from regency.rdma._ibverbs.port import (
     DEVICE_ENV,
     GidEntry,
     PortCandidate,
@@ -21,7 +21,7 @@ from regency.rdma._ibv_port import (
     choose_port,
     parse_device_spec,
 )
-from regency.rdma._ibv_wire import gid_bytes
+from regency.rdma._ibverbs.wire import gid_bytes
 
 
 def _gid_table(pv: Pyverbs, ctx: Any, port: int, size: int) -> tuple[GidEntry, ...]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from regency.rdma._ibv_wire import LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, QpInfo
+from regency.rdma._ibverbs.wire import LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, QpInfo
 
 DEVICE_ENV = "REGENCY_RDMA_IBV_DEVICE"
 _IPV4_MAPPED = bytes(10) + b"\xff\xff"

@@ -17,20 +17,23 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import os
 import socket
 import threading
 import time
 from collections import OrderedDict
 
+from regency._transport.connection import ConnectionClosedError
+from regency._transport.deadline import time_left
 from regency.rdma._handle import BufferHandle
-from regency.rdma._ibv_load import (
+from regency.rdma._ibverbs.load import (
     IbvUnavailableError,
     close_quietly,
     data_path_errors,
     verbs_errors,
 )
-from regency.rdma._ibv_plan import (
+from regency.rdma._ibverbs.plan import (
     STAGING_BYTES,
     Window,
     chunk_size,
@@ -41,28 +44,26 @@ from regency.rdma._ibv_plan import (
     split_wr_id,
     use_staging,
 )
-from regency.rdma._ibv_port import agree_depth
-from regency.rdma._ibv_status import (
+from regency.rdma._ibverbs.port import agree_depth
+from regency.rdma._ibverbs.status import (
     IbvCompletionError,
     completion_error,
     first_failure,
     needs_owner,
 )
-from regency.rdma._ibv_verbs import Endpoint, Registered, device
-from regency.rdma._ibv_wire import KEY_BYTES, QP_INFO_BYTES, QpInfo, RemoteKey
+from regency.rdma._ibverbs.verbs import Endpoint, Registered, device
+from regency.rdma._ibverbs.wire import KEY_BYTES, QP_INFO_BYTES, QpInfo, RemoteKey
 from regency.rdma._memory import Region
 from regency.rdma._pool import ConnectionPool
 from regency.rdma._protocol import (
     REQUEST,
     Op,
-    PeerClosedError,
     RemoteRefusedError,
     Status,
     connect,
     read_error,
     read_reply,
     recv_exact,
-    time_left,
 )
 
 _KEY_CACHE_SIZE = 4096
@@ -106,8 +107,6 @@ class _Channel:
         self.endpoint: Endpoint | None = None
         self.staging: Registered | None = None
         self.epoch = 0
-        self.pooled = False
-        """Whether it sat idle in the pool (and must be checked before use)."""
         try:
             dev = device()
             with verbs_errors("creating a queue pair failed", lasting=True):
@@ -134,7 +133,7 @@ class _Channel:
         if status != Status.OK:
             raise RemoteRefusedError(status, read_error(self.sock, n))
         if n != QP_INFO_BYTES:
-            raise PeerClosedError(f"queue pair info of {n} bytes, expected {QP_INFO_BYTES}")
+            raise ConnectionClosedError(f"queue pair info of {n} bytes, expected {QP_INFO_BYTES}")
         try:
             return QpInfo.unpack(recv_exact(self.sock, n))
         except ValueError as exc:
@@ -169,7 +168,7 @@ class _Channel:
         if status != Status.OK:
             raise RemoteRefusedError(status, read_error(self.sock, n))
         if n != KEY_BYTES:
-            raise PeerClosedError(f"remote key of {n} bytes, expected {KEY_BYTES}")
+            raise ConnectionClosedError(f"remote key of {n} bytes, expected {KEY_BYTES}")
         key = RemoteKey.unpack(recv_exact(self.sock, n))
         try:
             key.check_covers(handle.address, handle.nbytes)
@@ -247,14 +246,6 @@ _pool: ConnectionPool[_Channel] = ConnectionPool()
 _keys = _KeyCache()
 
 
-def _take(target: str, secret: bytes, deadline: float) -> _Channel:
-    while True:
-        chan = _pool.take(target, lambda: _Channel(target, secret, deadline))
-        if not chan.pooled or chan.idle_ok():
-            return chan
-        chan.close()
-
-
 def _key(chan: _Channel, target: str, handle: BufferHandle, deadline: float) -> RemoteKey:
     found = _keys.get(target, handle)
     if found is None:
@@ -315,23 +306,23 @@ def transfer(
         ):
             registered = device().register(local.address, nbytes, remote=False, writable=not write)
     try:
-        chan = _take(target, secret, deadline)
-        healthy = False
-        try:
+        refused: IbvUnavailableError | RemoteRefusedError | None = None
+        dial = functools.partial(_Channel, target, secret, deadline)
+        with _pool.lease(target, dial, _Channel.idle_ok) as chan:
             try:
                 key = _key(chan, target, handle, deadline)
-            except (IbvUnavailableError, RemoteRefusedError):
-                healthy = True  # the owner answered in full; the channel itself is fine
-                raise
-            _run(chan, handle, key, local, registered, nbytes, write=write, deadline=deadline)
-            healthy = True
-        finally:
-            if healthy:
-                chan.pooled = True
-                _pool.give(target, chan)
+            except (IbvUnavailableError, RemoteRefusedError) as exc:
+                refused = exc  # the owner answered in full; the channel goes back to the pool
             else:
-                _keys.evict(target, handle)
-                chan.close()
+                try:
+                    _run(
+                        chan, handle, key, local, registered, nbytes, write=write, deadline=deadline
+                    )
+                except BaseException:
+                    _keys.evict(target, handle)
+                    raise
+        if refused is not None:
+            raise refused
     finally:
         if registered is not None:
             close_quietly(registered)

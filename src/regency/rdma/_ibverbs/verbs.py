@@ -1,7 +1,7 @@
 """The device of this process, its queue pairs and memory registrations, through pyverbs.
 
 A process opens one device context and one protection domain on the port chosen by
-:mod:`regency.rdma._ibv_probe`; every queue pair and memory registration of the process lives in
+:mod:`regency.rdma._ibverbs.probe`; every queue pair and memory registration of the process lives in
 that domain, so a buffer's key works on every connection to its owner. Everything here is
 closed explicitly; a forked child starts with no device and opens its own.
 """
@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Any
 
-from regency.rdma._ibv_load import (
+from regency.rdma._ibverbs.load import (
     IbvUnavailableError,
     Pyverbs,
     close_quietly,
@@ -20,11 +20,11 @@ from regency.rdma._ibv_load import (
     load,
     track,
 )
-from regency.rdma._ibv_plan import WINDOW, access_flags
-from regency.rdma._ibv_port import PortChoice, agree_depth, path_mtu, route
-from regency.rdma._ibv_probe import chosen_port
-from regency.rdma._ibv_status import Completion
-from regency.rdma._ibv_wire import QpInfo, gid_text
+from regency.rdma._ibverbs.plan import WINDOW, access_flags
+from regency.rdma._ibverbs.port import PortChoice, agree_depth, path_mtu, route
+from regency.rdma._ibverbs.probe import chosen_port
+from regency.rdma._ibverbs.status import Completion
+from regency.rdma._ibverbs.wire import QpInfo, gid_text
 
 READ_DEPTH = 16
 """RDMA READs in flight a reader asks for (the owner may accept fewer)."""

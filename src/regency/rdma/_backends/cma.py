@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from regency._transport.deadline import DeadlineError
 from regency.rdma import _parallel
 
 CHUNK_BYTES = 8 << 20
@@ -56,10 +57,6 @@ class CmaBadAddressError(OSError):
     """Part of the remote range is not mapped any more."""
 
 
-class CmaDeadlineError(TimeoutError):
-    """The deadline passed between two chunks."""
-
-
 def _copy_once(pid: int, local: int, remote: int, nbytes: int, *, write: bool) -> int:
     liov = _IoVec(local, nbytes)
     riov = _IoVec(remote, nbytes)
@@ -93,7 +90,7 @@ def _copy_range(
         if failed.is_set():
             return
         if time.monotonic() > deadline:
-            raise CmaDeadlineError(f"deadline passed after {done} of {nbytes} bytes")
+            raise DeadlineError(f"deadline passed after {done} of {nbytes} bytes")
         if before_chunk is not None:
             before_chunk()
         step = min(CHUNK_BYTES, nbytes - done)

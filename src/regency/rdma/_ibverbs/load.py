@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from regency.rdma._ibv_status import IbvCompletionError
+from regency.rdma._ibverbs.status import IbvCompletionError
 
 log = logging.getLogger("regency.rdma")
 

@@ -8,9 +8,10 @@ data is sent straight from the source's memory: no intermediate copies on this s
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
+from regency._transport.connection import ConnectionClosedError
+from regency._transport.deadline import time_left
 from regency._transport.tls import Stream
 from regency.rdma import _parallel
 from regency.rdma._handle import BufferHandle
@@ -19,11 +20,9 @@ from regency.rdma._pool import ConnectionPool
 from regency.rdma._protocol import (
     REQUEST,
     Op,
-    PeerClosedError,
     check_reply,
     connect,
     recv_exact_into,
-    time_left,
 )
 
 CHUNK_BYTES = 4 << 20
@@ -54,11 +53,11 @@ def _stream(
             check_reply(sock, n)
             recv_exact_into(sock, mem[off : off + n], deadline)
             if failed.is_set():
-                raise PeerClosedError("another stream of this transfer failed")
+                raise ConnectionClosedError("another stream of this transfer failed")
         return
     for head, (off, n) in zip(heads, chunks, strict=True):
         if failed.is_set():
-            raise PeerClosedError("another stream of this transfer failed")
+            raise ConnectionClosedError("another stream of this transfer failed")
         sock.settimeout(time_left(deadline))
         sock.sendall(head)
         sock.sendall(mem[off : off + n])
@@ -85,17 +84,8 @@ def transfer(
 
     def job(span: tuple[int, int]) -> _parallel.Job:
         def run(failed: threading.Event) -> None:
-            sock = _pool.take(target, dial)
-            healthy = False
-            try:
+            with _pool.lease(target, dial) as sock:
                 _stream(sock, handle, mem, span, write=write, deadline=deadline, failed=failed)
-                healthy = True
-            finally:
-                if healthy:
-                    _pool.give(target, sock)
-                else:
-                    with contextlib.suppress(OSError):
-                        sock.close()
 
         return run
 
@@ -105,19 +95,10 @@ def transfer(
 
 def drop(target: str, secret: bytes, handle: BufferHandle, deadline: float) -> None:
     """Ask the owner's transfer service to drop the registration."""
-    sock = _pool.take(target, lambda: connect(target, secret, time_left(deadline)))
-    healthy = False
-    try:
+    with _pool.lease(target, lambda: connect(target, secret, time_left(deadline))) as sock:
         sock.settimeout(time_left(deadline))
         sock.sendall(REQUEST.pack(Op.DROP, handle.buffer_id, handle.token, 0, 0, 0))
         check_reply(sock, 0)
-        healthy = True
-    finally:
-        if healthy:
-            _pool.give(target, sock)
-        else:
-            with contextlib.suppress(OSError):
-                sock.close()
 
 
 def forget(target: str) -> None:

@@ -1,0 +1,104 @@
+"""One error tree (issue 16): every regency error is a RegencyError and keeps its old bases."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import regency
+from regency._errors import RegencyError
+from regency._transport.address import AddressError
+from regency._transport.auth import AuthenticationError
+from regency._transport.certs import TLSSetupError
+from regency._transport.connection import ConnectionClosedError
+from regency._transport.deadline import DeadlineError, time_left
+from regency._transport.frames import FrameError, FrameTooLargeError
+from regency._transport.routing import RouteError
+from regency._transport.transport import PeerUnreachableError
+from regency.actor import ActorError, SupervisionError
+from regency.job import AttachError, JobError, SlurmJob, SSHJob
+from regency.job._private import UnsafePathError
+from regency.rdma import (
+    RDMABackendError,
+    RDMABufferDroppedError,
+    RDMAError,
+    RDMAOwnerGoneError,
+    RDMATimeoutError,
+)
+from regency.shape import DimensionNotFoundError
+
+# Each class with the bases users caught it by before the tree existed (Monarch's for the actor
+# errors: ActorError(Exception), SupervisionError(RuntimeError)).
+OLD_BASES: list[tuple[type[BaseException], tuple[type[BaseException], ...]]] = [
+    (ActorError, (Exception,)),
+    (SupervisionError, (RuntimeError,)),
+    (JobError, (RuntimeError,)),
+    (AttachError, (ConnectionError,)),
+    (UnsafePathError, (PermissionError,)),
+    (DimensionNotFoundError, (KeyError, ValueError)),
+    (RDMAError, (RuntimeError,)),
+    (RDMABufferDroppedError, (RDMAError, RuntimeError)),
+    (RDMAOwnerGoneError, (RDMAError, RuntimeError)),
+    (RDMABackendError, (RDMAError, RuntimeError)),
+    (RDMATimeoutError, (RDMAError, RuntimeError, TimeoutError, DeadlineError)),
+    (DeadlineError, (TimeoutError,)),
+    (ConnectionClosedError, (ConnectionError,)),
+    (PeerUnreachableError, (ConnectionError,)),
+    (AuthenticationError, (ConnectionError,)),
+    (RouteError, (ConnectionError,)),
+    (AddressError, (ValueError,)),
+    (TLSSetupError, (ValueError,)),
+    (FrameTooLargeError, (ValueError,)),
+    (FrameError, (Exception,)),
+]
+
+
+@pytest.mark.parametrize(("cls", "bases"), OLD_BASES, ids=lambda v: getattr(v, "__name__", ""))
+def test_every_error_is_a_regency_error_and_keeps_its_old_bases(
+    cls: type[BaseException], bases: tuple[type[BaseException], ...]
+) -> None:
+    assert issubclass(cls, RegencyError)
+    for base in bases:
+        assert issubclass(cls, base)
+
+
+def test_the_root_is_public_where_users_look() -> None:
+    assert regency.RegencyError is RegencyError
+    assert regency.actor.RegencyError is RegencyError
+    assert RegencyError.__module__ == "regency"
+    assert not issubclass(RegencyError, RuntimeError)  # ActorError is Monarch's plain Exception
+
+
+def test_errors_read_and_pickle_as_before() -> None:
+    assert str(JobError("sbatch printed 'x', not a job id")) == "sbatch printed 'x', not a job id"
+    assert str(DimensionNotFoundError("no dimension 'gpus'")) == "no dimension 'gpus'"
+    assert str(ConnectionClosedError("connection closed by the peer")) == (
+        "connection closed by the peer"
+    )
+    errors: list[BaseException] = [
+        JobError("squeue failed (1): boom"),
+        RDMATimeoutError("read of 4 bytes did not finish within 1 s"),
+        SupervisionError("stopped", endpoint="mesh.call"),
+        PeerUnreachableError("gone"),
+        DimensionNotFoundError("no dimension 'gpus'"),
+    ]
+    for exc in errors:
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc)
+        assert str(back) == str(exc)
+
+
+def test_a_passed_deadline_raises_the_transports_deadline_error() -> None:
+    with pytest.raises(DeadlineError, match="deadline passed"):
+        time_left(0.0)
+
+
+def test_job_backends_raise_job_errors_with_unchanged_texts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(JobError, match="`sbatch` not found: SlurmJob needs the Slurm client"):
+        SlurmJob({"hosts": 1}).apply()
+    with pytest.raises(RuntimeError, match="SSHJob needs an ssh client"):
+        SSHJob(["h1"], ssh_exe="no-such-ssh").apply()
