@@ -323,6 +323,14 @@ def test_group_of_a_slice_is_made_by_its_members_only(coll: ActorMesh[Coll]) -> 
     assert torch.equal(out[0]["out"], expected("max", False, range(N), 0, torch.int64))
 
 
+def test_group_of_one_rank(coll: ActorMesh[Coll]) -> None:
+    alone = coll.slice(gpus=2)
+    got = alone.run.call_one([2], "stack", False, torch.int64).get(timeout=T)
+    assert torch.equal(got["out"], local_input(2, torch.int64).unsqueeze(0))
+    got = alone.run.call_one([2], "avg", False, torch.float32).get(timeout=T)
+    assert torch.equal(got["out"], local_input(2, torch.float32))
+
+
 def test_tagged_group_is_a_second_group_of_the_same_ranks(coll: ActorMesh[Coll]) -> None:
     out = by_rank(coll.run.call([0, 1, 2, 3], "sum", True, torch.int64, tag="s1").get(timeout=T))
     for rank in range(N):

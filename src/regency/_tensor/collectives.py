@@ -8,9 +8,9 @@ procs never hear of the group.
 
 `reduce` and `reduce_` run Monarch's reductions (see `regency._tensor.groups` for the shapes):
 ``stack`` is an all-gather (an all-to-all with ``scatter``), the others an all-reduce (a
-reduce-scatter with ``scatter``). What a backend lacks maps onto torch ops: ``avg`` on gloo is
-a sum then a division, ``band``/``bor``/``bxor`` on NCCL gather the inputs and reduce them
-locally.
+reduce-scatter with ``scatter``). What a backend lacks maps onto torch ops: ``avg`` is a sum
+then a division (gloo has no average), ``band``/``bor``/``bxor`` on NCCL gather the inputs and
+reduce them locally.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ _BITWISE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 }
 _OPS = {
     "sum": dist.ReduceOp.SUM,
-    "avg": dist.ReduceOp.AVG,
     "product": dist.ReduceOp.PRODUCT,
     "min": dist.ReduceOp.MIN,
     "max": dist.ReduceOp.MAX,
@@ -44,12 +43,10 @@ _OPS = {
     "bor": dist.ReduceOp.BOR,
     "bxor": dist.ReduceOp.BXOR,
 }
-# The reductions each backend runs itself; the others are composed from torch ops below.
-_NATIVE = {
-    "gloo": frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"}),
-    "nccl": frozenset({"sum", "avg", "product", "min", "max"}),
-}
+# The reductions a backend runs itself; the others are composed from torch ops below. avg is
+# a sum then a division on NCCL too, so that one integer average (truncating) holds everywhere.
 _PORTABLE = frozenset({"sum", "product", "min", "max"})
+_NATIVE = {"gloo": _PORTABLE | {"band", "bor", "bxor"}}
 
 
 class WorldGroups:
@@ -178,7 +175,7 @@ def _check_dtype(t: torch.Tensor, reduction: str) -> None:
 
 
 def _divide_(t: torch.Tensor, n: int) -> torch.Tensor:
-    # Integer averages truncate toward zero, as NCCL's native average of integers does.
+    # An integer average truncates toward zero, as C's integer division does.
     if t.is_floating_point() or t.is_complex():
         return t.div_(n)
     return t.div_(n, rounding_mode="trunc")
