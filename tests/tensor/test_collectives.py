@@ -17,7 +17,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from regency._tensor.collectives import WorldGroups, recv_from, reduce, reduce_, send_to
+from regency._tensor.collectives import (
+    WorldGroups,
+    recv_from,
+    reduce,
+    reduce_,
+    send_recv,
+    send_to,
+)
 from regency._tensor.groups import REDUCTIONS, reduce_groups, reduce_output_size
 from regency.actor import Actor, ActorError, ActorMesh, ProcMesh, current_rank, endpoint, this_host
 from regency.shape import Extent, Shape
@@ -157,6 +164,21 @@ class Coll(Actor):
     def recv(self, src: int, ranks: list[int]) -> torch.Tensor:
         into = torch.zeros(N, 3).t()  # non-contiguous landing tensor
         out = recv_from(into, src, WORLD.group(ranks))
+        assert out is into
+        return into
+
+    @endpoint
+    def shift(self, numel: int) -> torch.Tensor:
+        """Send a tensor of this rank's number to the next rank, receive the previous one's."""
+        into = torch.empty(numel)
+        world = WORLD.group(range(N))
+        out = send_recv(
+            torch.full((numel,), float(self.rank)),
+            (self.rank + 1) % N,
+            into,
+            (self.rank - 1) % N,
+            world,
+        )
         assert out is into
         return into
 
@@ -342,6 +364,13 @@ def test_send_recv_between_two_ranks(coll: ActorMesh[Coll]) -> None:
     received = coll.slice(gpus=3).recv.call_one(1, [1, 3])
     assert sent.get(timeout=T) is None
     assert torch.equal(received.get(timeout=T), local_input(1, torch.float32).t())
+
+
+def test_a_ring_shift_sends_and_receives_at_once(coll: ActorMesh[Coll]) -> None:
+    """Every rank sends 4 MiB to the next and receives from the previous in one step."""
+    got = by_rank(coll.shift.call(1 << 20).get(timeout=T))
+    for rank in range(N):
+        assert torch.equal(got[rank], torch.full((1 << 20,), float((rank - 1) % N)))
 
 
 @pytest.mark.parametrize(

@@ -300,3 +300,22 @@ def recv_from(into: torch.Tensor, src: int, group: dist.ProcessGroup) -> torch.T
     landing = into.contiguous()
     dist.recv(landing, src=src, group=group)
     return into.copy_(landing)
+
+
+def send_recv(
+    t: torch.Tensor, dst: int, into: torch.Tensor, src: int, group: dist.ProcessGroup
+) -> torch.Tensor:
+    """Send ``t`` to world rank ``dst`` while receiving into ``into`` from world rank ``src``,
+    for a rank that is both a source and a destination of one ``to_mesh``; return ``into``.
+
+    The two run as one batch: a blocking send then a blocking receive would deadlock ranks
+    that send to each other once a tensor outgrows the transport's buffers.
+    """
+    landing = into if into.is_contiguous() else into.contiguous()
+    ops = [
+        dist.P2POp(dist.isend, t.contiguous(), dst, group),
+        dist.P2POp(dist.irecv, landing, src, group),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return into if landing is into else into.copy_(landing)
