@@ -12,11 +12,13 @@ import contextlib
 import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from regency._tensor import collectives
 from regency._tensor.collectives import (
     WorldGroups,
     recv_from,
@@ -122,12 +124,19 @@ class Coll(Actor):
         device: str = "cpu",
         inplace: bool = False,
         tag: str = "",
+        composed: bool = False,
     ) -> dict[str, Any]:
-        """Reduce this rank's input over the group ``ranks``; report the result and aliasing."""
+        """Reduce this rank's input over the group ``ranks``; report the result and aliasing.
+
+        ``composed`` hides the backend's own reduction ops, so the reduction takes the path
+        that NCCL takes for the ops it lacks (bitwise ones), here on gloo.
+        """
         t = local_input(self.rank, dtype).to(device)
         before = t.clone()
         group = WORLD.group(ranks, tag)
-        out = (reduce_ if inplace else reduce)(t, reduction, group, scatter)
+        hide = mock.patch.dict(collectives._NATIVE, clear=True)
+        with hide if composed else contextlib.nullcontext():
+            out = (reduce_ if inplace else reduce)(t, reduction, group, scatter)
         return {
             "out": out.cpu(),
             "is_input": out is t,
@@ -269,6 +278,20 @@ def test_in_place(coll: ActorMesh[Coll], reduction: str, scatter: bool, device: 
         for rank in range(N):
             assert out[rank]["is_input"]
             assert torch.equal(out[rank]["out"], expected(reduction, scatter, world, rank, dtype))
+
+
+@pytest.mark.parametrize(
+    ("scatter", "inplace"), [(False, False), (True, False), (False, True)]
+)  # a reduce-scatter changes the shape, so it has no in-place form
+@pytest.mark.parametrize("reduction", BITWISE)
+def test_bitwise_composed_from_gather_as_on_nccl(
+    coll: ActorMesh[Coll], reduction: str, scatter: bool, inplace: bool
+) -> None:
+    world = list(range(N))
+    calls = coll.run.call(world, reduction, scatter, torch.int64, inplace=inplace, composed=True)
+    for rank, got in by_rank(calls.get(timeout=T)).items():
+        assert got["is_input"] is inplace
+        assert torch.equal(got["out"], expected(reduction, scatter, world, rank, torch.int64))
 
 
 def test_in_place_on_a_strided_view_writes_through(coll: ActorMesh[Coll]) -> None:
