@@ -117,9 +117,10 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     graph = import_graph()
     assert len(graph) > 100
     # module level, function-local and TYPE_CHECKING imports all appear
-    assert "regency._runtime.state" in graph["regency._runtime.waiting"]
+    assert "regency._runtime.kernel.state" in graph["regency._runtime.kernel.waiting"]
     assert "regency.job" in graph["regency.actor"]  # function-local (Monarch's names)
-    assert "regency._runtime.future" in graph["regency._runtime.mesh_trait"]  # TYPE_CHECKING
+    # TYPE_CHECKING
+    assert "regency._runtime.actors.future" in graph["regency._runtime.actors.mesh_trait"]
 
 
 def test_circles_finds_a_circle() -> None:

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Literal
 
 from regency import config
-from regency._runtime import gateways, state, wire
-from regency._runtime.future import Future
-from regency._runtime.meshes import HostInfo, HostMesh, WorkerLease
-from regency._runtime.pending import Pending
-from regency._runtime.refs import Part, PortRef
-from regency._runtime.worker import Attach
+from regency._runtime.actors.future import Future
+from regency._runtime.actors.meshes import HostInfo, HostMesh, WorkerLease
+from regency._runtime.host.worker_daemon import Attach
+from regency._runtime.kernel import gateways, state, wire
+from regency._runtime.kernel.pending import Pending
+from regency._runtime.kernel.refs import Part, PortRef
 from regency._transport import address, tls
 from regency._transport.auth import SECRET_ENV, check_secret, wrap_secret
 from regency._transport.transport import PeerUnreachableError

@@ -6,9 +6,9 @@ import os
 import sys
 from typing import NoReturn
 
-from regency._runtime import worker
-from regency._runtime.future import Future
-from regency._runtime.pending import Pending
+from regency._runtime.actors.future import Future
+from regency._runtime.host import worker_daemon as worker
+from regency._runtime.kernel.pending import Pending
 from regency._transport.auth import SECRET_ENV, check_secret
 from regency.job._attach import (
     CA,

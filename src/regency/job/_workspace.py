@@ -20,9 +20,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from regency._runtime import state
-from regency._runtime.endpoint_def import Actor, endpoint
-from regency._runtime.meshes import HostMesh
+from regency._runtime.actors.endpoint_def import Actor, endpoint
+from regency._runtime.actors.meshes import HostMesh
+from regency._runtime.kernel import state
 from regency.job._private import UnsafePathError, check_private_dir, private_dir
 
 IGNORED_NAMES = frozenset({".git", "__pycache__", ".venv", ".regency"})

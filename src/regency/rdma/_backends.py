@@ -23,7 +23,7 @@ import os
 import threading
 import warnings
 
-from regency._runtime import gateways, state
+from regency._runtime.kernel import gateways, state
 from regency._transport import address
 from regency.rdma import _cma, _ibv_probe, _service
 from regency.rdma._errors import RDMABackendError, RDMAFallbackWarning, RDMATcpFallbackWarning

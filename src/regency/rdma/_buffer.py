@@ -6,9 +6,9 @@ import os
 import time
 from typing import Any
 
-from regency._runtime import state
-from regency._runtime.future import Future
-from regency._runtime.meshes import current_context
+from regency._runtime.actors.future import Future
+from regency._runtime.actors.meshes import current_context
+from regency._runtime.kernel import state
 from regency.rdma import _backends, _cuda, _engine, _ibv_probe, _stream
 from regency.rdma._errors import RDMABackendError, RDMAOwnerGoneError
 from regency.rdma._handle import BufferHandle

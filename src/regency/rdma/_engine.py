@@ -17,9 +17,9 @@ from concurrent.futures import Future as PoolFuture
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from regency._runtime import state
-from regency._runtime.future import Future
-from regency._runtime.pending import Pending
+from regency._runtime.actors.future import Future
+from regency._runtime.kernel import state
+from regency._runtime.kernel.pending import Pending
 from regency._transport.auth import AuthenticationError
 from regency.rdma import _backends, _cma, _cuda, _ibv_client, _shm, _stream
 from regency.rdma._errors import (

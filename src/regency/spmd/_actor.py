@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from regency._runtime import state
-from regency._runtime.endpoint_def import Actor, endpoint
+from regency._runtime.actors.endpoint_def import Actor, endpoint
+from regency._runtime.kernel import state
 from regency.actor._functions import current_rank
 from regency.spmd._env import apply_env, check_master, elastic_env, free_port, host_of
 from regency.spmd._script import (

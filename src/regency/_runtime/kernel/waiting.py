@@ -12,8 +12,8 @@ import os
 import threading
 from collections.abc import Callable
 
-from regency._runtime import state
-from regency._runtime.pending import Pending
+from regency._runtime.kernel import state
+from regency._runtime.kernel.pending import Pending
 from regency._transport.io_loop import REPLY_SPIN_SECONDS
 
 _local = threading.local()

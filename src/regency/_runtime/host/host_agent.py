@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regency import config
-from regency._runtime import gateways, wire
-from regency._runtime.launcher import Launcher
-from regency._runtime.proc import ProcRuntime
-from regency._runtime.procs import ProcInfo, SpawnProcs, StopProcs
-from regency._runtime.refs import Part, PortRef
-from regency._runtime.supervision import stop_reason
+from regency._runtime.actors.proc_control import ProcInfo, SpawnProcs, StopProcs
+from regency._runtime.actors.supervision import stop_reason
+from regency._runtime.host.launcher import Launcher
+from regency._runtime.kernel import gateways, wire
+from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.router import ProcRuntime
 from regency._transport import tls
 from regency._transport.address import route_key
 from regency._transport.routing import Switchboard, handoff_pair

@@ -16,13 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from regency._runtime import state
-from regency._runtime.errors import failed_text, process_failed, stopped_text
-from regency._runtime.identity import segment
-from regency._runtime.pending import Pending
-from regency._runtime.procs import ProcInfo
-from regency._runtime.refs import Part, PortRef
-from regency._runtime.supervision import (
+from regency._runtime.actors.errors import failed_text, process_failed, stopped_text
+from regency._runtime.actors.identity import segment
+from regency._runtime.actors.proc_control import ProcInfo
+from regency._runtime.actors.supervision import (
     FailureEvent,
     MeshFailure,
     MeshRestarted,
@@ -30,10 +27,13 @@ from regency._runtime.supervision import (
     RestartPolicy,
     is_stop_reason,
 )
+from regency._runtime.kernel import state
+from regency._runtime.kernel.pending import Pending
+from regency._runtime.kernel.refs import Part, PortRef
 from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
-    from regency._runtime.identity import InstanceBase
+    from regency._runtime.actors.identity import InstanceBase
 
 log = logging.getLogger("regency.supervision")
 

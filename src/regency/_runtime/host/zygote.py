@@ -1,4 +1,4 @@
-"""A warm template process that forks procs: ``python -m regency._runtime.zygote``.
+"""A warm template process that forks procs: ``python -m regency._runtime.host.zygote``.
 
 Starting a proc from a fresh interpreter costs about 100 ms of imports; forking this process,
 which has already imported the runtime, costs a few milliseconds. The zygote is single-threaded
@@ -31,10 +31,7 @@ import sys
 from typing import Any
 
 # Imported so that forked procs start with them loaded.
-import regency._runtime.instance
-import regency._runtime.proc
-import regency._runtime.proc_agent  # noqa: F401
-from regency._runtime import bootstrap
+from regency._runtime.host import bootstrap
 
 _LEN = struct.Struct("<I")
 _FDS = 4  # stdin, stdout, stderr, handoff channel

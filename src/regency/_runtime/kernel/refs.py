@@ -1,7 +1,7 @@
 """The two value types every runtime layer passes around: message parts and port references.
 
-They live below the router (:mod:`regency._runtime.proc`) so that modules the router uses, such
-as :mod:`regency._runtime.casting`, can name them without importing it.
+They live below the router (:mod:`regency._runtime.kernel.router`) so that modules the router
+uses, such as :mod:`regency._runtime.kernel.casting`, can name them without importing it.
 """
 
 from __future__ import annotations

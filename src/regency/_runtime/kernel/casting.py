@@ -13,8 +13,8 @@ import threading
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-from regency._runtime import wire
-from regency._runtime.refs import Part, PortRef
+from regency._runtime.kernel import wire
+from regency._runtime.kernel.refs import Part, PortRef
 
 
 class Dest(NamedTuple):

@@ -8,11 +8,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from regency._runtime import casting, codec, state, wire
-from regency._runtime.errors import SupervisionError
-from regency._runtime.future import Future
-from regency._runtime.pending import Pending
-from regency._runtime.refs import Part, PortRef
+from regency._runtime.actors.errors import SupervisionError
+from regency._runtime.actors.future import Future
+from regency._runtime.kernel import casting, codec, state, wire
+from regency._runtime.kernel.pending import Pending
+from regency._runtime.kernel.refs import Part, PortRef
 from regency._transport.transport import PeerUnreachableError
 
 T = TypeVar("T")

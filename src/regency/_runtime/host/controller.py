@@ -12,13 +12,14 @@ import os
 import sys
 
 from regency import config
-from regency._runtime import context, gateways, state, supervision, wire
-from regency._runtime.host_agent import HostAgent, HostSession
-from regency._runtime.instance import ClientInstance
-from regency._runtime.proc import ProcRuntime
-from regency._runtime.proc_agent import ProcAgent
-from regency._runtime.service import Service
-from regency._runtime.singletons import SingletonRegistry
+from regency._runtime.actors import context, supervision
+from regency._runtime.actors.instance import ClientInstance
+from regency._runtime.actors.proc_agent import ProcAgent
+from regency._runtime.actors.singletons import SingletonRegistry
+from regency._runtime.host.host_agent import HostAgent, HostSession
+from regency._runtime.kernel import gateways, state, wire
+from regency._runtime.kernel.router import ProcRuntime
+from regency._runtime.kernel.service import Service
 
 _host_agent: HostAgent | None = None
 _proc_agent: ProcAgent | None = None

@@ -6,8 +6,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from regency._runtime.bootstrap_command import ProcLaunch
-from regency._runtime.refs import PortRef
+from regency._runtime.actors.bootstrap_command import ProcLaunch
+from regency._runtime.kernel.refs import PortRef
 from regency._transport import address
 
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.-]")

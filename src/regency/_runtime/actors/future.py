@@ -8,8 +8,8 @@ import warnings
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
-from regency._runtime.pending import Pending
-from regency._runtime.waiting import wait_pending
+from regency._runtime.kernel.pending import Pending
+from regency._runtime.kernel.waiting import wait_pending
 
 R = TypeVar("R")
 _UNSET: Any = object()

@@ -6,9 +6,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from regency._runtime.endpoint import Endpoint
-from regency._runtime.future import Future
-from regency._runtime.pending import Pending
+from regency._runtime.actors.endpoint import Endpoint
+from regency._runtime.actors.future import Future
+from regency._runtime.kernel.pending import Pending
 
 A = TypeVar("A")
 R = TypeVar("R")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextvars
 from typing import TYPE_CHECKING, Any
 
-from regency._runtime import state
+from regency._runtime.kernel import state
 from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
-    from regency._runtime.identity import InstanceBase
+    from regency._runtime.actors.identity import InstanceBase
 
 _EMPTY_POINT = Point(0, Extent([], []))
 _client: InstanceBase | None = None

@@ -8,21 +8,27 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar, overload
 
-from regency._runtime import casting, codec, context, state, wire
-from regency._runtime.errors import SupervisionError, failed_text, process_failed, stopped_text
-from regency._runtime.future import Future
-from regency._runtime.mesh_trait import EmptySliceError
-from regency._runtime.ports import GatherReply, OnceReply, Port, StreamReply, fail_handler
-from regency._runtime.refs import PortRef
-from regency._runtime.supervision import UndeliverableMessageEnvelope, is_stop_reason
-from regency._runtime.value_mesh import ValueMesh
+from regency._runtime.actors import context
+from regency._runtime.actors.errors import (
+    SupervisionError,
+    failed_text,
+    process_failed,
+    stopped_text,
+)
+from regency._runtime.actors.future import Future
+from regency._runtime.actors.mesh_trait import EmptySliceError
+from regency._runtime.actors.ports import GatherReply, OnceReply, Port, StreamReply, fail_handler
+from regency._runtime.actors.supervision import UndeliverableMessageEnvelope, is_stop_reason
+from regency._runtime.actors.value_mesh import ValueMesh
+from regency._runtime.kernel import casting, codec, state, wire
+from regency._runtime.kernel.refs import PortRef
 from regency._transport import frames
 from regency._transport.transport import PeerUnreachableError
 
 if TYPE_CHECKING:
-    from regency._runtime.endpoint_def import ArgumentCheck, EndpointSpec
-    from regency._runtime.identity import InstanceBase
-    from regency._runtime.mesh_supervisor import MeshSupervisor
+    from regency._runtime.actors.endpoint_def import ArgumentCheck, EndpointSpec
+    from regency._runtime.actors.identity import InstanceBase
+    from regency._runtime.actors.mesh_supervisor import MeshSupervisor
     from regency.shape import Shape
 
 R = TypeVar("R")
@@ -391,7 +397,7 @@ def as_endpoint(
     whose endpoints are all ``def`` the method must be a ``def`` too (an ``async def`` fails
     with ``TypeError`` on the actor). Anything but such a method raises ``ValueError``.
     """
-    from regency._runtime.endpoint_def import ArgumentCheck, as_endpoint_spec
+    from regency._runtime.actors.endpoint_def import ArgumentCheck, as_endpoint_spec
 
     if not isinstance(not_an_endpoint, NotAnEndpoint):
         raise ValueError("expected an method of a spawned actor")

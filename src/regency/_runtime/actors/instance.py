@@ -19,10 +19,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from regency import config
-from regency._runtime import codec, context, wire
-from regency._runtime.endpoint_def import EndpointSpec, actor_is_async, endpoints_of, plain_method
-from regency._runtime.errors import ActorError, SupervisionError, failed_text, stopped_text
-from regency._runtime.identity import (
+from regency._runtime.actors import context
+from regency._runtime.actors.endpoint_def import (
+    EndpointSpec,
+    actor_is_async,
+    endpoints_of,
+    plain_method,
+)
+from regency._runtime.actors.errors import ActorError, SupervisionError, failed_text, stopped_text
+from regency._runtime.actors.identity import (
     ActorId,
     CreatorInstance,
     InstanceBase,
@@ -30,25 +35,26 @@ from regency._runtime.identity import (
     wait_stopped,
     wait_stopped_async,
 )
-from regency._runtime.mailbox import Delivery
-from regency._runtime.mesh_trait import ProcMeshBase
-from regency._runtime.ports import Port
-from regency._runtime.proc import ProcRuntime
-from regency._runtime.refs import Part, PortRef
-from regency._runtime.service import Service
-from regency._runtime.supervision import (
+from regency._runtime.actors.mesh_trait import ProcMeshBase
+from regency._runtime.actors.ports import Port
+from regency._runtime.actors.supervision import (
     FailureEvent,
     MeshFailure,
     MeshRestarted,
     UndeliverableMessageEnvelope,
     run_fault_hook,
 )
-from regency._runtime.waiting import thread_eventfd, wait_until, waker
+from regency._runtime.kernel import codec, wire
+from regency._runtime.kernel.mailbox import Delivery
+from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.router import ProcRuntime
+from regency._runtime.kernel.service import Service
+from regency._runtime.kernel.waiting import thread_eventfd, wait_until, waker
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
-    from regency._runtime.future import Future
+    from regency._runtime.actors.future import Future
 
 log = logging.getLogger("regency.actor")
 

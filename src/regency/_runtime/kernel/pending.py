@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from regency._runtime import codec
+from regency._runtime.kernel import codec
 
 _UNSET: Any = object()
 # Guards callback lists and lazy decoding; held only for a few bytecodes at a time.

@@ -16,38 +16,44 @@ from typing import Any, Generic, TypeVar
 import cloudpickle
 
 from regency import config
-from regency._runtime import context, state, wire
-from regency._runtime.bootstrap_command import BootstrapCommand, ProcLaunch, launches_for
-from regency._runtime.endpoint import (
+from regency._runtime.actors import context
+from regency._runtime.actors.bootstrap_command import BootstrapCommand, ProcLaunch, launches_for
+from regency._runtime.actors.endpoint import (
     Endpoint,
     NotAnEndpoint,
     Route,
     YieldsToEndpoint,
     current_instance,
 )
-from regency._runtime.endpoint_def import (
+from regency._runtime.actors.endpoint_def import (
     Actor,
     ArgumentCheck,
     EndpointSpec,
     actor_is_async,
     endpoints_of,
 )
-from regency._runtime.errors import ActorError
-from regency._runtime.future import Future
-from regency._runtime.identity import CreatorInstance, InstanceBase, new_uid, set_this_proc_mesh
-from regency._runtime.instance import SpawnActor
-from regency._runtime.mesh_supervisor import MeshSupervisor
-from regency._runtime.mesh_trait import MeshTrait, ProcMeshBase
-from regency._runtime.pending import Pending
-from regency._runtime.procs import (
+from regency._runtime.actors.errors import ActorError
+from regency._runtime.actors.future import Future
+from regency._runtime.actors.identity import (
+    CreatorInstance,
+    InstanceBase,
+    new_uid,
+    set_this_proc_mesh,
+)
+from regency._runtime.actors.instance import SpawnActor
+from regency._runtime.actors.mesh_supervisor import MeshSupervisor
+from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
+from regency._runtime.actors.proc_control import (
     ProcInfo,
     ShutdownHost,
     SpawnProcs,
     StopProcs,
     new_proc_address,
 )
-from regency._runtime.refs import Part, PortRef
-from regency._runtime.supervision import RestartPolicy, stop_reason
+from regency._runtime.actors.supervision import RestartPolicy, stop_reason
+from regency._runtime.kernel import state, wire
+from regency._runtime.kernel.pending import Pending
+from regency._runtime.kernel.refs import Part, PortRef
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Point, Shape
 

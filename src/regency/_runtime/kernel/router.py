@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from regency import config
-from regency._runtime import bulk, casting, wire
-from regency._runtime.bulk import Bulk
-from regency._runtime.mailbox import Mailbox
-from regency._runtime.refs import Part, PortRef
-from regency._runtime.service import Service
+from regency._runtime.kernel import bulk, casting, wire
+from regency._runtime.kernel.bulk import Bulk
+from regency._runtime.kernel.mailbox import Mailbox
+from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.service import Service
 from regency._transport import frames
 from regency._transport.bounded import BoundedDict
 from regency._transport.connection import Connection

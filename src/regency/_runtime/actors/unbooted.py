@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from regency._runtime.errors import ActorError
-from regency._runtime.instance import ActorInstance, SpawnActor
-from regency._runtime.proc import ProcRuntime
+from regency._runtime.actors.errors import ActorError
+from regency._runtime.actors.instance import ActorInstance, SpawnActor
+from regency._runtime.kernel.router import ProcRuntime
 
 
 class UnbootedInstance(ActorInstance):

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from regency import config
-from regency._runtime import wire
-from regency._runtime.host_agent import HostAgent, HostSession
-from regency._runtime.proc import ProcRuntime
-from regency._runtime.procs import ShutdownHost
-from regency._runtime.refs import Part, PortRef
-from regency._runtime.service import Service
+from regency._runtime.actors.proc_control import ShutdownHost
+from regency._runtime.host.host_agent import HostAgent, HostSession
+from regency._runtime.kernel import wire
+from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.router import ProcRuntime
+from regency._runtime.kernel.service import Service
 from regency._transport import address
 from regency._transport.auth import AuthenticationError, unwrap_secret
 from regency._transport.transport import PeerUnreachableError

@@ -9,14 +9,15 @@ from typing import Any
 
 import cloudpickle
 
-from regency._runtime import codec, context, state, wire
-from regency._runtime.errors import SupervisionError
-from regency._runtime.future import Future
-from regency._runtime.identity import InstanceBase, new_uid
-from regency._runtime.meshes import ProcMesh, this_proc_mesh
-from regency._runtime.pending import Pending
-from regency._runtime.refs import Part, PortRef
-from regency._runtime.supervision import MeshFailure
+from regency._runtime.actors import context
+from regency._runtime.actors.errors import SupervisionError
+from regency._runtime.actors.future import Future
+from regency._runtime.actors.identity import InstanceBase, new_uid
+from regency._runtime.actors.meshes import ProcMesh, this_proc_mesh
+from regency._runtime.actors.supervision import MeshFailure
+from regency._runtime.kernel import codec, state, wire
+from regency._runtime.kernel.pending import Pending
+from regency._runtime.kernel.refs import Part, PortRef
 from regency._transport.transport import PeerUnreachableError
 
 

@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from regency import config
-from regency._runtime import wire
-from regency._runtime.instance import ActorInstance, SpawnActor
-from regency._runtime.proc import ProcRuntime
-from regency._runtime.refs import Part, PortRef
-from regency._runtime.unbooted import UnbootedInstance
+from regency._runtime.actors.instance import ActorInstance, SpawnActor
+from regency._runtime.actors.unbooted import UnbootedInstance
+from regency._runtime.kernel import wire
+from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.router import ProcRuntime
 from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.proc")

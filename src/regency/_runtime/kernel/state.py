@@ -1,7 +1,7 @@
 """The process-wide runtime singleton (one :class:`ProcRuntime`).
 
 The controller's process starts its runtime on first use, through the function
-:mod:`regency._runtime.controller` registers with :func:`set_boot` when it is imported.
+:mod:`regency._runtime.host.controller` registers with :func:`set_boot` when it is imported.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from regency._runtime.proc import ProcRuntime
+    from regency._runtime.kernel.router import ProcRuntime
 
 _lock = threading.RLock()
 _runtime: ProcRuntime | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from regency._runtime import state
+from regency._runtime.kernel import state
 from regency._transport import address
 
 _gateways: dict[str, str] = {}  # local IP -> the controller's TCP address on it

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from regency.shape import Extent, Shape
 
 if TYPE_CHECKING:
-    from regency._runtime.future import Future
+    from regency._runtime.actors.future import Future
 
 M = TypeVar("M", bound="MeshTrait")
 T = TypeVar("T")

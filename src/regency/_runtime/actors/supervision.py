@@ -2,8 +2,9 @@
 ``__supervise__`` receives, restart notices and restart policies, and the root's fault hook.
 
 Events travel from a failed actor (or from the process watching a dead proc) to the process of
-the mesh's owner, where a :class:`~regency._runtime.mesh_supervisor.MeshSupervisor` keeps per-rank
-health and hands notices to the owner.
+the mesh's owner, where a
+:class:`~regency._runtime.actors.mesh_supervisor.MeshSupervisor` keeps per-rank health and hands
+notices to the owner.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from regency._runtime.errors import failed_text
+from regency._runtime.actors.errors import failed_text
 
 STOP_REASON_PREFIX = "stopped ("
 

@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from regency._runtime.bootstrap_command import ProcLaunch, default_bootstrap_cmd
-from regency._runtime.zygote import MessageReader, send_message
+from regency._runtime.actors.bootstrap_command import ProcLaunch, default_bootstrap_cmd
+from regency._runtime.host.zygote import MessageReader, send_message
 from regency._transport.auth import SECRET_ENV
 from regency._transport.io_loop import IOLoop
 
@@ -67,7 +67,7 @@ class Launcher:
                     [
                         sys.executable,
                         "-m",
-                        "regency._runtime.zygote",
+                        "regency._runtime.host.zygote",
                         str(theirs.fileno()),
                         str(os.getpid()),
                     ],
