@@ -10,12 +10,19 @@ from pathlib import Path
 from typing import Literal
 
 from regency import config
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.meshes import HostInfo, HostMesh, WorkerLease
-from regency._runtime.host.worker_daemon import Attach
-from regency._runtime.kernel import gateways, state, wire
-from regency._runtime.kernel.pending import Pending
-from regency._runtime.kernel.refs import Part, PortRef
+from regency._lowlevel import (
+    SERVICE_HOST,
+    Attach,
+    Future,
+    HostInfo,
+    HostMesh,
+    Part,
+    Pending,
+    PortRef,
+    WorkerLease,
+    gateway_toward,
+    runtime,
+)
 from regency._transport import address, tls
 from regency._transport.auth import SECRET_ENV, check_secret, wrap_secret
 from regency._transport.transport import PeerUnreachableError
@@ -56,7 +63,7 @@ class _AttachReply:
 
     def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
         answer = pickle.loads(parts[0])
-        state.runtime().close_port(self.port, [self.worker])
+        runtime().close_port(self.port, [self.worker])
         error = answer.get("error")
         if error is not None:
             self.pending.set_exception(AttachError(f"cannot attach worker {self.worker}: {error}"))
@@ -64,12 +71,12 @@ class _AttachReply:
             self.pending.set_result(answer)
 
     def peer_lost(self, addr: str, reason: str) -> None:
-        state.runtime().close_port(self.port)
+        runtime().close_port(self.port)
         self.pending.set_exception(AttachError(f"cannot attach worker {self.worker}: {reason}"))
 
 
 def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
-    rt = state.runtime()
+    rt = runtime()
     handler = _AttachReply(worker)
     ref: PortRef = rt.open_port(handler)
     handler.port = ref.port
@@ -78,13 +85,13 @@ def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
         rt.address,
         rt.job_id,
         worker,
-        gateways.gateway_toward(worker) if address.is_tcp(worker) else None,
+        gateway_toward(worker) if address.is_tcp(worker) else None,
         wrap_secret(secret, rt.secret),
         config.get_global_config(),
         ref,
     )
     try:
-        rt.send_control(worker, wire.SERVICE_HOST, request, wait=False)
+        rt.send_control(worker, SERVICE_HOST, request, wait=False)
     except PeerUnreachableError as exc:
         handler.peer_lost(worker, str(exc))
         return handler

@@ -19,9 +19,9 @@ without its owner taking part::
 """
 
 # A buffer registered in the controller's own code starts the controller's runtime on first
-# use, as every public package's first call does: the controller registers that boot with
-# the runtime's state when imported.
-import regency._runtime.host.controller  # noqa: F401
+# use, as every public package's first call does: the extension face registers that boot
+# when imported.
+import regency._lowlevel  # noqa: F401
 
 from ._action import RDMAAction as RDMAAction
 from ._backends import get_rdma_backend as get_rdma_backend

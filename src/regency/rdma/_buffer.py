@@ -6,9 +6,7 @@ import os
 import time
 from typing import Any
 
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.meshes import current_context
-from regency._runtime.kernel import state
+from regency._lowlevel import Future, current_context, runtime
 from regency.rdma import _backends, _cuda, _engine, _ibv_probe, _stream
 from regency.rdma._errors import RDMABackendError, RDMAOwnerGoneError
 from regency.rdma._handle import BufferHandle
@@ -69,7 +67,7 @@ class RDMABuffer:
                 owner_has_nic=True,
             )
             raise RDMABackendError(f"{refusal}; use 'cma', 'shm' or 'tcp' (or leave backend unset)")
-        rt = state.runtime()
+        rt = runtime()
         owner = str(current_context().actor_instance)
         entry = registry().register(region, owner)
         try:
@@ -218,7 +216,7 @@ def _drop_remote(h: BufferHandle) -> None:
     else:
         target = _backends.service_address(h)
     try:
-        _stream.drop(target, state.runtime().secret, h, time.monotonic() + DEFAULT_TIMEOUT)
+        _stream.drop(target, runtime().secret, h, time.monotonic() + DEFAULT_TIMEOUT)
     except (ConnectionError, TimeoutError) as exc:
         if here.shares_memory_with(h.host) and _exits_soon(h):
             return
