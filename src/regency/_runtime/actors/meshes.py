@@ -40,7 +40,7 @@ from regency._runtime.actors.identity import (
     new_uid,
     set_this_proc_mesh,
 )
-from regency._runtime.actors.instance import SpawnActor
+from regency._runtime.actors.instance_core import SpawnActor
 from regency._runtime.actors.mesh_supervisor import MeshSupervisor
 from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
 from regency._runtime.actors.proc_control import (

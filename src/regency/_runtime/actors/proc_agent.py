@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from regency import config
-from regency._runtime.actors.instance import ActorInstance, SpawnActor
+from regency._runtime.actors.instance import ActorInstance
+from regency._runtime.actors.instance_core import SpawnActor
 from regency._runtime.actors.unbooted import UnbootedInstance
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.refs import Part, PortRef

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from regency._runtime.actors.errors import ActorError
-from regency._runtime.actors.instance import ActorInstance, SpawnActor
+from regency._runtime.actors.instance import ActorInstance
+from regency._runtime.actors.instance_core import SpawnActor
 from regency._runtime.kernel.router import ProcRuntime
 
 
