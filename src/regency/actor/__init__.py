@@ -22,13 +22,14 @@ from typing import Any
 
 from regency._config_keys import ChannelTransport
 from regency._runtime.actors.accumulator import Accumulator
+from regency._runtime.actors.actor_mesh import ActorMesh
 from regency._runtime.actors.bootstrap_command import BootstrapCommand, default_bootstrap_cmd
 from regency._runtime.actors.context import Context
 from regency._runtime.actors.endpoint import Endpoint, as_endpoint, send
 from regency._runtime.actors.endpoint_def import Actor, concurrent_endpoint, endpoint
 from regency._runtime.actors.errors import ActorError, SupervisionError
 from regency._runtime.actors.future import Future
-from regency._runtime.actors.meshes import ActorMesh, HostMesh, ProcMesh
+from regency._runtime.actors.meshes import HostMesh, ProcMesh
 from regency._runtime.actors.ports import Channel, Port, PortReceiver
 from regency._runtime.actors.singletons import get_or_spawn_controller
 from regency._runtime.actors.supervision import (

@@ -1,4 +1,5 @@
-"""Host, proc and actor meshes: multidimensional arrays of machines, processes and actors.
+"""Host and proc meshes: multidimensional arrays of machines and processes (actor meshes are in
+:mod:`.actor_mesh`, the requests to host agents in :mod:`.proc_control`).
 
 A mesh object made by ``spawn_procs``/``spawn`` is *owned* by the instance that made it; slices
 and copies received in messages are references that can send but not stop.
@@ -7,53 +8,48 @@ and copies received in messages are references that can send but not stop.
 from __future__ import annotations
 
 import contextlib
-import pickle
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import cloudpickle
 
 from regency import config
 from regency._runtime.actors import context
-from regency._runtime.actors.bootstrap_command import BootstrapCommand, ProcLaunch, launches_for
+from regency._runtime.actors.actor_mesh import ActorMesh, ActorSpawn, NotOwnedError
+from regency._runtime.actors.bootstrap_command import BootstrapCommand, launches_for
 from regency._runtime.actors.endpoint import (
-    Endpoint,
-    NotAnEndpoint,
-    Route,
-    YieldsToEndpoint,
     current_instance,
 )
 from regency._runtime.actors.endpoint_def import (
     Actor,
-    ArgumentCheck,
-    EndpointSpec,
     actor_is_async,
     endpoints_of,
 )
 from regency._runtime.actors.errors import ActorError
 from regency._runtime.actors.future import Future
 from regency._runtime.actors.identity import (
-    CreatorInstance,
     InstanceBase,
     new_uid,
     set_this_proc_mesh,
 )
-from regency._runtime.actors.instance_core import SpawnActor
 from regency._runtime.actors.mesh_supervisor import MeshSupervisor
 from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
 from regency._runtime.actors.proc_control import (
     ProcInfo,
-    ShutdownHost,
-    SpawnProcs,
-    StopProcs,
+    ProcRecipe,
+    after,
     new_proc_address,
+    open_countdown,
+    shutdown_hosts,
+    start_procs,
+    stop_procs,
+    unique,
 )
-from regency._runtime.actors.supervision import RestartPolicy, stop_reason
+from regency._runtime.actors.supervision import RestartPolicy
 from regency._runtime.kernel import state, wire
 from regency._runtime.kernel.pending import Pending
-from regency._runtime.kernel.refs import Part, PortRef
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Point, Shape
 
@@ -104,56 +100,6 @@ _RESERVED = frozenset(
         ).split()
     }
 )
-# Mesh attributes Monarch does not have: an endpoint of the same name replaces them on the mesh.
-_YIELDING = ("shape", "restarts", "restarted")
-
-
-class NotOwnedError(RuntimeError, ValueError):
-    """Only a mesh's owner (its spawner, through the object it got) may stop it."""
-
-
-class _Countdown:
-    """Port handler completing a pending once ``expected`` messages have arrived."""
-
-    def __init__(self, expected: int, watch: Sequence[str], what: str) -> None:
-        self.pending = Pending()
-        self._left = expected
-        self._errors: list[str] = []
-        self._watch = list(watch)
-        self._what = what
-        self.port = -1
-        if expected == 0:
-            self.pending.set_result(None)
-
-    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
-        error = pickle.loads(parts[0]) if parts else None
-        if error is not None:
-            self._errors.append(f"rank {rank}: {error}")
-        self._left -= 1
-        if self._left == 0:
-            self._finish()
-
-    def _finish(self) -> None:
-        rt = state.runtime()
-        rt.close_port(self.port, self._watch)
-        if self._errors:
-            self.pending.set_exception(
-                ActorError(None, f"{self._what} failed", "\n".join(self._errors))
-            )
-        else:
-            self.pending.set_result(None)
-
-    def peer_lost(self, addr: str, reason: str) -> None:
-        self._errors.append(f"{addr}: {reason}")
-        self._left = 0
-        self._finish()
-
-
-def _open_countdown(expected: int, watch: Sequence[str], what: str) -> tuple[_Countdown, PortRef]:
-    handler = _Countdown(expected, watch, what)
-    ref = state.runtime().open_port(handler, watch=watch)
-    handler.port = ref.port
-    return handler, ref
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +194,7 @@ class HostMesh(MeshTrait):
         self._lease.shut_down = True
         stopped = self._stop_procs("host mesh shut down")
         agents = sorted({host.agent for host in self._hosts})
-        return _after(stopped, lambda: shutdown_hosts(agents))
+        return after(stopped, lambda: shutdown_hosts(agents))
 
     async def __aenter__(self) -> HostMesh:
         self._check_up()
@@ -325,98 +271,6 @@ class HostMesh(MeshTrait):
         return f"HostMesh({self._shape})"
 
 
-@dataclass(frozen=True, slots=True)
-class ProcRecipe:
-    """How a proc mesh's procs were started, to start more like them (restarts)."""
-
-    bootstrap: bytes | None
-    mesh_name: str
-    settings: dict[str, object]
-    launches: tuple[ProcLaunch | None, ...] | None = None  # by rank
-
-
-def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> None:
-    """Ask the host agent at ``agent`` to start ``infos``; their exits are reported back here."""
-    rt = state.runtime()
-    # The controller's own host agent marks its children dead in this very process.
-    events = rt.exit_reports(agent, [i.addr for i in infos]) if agent != rt.address else None
-    launches = (
-        tuple(recipe.launches[i.rank] for i in infos) if recipe.launches is not None else None
-    )
-    rt.send_control(
-        agent,
-        wire.SERVICE_HOST,
-        SpawnProcs(
-            tuple(infos), recipe.bootstrap, recipe.mesh_name, events, recipe.settings, launches
-        ),
-    )
-
-
-class _HostsGone:
-    """Port handler completing once every worker asked to shut down is gone (or refused)."""
-
-    def __init__(self, agents: Sequence[str]) -> None:
-        self.pending = Pending()
-        self._left = set(agents)
-        self._errors: list[str] = []
-        self.port = -1
-        if not agents:
-            self.pending.set_result(None)
-
-    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
-        agent, error = pickle.loads(parts[0])
-        self._errors.append(f"{agent}: {error}")
-        self._gone(agent)
-
-    def peer_lost(self, addr: str, reason: str) -> None:
-        self._gone(addr)
-
-    def _gone(self, agent: str) -> None:
-        if agent not in self._left:
-            return
-        self._left.discard(agent)
-        if self._left:
-            return
-        state.runtime().close_port(self.port)
-        if self._errors:
-            self.pending.set_exception(
-                ActorError(None, "shutting down the host mesh failed", "\n".join(self._errors))
-            )
-        else:
-            self.pending.set_result(None)
-
-
-def shutdown_hosts(agents: Sequence[str]) -> Future[None]:
-    """Ask the worker daemons at ``agents`` to stop every proc and exit; done once all are gone."""
-    rt = state.runtime()
-    handler = _HostsGone(agents)
-    ref = rt.open_port(handler)
-    handler.port = ref.port
-    for agent in agents:
-        try:
-            rt.send_control(agent, wire.SERVICE_HOST, ShutdownHost(rt.address, ref))
-        except PeerUnreachableError:
-            handler.peer_lost(agent, "unreachable")
-    rt.watch(ref.port, agents)
-    return Future._from_pending(handler.pending)
-
-
-def stop_procs(infos: Sequence[ProcInfo], reason: str) -> Future[None]:
-    """Stop procs through their host agents (politely, then by force)."""
-    rt = state.runtime()
-    by_agent: dict[str, list[str]] = {}
-    for info in infos:
-        by_agent.setdefault(info.agent, []).append(info.addr)
-    tracker, port = _open_countdown(len(by_agent), [], "stopping procs")
-    rt.expect_stop([info.addr for info in infos], stop_reason(reason))
-    for agent, addrs in by_agent.items():
-        try:
-            rt.send_control(agent, wire.SERVICE_HOST, StopProcs(tuple(addrs), reason, port))
-        except PeerUnreachableError:
-            tracker.deliver(0, 0, [])  # a lost host's procs are gone with it
-    return Future._from_pending(tracker.pending)
-
-
 class ProcMesh(ProcMeshBase):
     """A mesh of processes; ``spawn`` creates one actor in each."""
 
@@ -491,7 +345,7 @@ class ProcMesh(ProcMeshBase):
         extent = self._shape.extent
         # The actor mesh gets its own copy of the proc list: restarts move its ranks.
         procs = list(self._procs)
-        spawn = _ActorSpawn(
+        spawn = ActorSpawn(
             new_uid(),
             name,
             tuple(extent.labels),
@@ -513,7 +367,7 @@ class ProcMesh(ProcMeshBase):
             spawn.respawn,
         )
         addrs = self._addrs()
-        tracker, status = _open_countdown(len(addrs), _unique(addrs), f"spawning {name}")
+        tracker, status = open_countdown(len(addrs), unique(addrs), f"spawning {name}")
         for rank, addr in enumerate(addrs):
             # A dead proc cannot host the rank: its watch fails it (and `initialized`).
             with contextlib.suppress(PeerUnreachableError):
@@ -534,7 +388,7 @@ class ProcMesh(ProcMeshBase):
         """Completes with ``True`` once every process is up and its ``bootstrap`` ran."""
         if self._ready is None:
             addrs = self._addrs()
-            tracker, port = _open_countdown(len(addrs), _unique(addrs), "proc bootstrap")
+            tracker, port = open_countdown(len(addrs), unique(addrs), "proc bootstrap")
             rt = state.runtime()
             for rank, addr in enumerate(addrs):
                 rt.send_control(addr, wire.SERVICE_PROC, ("ping", port, rank))
@@ -585,249 +439,6 @@ class ProcMesh(ProcMeshBase):
     async def __aexit__(self, *exc: object) -> None:
         if self._owned:
             await self.stop()
-
-
-@dataclass(frozen=True, slots=True)
-class _ActorSpawn:
-    """Everything needed to create (and re-create) the actors of one mesh."""
-
-    mesh_id: int
-    name: str
-    labels: tuple[str, ...]
-    sizes: tuple[int, ...]
-    creator: CreatorInstance
-    class_name: str  # module.qualname, known before the proc unpickles the class
-    payload: bytes  # cloudpickled (cls, args, kwargs, proc_mesh)
-    recipe: ProcRecipe
-
-    def send(self, addr: str, rank: int, status: PortRef, owner: PortRef) -> None:
-        """Ask the proc at ``addr`` to construct rank ``rank``."""
-        request = SpawnActor(
-            self.mesh_id,
-            self.name,
-            rank,
-            self.labels,
-            self.sizes,
-            self.creator,
-            self.class_name,
-            self.payload,
-            status,
-            owner,
-        )
-        state.runtime().send_control(addr, wire.SERVICE_PROC, request)
-
-    def respawn(self, supervisor: MeshSupervisor, ranks: list[int]) -> None:
-        """Restart ``ranks``: retire their old actors, start a new proc and actor for each."""
-        rt = state.runtime()
-        retired: list[ProcInfo] = []
-        fresh: list[tuple[int, ProcInfo]] = []
-        for rank in ranks:
-            old = supervisor.procs[supervisor.bases[rank]]
-            if old in supervisor.replacements:
-                supervisor.replacements.remove(old)
-                retired.append(old)
-            elif old.addr not in rt.dead:
-                with contextlib.suppress(PeerUnreachableError):
-                    rt.send_control(
-                        old.addr,
-                        wire.SERVICE_PROC,
-                        ("stop_actor", self.mesh_id, "restarting", None),
-                    )
-            addr = new_proc_address(old.agent, rt.job_id, self.recipe.mesh_name, "r-")
-            fresh.append((rank, ProcInfo(addr, old.agent, old.rank, old.local_rank)))
-        if retired:
-            stop_procs(retired, f"restarting {self.name}")
-        by_agent: dict[str, list[ProcInfo]] = {}
-        for _, info in fresh:
-            by_agent.setdefault(info.agent, []).append(info)
-        for agent, infos in by_agent.items():
-            start_procs(agent, infos, self.recipe)
-        addrs = [info.addr for _, info in fresh]
-        tracker, status = _open_countdown(len(fresh), addrs, f"restarting {self.name}")
-        for rank, info in fresh:
-            supervisor.replaced(rank, info)
-            self.send(info.addr, rank, status, supervisor.port)
-        if tracker.pending.wait(config.get_seconds("connect_timeout") * 2) and (
-            tracker.pending.error() is None
-        ):
-            supervisor.restarted(ranks)
-        # Otherwise the new actor or proc failed too, and reported it: the policy decides again.
-
-
-class ActorMesh(MeshTrait, Generic[T]):
-    """A mesh of actors of one class. Reach endpoints as attributes: ``mesh.method.call()``."""
-
-    def __init__(
-        self,
-        cls: type,
-        name: str,
-        shape: Shape,
-        procs: Sequence[ProcInfo],
-        mesh_id: int,
-        proc_mesh: ProcMesh | None,
-        owned: bool = False,
-    ) -> None:
-        self._class = cls
-        self._name = name
-        self._shape = shape
-        # Shared with the mesh's views and its supervisor, which moves restarted ranks.
-        self._procs = procs if isinstance(procs, list) else list(procs)
-        self._mesh_id = mesh_id
-        self._proc_mesh = proc_mesh
-        self._owned = owned
-        self._status: Future[None] = Future._resolved(None)
-        self._endpoint_specs = _endpoint_table(cls)
-        # Set on the owner's mesh and its views: per-rank health and restarts.
-        self._supervisor: MeshSupervisor | None = None
-        for attr in _YIELDING:
-            if attr in self._endpoint_specs:
-                spec, checker = self._endpoint_specs[attr]
-                self.__dict__[attr] = Endpoint(self, attr, spec, checker)
-
-    def _route(self) -> Route:
-        """Where this view's messages go (computed once per view, again after a restart)."""
-        route: Route | None = self.__dict__.get("_cached_route")
-        supervisor = self._supervisor
-        generation = supervisor.generation if supervisor is not None else 0
-        if route is None or route.generation != generation:
-            bases = self._shape.ranks()
-            addrs = [self._procs[b].addr for b in bases]
-            extent = self._shape.extent
-            route = Route(
-                bases,
-                addrs,
-                list(range(len(addrs))),
-                _unique(addrs),
-                tuple(extent.labels),
-                tuple(extent.sizes),
-                int(config.get("cast_fanout")),
-                {},
-                generation,
-            )
-            self.__dict__["_cached_route"] = route
-        return route
-
-    def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
-        mesh = ActorMesh[T](
-            self._class, self._name, shape, self._procs, self._mesh_id, self._proc_mesh
-        )
-        mesh._status = self._status
-        mesh._supervisor = self._supervisor
-        return mesh
-
-    def __getattr__(self, name: str) -> Any:
-        specs = self.__dict__.get("_endpoint_specs")
-        if specs is not None and name in specs:
-            spec, checker = specs[name]
-            return Endpoint(self, name, spec, checker)
-        cls = self.__dict__.get("_class")
-        if cls is not None and callable(getattr(cls, name, None)) and not name.startswith("_"):
-            return NotAnEndpoint(self, name)
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-
-    @property
-    def initialized(self) -> Future[None]:
-        """Completes when every actor's constructor has run (raises if one raised)."""
-        return self._status
-
-    def stop(self, reason: str = "stopped by client") -> Future[None]:
-        """Stop this mesh's actors (owner only); later calls raise ``SupervisionError``."""
-        if not self._owned:
-            raise NotOwnedError("ActorMesh is not owned; must be stopped by its owner")
-        rt = state.runtime()
-        if self._supervisor is not None:
-            self._supervisor.stop(reason)
-            replacements, self._supervisor.replacements = self._supervisor.replacements, []
-        else:
-            replacements = []
-        addrs = [a for a in _unique(self._procs[b].addr for b in self._shape.ranks())]
-        live = [a for a in addrs if a not in rt.dead]
-        tracker, port = _open_countdown(len(live), live, f"stopping {self._name}")
-        for addr in live:
-            rt.send_control(addr, wire.SERVICE_PROC, ("stop_actor", self._mesh_id, reason, port))
-        if replacements:
-            # Procs started by restarts belong to this mesh alone: they go with it.
-            return _after(
-                Future._from_pending(tracker.pending), lambda: stop_procs(replacements, reason)
-            )
-        return Future._from_pending(tracker.pending)
-
-    @YieldsToEndpoint
-    def restarts(self) -> int:
-        """How many restarts this mesh's restart policy has completed (owner only)."""
-        return self._supervisor.restarts if self._supervisor is not None else 0
-
-    @YieldsToEndpoint
-    def shape(self) -> Shape:
-        """The view's shape over the mesh it was taken from."""
-        return self._shape
-
-    def restarted(self, count: int = 1) -> Future[int]:
-        """Completes once the restart policy has completed ``count`` restarts in all."""
-        if self._supervisor is None:
-            raise NotOwnedError("restarts are tracked on the owner's mesh only")
-        return Future._from_pending(self._supervisor.when_restarted(count))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _actor_mesh_ref,
-            (self._class, self._name, self._shape, self._procs, self._mesh_id, self._proc_mesh),
-        )
-
-    def __repr__(self) -> str:
-        # Monarch's text up to its ``inner=<Rust class>`` part, which has no meaning here.
-        return f"ActorMesh(class={self._class}, shape={self._shape})"
-
-
-_TABLES: dict[type, dict[str, tuple[EndpointSpec, ArgumentCheck]]] = {}
-
-
-def _endpoint_table(cls: type) -> dict[str, tuple[EndpointSpec, ArgumentCheck]]:
-    """Each endpoint's spec and argument checker, computed once per class."""
-    table = _TABLES.get(cls)
-    if table is None:
-        table = {
-            name: (
-                prop.spec,
-                ArgumentCheck(prop.signature, 2 if prop.spec.explicit_port else 1),
-            )
-            for name, prop in endpoints_of(cls).items()
-        }
-        _TABLES[cls] = table
-    return table
-
-
-def _actor_mesh_ref(
-    cls: type,
-    name: str,
-    shape: Shape,
-    procs: Sequence[ProcInfo],
-    mesh_id: int,
-    proc_mesh: ProcMesh | None,
-) -> ActorMesh[Any]:
-    return ActorMesh(cls, name, shape, procs, mesh_id, proc_mesh, owned=False)
-
-
-def _unique(addrs: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(addrs))
-
-
-def _after(first: Future[None], then: Callable[[], Future[None]]) -> Future[None]:
-    """A future for ``then()``'s outcome, started once ``first`` completes."""
-    pending = Pending()
-
-    def chain(_: Pending) -> None:
-        second = then()
-        second._pending.add_done_callback(
-            lambda p: (
-                pending.set_exception(p.error())  # type: ignore[arg-type]
-                if p.error() is not None
-                else pending.set_result(None)
-            )
-        )
-
-    first._pending.add_done_callback(chain)
-    return Future._from_pending(pending)
 
 
 def this_proc_mesh() -> ProcMesh:
