@@ -7,7 +7,7 @@ import logging
 import pickle
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from regency import config
@@ -15,7 +15,8 @@ from regency._runtime.actors.instance import ActorInstance
 from regency._runtime.actors.instance_core import SpawnActor
 from regency._runtime.actors.unbooted import UnbootedInstance
 from regency._runtime.kernel import wire
-from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.port_handlers import PeerWatch
+from regency._runtime.kernel.refs import PortRef
 from regency._runtime.kernel.router import ProcRuntime
 from regency._transport.transport import PeerUnreachableError
 
@@ -105,7 +106,7 @@ class ProcAgent:
                 meshes = self._by_owner[owner] = set()
             meshes.add(mesh_id)
         if first:
-            self.runtime.open_port(_OwnerGone(self, owner), watch=[owner])
+            self.runtime.open_port(PeerWatch(owner, self.owner_gone), watch=[owner])
 
     def owner_gone(self, owner: str, reason: str) -> None:
         """Stop the actors whose owner's process is gone."""
@@ -148,17 +149,3 @@ class _Booted:
 
     def __init__(self, error: str | None) -> None:
         self.error = error
-
-
-class _OwnerGone:
-    """Port handler watching the process that owns some of this proc's actors."""
-
-    def __init__(self, agent: ProcAgent, owner: str) -> None:
-        self._agent = agent
-        self._owner = owner
-
-    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
-        """Nothing is ever sent here."""
-
-    def peer_lost(self, addr: str, reason: str) -> None:
-        self._agent.owner_gone(self._owner, reason)

@@ -19,7 +19,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +27,8 @@ from regency._runtime.actors.proc_control import ProcInfo, SpawnProcs, StopProcs
 from regency._runtime.actors.supervision import stop_reason
 from regency._runtime.host.launcher import Launcher
 from regency._runtime.kernel import gateways, wire
-from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.port_handlers import PeerWatch
+from regency._runtime.kernel.refs import PortRef
 from regency._runtime.kernel.router import ProcRuntime
 from regency._transport import tls
 from regency._transport.address import route_key
@@ -195,7 +195,7 @@ class HostAgent:
                 spawned = self._spawners[spawner] = set()
             spawned.add(proc)
         if first:
-            self.runtime.open_port(_SpawnerGone(self, spawner), watch=[spawner])
+            self.runtime.open_port(PeerWatch(spawner, self.spawner_gone), watch=[spawner])
 
     def spawner_gone(self, spawner: str, reason: str) -> None:
         """The owner of some procs died: its meshes stop with it."""
@@ -252,17 +252,3 @@ class HostAgent:
         self.stop_all("controller shutting down", timeout)
         self.launcher.close()
         self.switchboard.close()
-
-
-class _SpawnerGone:
-    """Port handler watching a remote spawner of procs."""
-
-    def __init__(self, agent: HostAgent, spawner: str) -> None:
-        self._agent = agent
-        self._spawner = spawner
-
-    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
-        """Nothing is ever sent here."""
-
-    def peer_lost(self, addr: str, reason: str) -> None:
-        self._agent.spawner_gone(self._spawner, reason)

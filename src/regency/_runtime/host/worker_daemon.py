@@ -19,7 +19,6 @@ import os
 import pickle
 import socket
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,8 @@ from regency import config
 from regency._runtime.actors.proc_control import ShutdownHost
 from regency._runtime.host.host_agent import HostAgent, HostSession
 from regency._runtime.kernel import wire
-from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.port_handlers import PeerWatch
+from regency._runtime.kernel.refs import PortRef
 from regency._runtime.kernel.router import ProcRuntime
 from regency._runtime.kernel.service import Service
 from regency._transport import address
@@ -152,8 +152,9 @@ class WorkerAgent:
         self.agent.session = HostSession(
             request.job_id, request.address, request.controller, secret, request.gateway
         )
-        gone = _ControllerGone(self, request.controller)
-        self.runtime.open_port(gone, watch=[request.controller])
+        self.runtime.open_port(
+            PeerWatch(request.controller, self._controller_gone), watch=[request.controller]
+        )
         # The controller's own address is a unix one, reached from here through its gateway.
         log.info(
             "serving controller %s through %s (job %s)",
@@ -187,6 +188,10 @@ class WorkerAgent:
         with contextlib.suppress(PeerUnreachableError):
             self.runtime.send_port(port, 0, 0, [pickle.dumps(value, protocol=5)])
 
+    def _controller_gone(self, controller: str, reason: str) -> None:
+        # Runs on the I/O thread: the service thread does the stopping, after pending requests.
+        self.service.post(_Detach(controller, reason))
+
 
 @dataclass(frozen=True, slots=True)
 class _IdleCheck:
@@ -197,21 +202,6 @@ class _IdleCheck:
 class _Detach:
     controller: str
     reason: str
-
-
-class _ControllerGone:
-    """Port handler watching the controller a worker serves."""
-
-    def __init__(self, worker: WorkerAgent, controller: str) -> None:
-        self._worker = worker
-        self._controller = controller
-
-    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
-        """Nothing is ever sent here."""
-
-    def peer_lost(self, addr: str, reason: str) -> None:
-        # Runs on the I/O thread: the service thread does the stopping, after pending requests.
-        self._worker.service.post(_Detach(self._controller, reason))
 
 
 def advertised(bound: str) -> str:

@@ -15,12 +15,13 @@ import pickle
 import socket
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from regency import config
 from regency._runtime.kernel import bulk, casting, wire
 from regency._runtime.kernel.bulk import Bulk
 from regency._runtime.kernel.mailbox import Mailbox
+from regency._runtime.kernel.port_handlers import ExitReports, PeerWatch, PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._runtime.kernel.service import Service
 from regency._transport import frames
@@ -39,16 +40,6 @@ _COALESCE_MAX = 16 * 1024
 def buffers_size(buffers: Sequence[Part]) -> int:
     """Total bytes of some buffers."""
     return sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers)
-
-
-class PortHandler(Protocol):
-    """Receives port messages on the I/O thread (or the local sender's thread)."""
-
-    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
-        """Take one message; must not block or run user code."""
-
-    def peer_lost(self, addr: str, reason: str) -> None:
-        """A process this port was waiting on is gone."""
 
 
 class ProcRuntime:
@@ -139,9 +130,9 @@ class ProcRuntime:
                 on_host = self._host_procs[agent] = set()
             on_host.update(procs)
         if first:
-            self.open_port(_HostWatch(self, agent), watch=[agent])
+            self.open_port(PeerWatch(agent, self.host_lost), watch=[agent])
         if self._exit_port is None:
-            self._exit_port = self.open_port(_ExitReports(self))
+            self._exit_port = self.open_port(ExitReports(self._proc_ended))
         return self._exit_port
 
     def _proc_ended(self, addr: str, reason: str) -> None:
@@ -482,38 +473,6 @@ class ProcRuntime:
             service.stop()
         self.transport.close()
         self.loop.stop()
-
-
-class _ExitReports:
-    """Port handler for host agents' ``(addr, reason)`` reports of procs that ended."""
-
-    def __init__(self, runtime: ProcRuntime) -> None:
-        self._runtime = runtime
-
-    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
-        try:
-            addr, reason = pickle.loads(parts[0])
-        except Exception as exc:
-            log.warning("dropping an undecodable exit report: %s", exc)
-            return
-        self._runtime._proc_ended(addr, reason)
-
-    def peer_lost(self, addr: str, reason: str) -> None:
-        """Nothing to do: this port watches no process."""
-
-
-class _HostWatch:
-    """Port handler watching a remote host agent that started procs for this process."""
-
-    def __init__(self, runtime: ProcRuntime, agent: str) -> None:
-        self._runtime = runtime
-        self._agent = agent
-
-    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
-        """Nothing is ever sent here."""
-
-    def peer_lost(self, addr: str, reason: str) -> None:
-        self._runtime.host_lost(self._agent, reason)
 
 
 def _heartbeat_settings() -> tuple[float, float]:
