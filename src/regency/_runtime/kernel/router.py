@@ -409,7 +409,8 @@ class ProcRuntime:
         parts: Sequence[Part],
     ) -> None:
         rest, reply, gather = pickle.loads(routing_part)
-        groups = casting.plan(rest, int(config.get("cast_fanout")))
+        # Most procs are leaves of the tree (``rest`` empty): they need not read the fan-out.
+        groups = casting.plan(rest, int(config.get("cast_fanout"))) if rest else []
         local_reply = reply
         if gather and groups:
             acc = casting.GatherRelay(self, reply, expected=1 + len(groups))
