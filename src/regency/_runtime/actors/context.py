@@ -49,7 +49,7 @@ def current_or_none() -> Context | None:
 
 
 def set_current(ctx: Context) -> Any:
-    """Make ``ctx`` current; returns a token for :func:`reset`."""
+    """Make ``ctx`` current; returns a token for ``CURRENT.reset``."""
     return CURRENT.set(ctx)
 
 

@@ -408,10 +408,6 @@ def as_endpoint(
     return Endpoint(mesh, not_an_endpoint._name, spec, checker)
 
 
-def _unique(addrs: Sequence[str]) -> list[str]:
-    return list(dict.fromkeys(addrs))
-
-
 def send(
     endpoint: Endpoint[Any],
     args: tuple[Any, ...],
