@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from regency import config
+from regency._runtime.actors.control import ProcInfo, SpawnActor, StopActor
 from regency._runtime.actors.endpoint import (
     Endpoint,
     NotAnEndpoint,
@@ -24,11 +25,9 @@ from regency._runtime.actors.future import Future
 from regency._runtime.actors.identity import (
     CreatorInstance,
 )
-from regency._runtime.actors.instance_core import SpawnActor
 from regency._runtime.actors.mesh_supervisor import MeshSupervisor
 from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
 from regency._runtime.actors.proc_control import (
-    ProcInfo,
     ProcRecipe,
     after,
     new_proc_address,
@@ -96,7 +95,7 @@ class ActorSpawn:
                     rt.send_control(
                         old.addr,
                         wire.SERVICE_PROC,
-                        ("stop_actor", self.mesh_id, "restarting", None),
+                        StopActor(self.mesh_id, "restarting", None),
                     )
             addr = new_proc_address(old.agent, rt.job_id, self.recipe.mesh_name, "r-")
             fresh.append((rank, ProcInfo(addr, old.agent, old.rank, old.local_rank)))
@@ -209,7 +208,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         live = [a for a in addrs if a not in rt.dead]
         tracker, port = open_countdown(len(live), live, f"stopping {self._name}")
         for addr in live:
-            rt.send_control(addr, wire.SERVICE_PROC, ("stop_actor", self._mesh_id, reason, port))
+            rt.send_control(addr, wire.SERVICE_PROC, StopActor(self._mesh_id, reason, port))
         if replacements:
             # Procs started by restarts belong to this mesh alone: they go with it.
             return after(

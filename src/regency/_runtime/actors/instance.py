@@ -13,9 +13,10 @@ from typing import Any
 from regency import config
 from regency._runtime.actors import context
 from regency._runtime.actors.async_executor import AsyncExecutor, new_loop
+from regency._runtime.actors.control import SpawnActor
 from regency._runtime.actors.endpoint_def import actor_is_async, endpoints_of
 from regency._runtime.actors.identity import ActorId, InstanceBase, new_uid
-from regency._runtime.actors.instance_core import STOP, SUPERVISE, WAKE, Control, SpawnActor
+from regency._runtime.actors.instance_core import STOP, SUPERVISE, WAKE, Control
 from regency._runtime.actors.mesh_trait import ProcMeshBase
 from regency._runtime.actors.supervision import MeshFailure, run_fault_hook
 from regency._runtime.actors.sync_executor import SyncExecutor

@@ -12,14 +12,14 @@ import threading
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from regency import config
 from regency._runtime.actors import context
+from regency._runtime.actors.control import SpawnActor
 from regency._runtime.actors.endpoint_def import EndpointSpec, plain_method
 from regency._runtime.actors.errors import ActorError, SupervisionError, failed_text, stopped_text
-from regency._runtime.actors.identity import CreatorInstance, InstanceBase, new_uid
+from regency._runtime.actors.identity import InstanceBase, new_uid
 from regency._runtime.actors.mesh_trait import ProcMeshBase
 from regency._runtime.actors.ports import Port
 from regency._runtime.actors.supervision import (
@@ -54,22 +54,6 @@ class Control:
     def __init__(self, kind: str, arg: Any = None) -> None:
         self.kind = kind
         self.arg = arg
-
-
-@dataclass(frozen=True, slots=True)
-class SpawnActor:
-    """A request to a proc: create one actor of a mesh there."""
-
-    mesh_id: int
-    name: str
-    rank: int
-    labels: tuple[str, ...]
-    sizes: tuple[int, ...]
-    creator: CreatorInstance
-    class_name: str  # module.qualname, so errors name the class even if unpickling it fails
-    payload: bytes  # cloudpickled (cls, args, kwargs, proc_mesh)
-    status: PortRef  # receives (rank, error-text-or-None) once __init__ has run
-    owner: PortRef | None  # supervision reports for this mesh go here
 
 
 class ActorCore(InstanceBase):

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from regency._runtime.actors.control import ProcInfo
 from regency._runtime.actors.errors import failed_text, process_failed, stopped_text
 from regency._runtime.actors.identity import segment
-from regency._runtime.actors.proc_control import ProcInfo
 from regency._runtime.actors.supervision import (
     FailureEvent,
     MeshFailure,

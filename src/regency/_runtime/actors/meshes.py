@@ -19,6 +19,7 @@ from regency import config
 from regency._runtime.actors import context
 from regency._runtime.actors.actor_mesh import ActorMesh, ActorSpawn, NotOwnedError
 from regency._runtime.actors.bootstrap_command import BootstrapCommand, launches_for
+from regency._runtime.actors.control import PingProc, ProcInfo
 from regency._runtime.actors.endpoint import (
     current_instance,
 )
@@ -37,7 +38,6 @@ from regency._runtime.actors.identity import (
 from regency._runtime.actors.mesh_supervisor import MeshSupervisor
 from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
 from regency._runtime.actors.proc_control import (
-    ProcInfo,
     ProcRecipe,
     after,
     new_proc_address,
@@ -391,7 +391,7 @@ class ProcMesh(ProcMeshBase):
             tracker, port = open_countdown(len(addrs), unique(addrs), "proc bootstrap")
             rt = state.runtime()
             for rank, addr in enumerate(addrs):
-                rt.send_control(addr, wire.SERVICE_PROC, ("ping", port, rank))
+                rt.send_control(addr, wire.SERVICE_PROC, PingProc(port, rank))
             self._ready = Future._from_pending(tracker.pending, lambda _: True)
         return self._ready
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from regency import config
+from regency._runtime.actors.control import PingProc, SpawnActor, StopActor, StopProc
 from regency._runtime.actors.instance import ActorInstance
-from regency._runtime.actors.instance_core import SpawnActor
 from regency._runtime.actors.unbooted import UnbootedInstance
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.port_handlers import PeerWatch
@@ -74,23 +74,26 @@ class ProcAgent:
                 self._watch_owner(request.owner.addr, request.mesh_id)
             instance.start()
             return
-        verb = request[0]
-        if verb == "ping":
-            _, port, rank = request
-            self._answer(port, rank, self.bootstrap_error)
-        elif verb == "stop_actor":
-            _, mesh_id, reason, port = request
+        if isinstance(request, PingProc):
+            self._answer(request.port, request.rank, self.bootstrap_error)
+        elif isinstance(request, StopActor):
+            port = request.done
             self._stop_actor(
-                mesh_id, reason, lambda: self._answer(port, 0, None) if port is not None else None
+                request.mesh_id,
+                request.reason,
+                lambda: self._answer(port, 0, None) if port is not None else None,
             )
-        elif verb == "stop_proc":
+        elif isinstance(request, StopProc):
             # Not on this thread: an actor that stops here stops the meshes it owns, and those
             # on this same proc are stopped by requests to this very thread.
             threading.Thread(
-                target=self._stop_proc, args=(request[1],), name="regency-proc-stop", daemon=True
+                target=self._stop_proc,
+                args=(request.reason,),
+                name="regency-proc-stop",
+                daemon=True,
             ).start()
         else:
-            log.warning("proc agent got an unknown request %r", verb)
+            log.warning("proc agent got an unknown request %r", type(request).__name__)
 
     def _stop_proc(self, reason: str) -> None:
         self.stop_all(config.get_seconds("stop_timeout"))

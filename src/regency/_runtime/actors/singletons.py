@@ -10,6 +10,7 @@ from typing import Any
 import cloudpickle
 
 from regency._runtime.actors import context
+from regency._runtime.actors.control import GetSingleton
 from regency._runtime.actors.errors import SupervisionError
 from regency._runtime.actors.future import Future
 from regency._runtime.actors.identity import InstanceBase, new_uid
@@ -68,9 +69,9 @@ class SingletonRegistry(InstanceBase):
             with self._lock:
                 self._failures.setdefault(notice.mesh_name, notice)
 
-    def handle(self, request: Any) -> None:
-        """Service entry point: ``(name, payload, reply)``."""
-        name, payload, reply = request
+    def handle(self, request: GetSingleton) -> None:
+        """Service entry point: a :class:`GetSingleton`."""
+        name, payload, reply = request.name, request.payload, request.reply
         runtime = state.runtime()
         try:
             with self._lock:
@@ -106,7 +107,9 @@ def get_or_spawn_controller(name: str, Class: type, *args: Any, **kwargs: Any) -
     handler.port = ref.port
     payload = cloudpickle.dumps((Class, args, kwargs))
     try:
-        runtime.send_control(state.root_address(), wire.SERVICE_SINGLETONS, (name, payload, ref))
+        runtime.send_control(
+            state.root_address(), wire.SERVICE_SINGLETONS, GetSingleton(name, payload, ref)
+        )
     except PeerUnreachableError as exc:
         handler.peer_lost(state.root_address(), str(exc))
     return Future._from_pending(handler.pending)

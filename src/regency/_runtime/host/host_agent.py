@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regency import config
-from regency._runtime.actors.proc_control import ProcInfo, SpawnProcs, StopProcs
+from regency._runtime.actors.control import ProcInfo, SpawnProcs, StopProc, StopProcs
 from regency._runtime.actors.supervision import stop_reason
 from regency._runtime.host.launcher import Launcher
 from regency._runtime.kernel import gateways, wire
@@ -229,7 +229,7 @@ class HostAgent:
             waiting.append(child)
             self.runtime.expect_stop([addr], stop_reason(reason))
             try:
-                self.runtime.send_control(addr, wire.SERVICE_PROC, ("stop_proc", reason))
+                self.runtime.send_control(addr, wire.SERVICE_PROC, StopProc(reason))
             except PeerUnreachableError:
                 child.kill()
         deadline = time.monotonic() + timeout

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from regency import config
-from regency._runtime.actors.proc_control import ShutdownHost
+from regency._runtime.actors.control import ShutdownHost
 from regency._runtime.host.host_agent import HostAgent, HostSession
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.port_handlers import PeerWatch

@@ -232,7 +232,7 @@ class ProcRuntime:
     def _send_release(self, peer: str, offset: int) -> None:
         if peer in self.dead:
             return
-        body = pickle.dumps(offset, protocol=5)
+        body = pickle.dumps(wire.BulkRelease(offset), protocol=5)
         buffers = frames.encode(
             wire.KIND_CONTROL, wire.SERVICE_BULK, [body], limit=self.frame_limit
         )
@@ -391,8 +391,8 @@ class ProcRuntime:
                 log.warning("dropping undecodable control request from %s: %s", conn.peer, exc)
                 return
             if frame.dest == wire.SERVICE_BULK:
-                if type(request) is int:
-                    self.bulk.released(request)
+                if type(request) is wire.BulkRelease:
+                    self.bulk.released(request.offset)
                 return
             self._post_control(frame.dest, request, conn.peer)
             return

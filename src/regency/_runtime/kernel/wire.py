@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 # Frame kinds.
@@ -22,3 +23,10 @@ SERVICE_SUPERVISION: Final = 3  # failure reports for actors owned in this proc
 SERVICE_SINGLETONS: Final = 5  # the root's registry of get_or_spawn_controller singletons
 SERVICE_BULK: Final = 6  # every proc: a receiver released a shared-memory region
 SERVICES: Final = frozenset({SERVICE_PROC, SERVICE_HOST, SERVICE_SUPERVISION, SERVICE_SINGLETONS})
+
+
+@dataclass(frozen=True, slots=True)
+class BulkRelease:
+    """To ``SERVICE_BULK``: the receiver is done with the shared-memory block at ``offset``."""
+
+    offset: int
