@@ -225,7 +225,7 @@ class Endpoint(Generic[R]):
         """Fail a call that cannot be delivered: its future, or the sender if there is none."""
         rt = state.runtime()
         if reply is not None and reply.addr == rt.address:
-            handler = rt.ports.get(reply.port)
+            handler = rt.port_handler(reply.port)
             if isinstance(handler, (OnceReply, GatherReply, StreamReply)):
                 rt.close_port(reply.port)
                 fail_handler(handler, error)

@@ -45,7 +45,7 @@ class ProcAgent:
     def booted(self, error: str | None) -> None:
         """The bootstrap returned (``error``: the traceback of what it raised); runs the held
         requests. Call from any thread: it is queued behind the requests already received."""
-        self.runtime.services[wire.SERVICE_PROC].post(_Booted(error))
+        self.runtime.post_service(wire.SERVICE_PROC, _Booted(error))
 
     def handle(self, request: Any) -> None:
         """Service entry point (runs on the proc agent's own thread)."""

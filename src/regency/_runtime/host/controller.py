@@ -42,7 +42,7 @@ def bootstrap_controller() -> None:
     runtime.add_service(
         wire.SERVICE_SINGLETONS, Service("regency-singletons", SingletonRegistry().handle)
     )
-    runtime.services[wire.SERVICE_HOST].post("warm")
+    runtime.post_service(wire.SERVICE_HOST, "warm")
     supervision.install_exit_path()
     atexit.register(_exit_code_after_fatal_failure)
     atexit.register(shutdown)

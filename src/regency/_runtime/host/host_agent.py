@@ -141,7 +141,7 @@ class HostAgent:
             # there too).
             "gateway_ips": gateways.gateway_ips() or list(self.runtime.gateway_ips),
         }
-        self.runtime.local_children.add(info.addr)
+        self.runtime.add_child(info.addr)
         ours, theirs = handoff_pair()
         self.switchboard.register(route_key(info.addr), ours)
         try:
@@ -179,7 +179,7 @@ class HostAgent:
         child.exited.set()
         self.switchboard.unregister(route_key(child.info.addr))
         self.runtime.mark_dead(child.info.addr, reason)
-        self.runtime.local_children.discard(child.info.addr)
+        self.runtime.forget_child(child.info.addr)
         if child.events is not None:
             with contextlib.suppress(PeerUnreachableError):
                 self.runtime.send_port(

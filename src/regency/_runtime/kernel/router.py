@@ -14,7 +14,7 @@ import logging
 import pickle
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from regency import config
@@ -72,19 +72,40 @@ class ProcRuntime:
         self.address = self.transport.address
         self.loop = self.transport.loop
         self._lock = threading.Lock()
-        self.mailboxes: dict[int, Mailbox] = {}
-        self.ports: dict[int, PortHandler] = {}
+        self._mailboxes: dict[int, Mailbox] = {}
+        self._ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(16)
-        self.services: dict[int, Service] = {}
+        self._services: dict[int, Service] = {}
         self._early_control: dict[int, list[Any]] = {}
-        self.local_children: set[str] = set()
+        self._local_children: set[str] = set()
         self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
         self._watchers: dict[str, set[int]] = {}
         # Ended procs and why; the oldest are forgotten beyond a bound (see bounded.py).
-        self.dead: dict[str, str] = BoundedDict()
-        self.stopping: dict[str, str] = {}  # proc -> its end's reason: it is stopped on purpose
+        self._dead: dict[str, str] = BoundedDict()
+        self._stopping: dict[str, str] = {}  # proc -> its end's reason: it is stopped on purpose
         self._exit_port: PortRef | None = None
         self._host_procs: dict[str, set[str]] = {}  # remote host agent -> procs started there
+
+    @property
+    def dead(self) -> Mapping[str, str]:
+        """Ended processes and why (read-only; the oldest are forgotten beyond a bound)."""
+        return self._dead
+
+    def port_handler(self, port: int) -> PortHandler | None:
+        """The handler of port ``port`` of this process, if it is open."""
+        return self._ports.get(port)
+
+    def post_service(self, service_id: int, request: Any) -> None:
+        """Queue ``request`` for this process's own service ``service_id`` (which exists)."""
+        self._services[service_id].post(request)
+
+    def add_child(self, addr: str) -> None:
+        """A proc this process started: a lost connection to it waits for its exit report."""
+        self._local_children.add(addr)
+
+    def forget_child(self, addr: str) -> None:
+        """A proc this process started has ended."""
+        self._local_children.discard(addr)
 
     def known_as(self, address: str) -> None:
         """Take ``address`` as this process's address from now on (a worker takes the address
@@ -96,7 +117,7 @@ class ProcRuntime:
     def open_port(self, handler: PortHandler, watch: Sequence[str] = ()) -> PortRef:
         """Register a port; ``watch`` lists processes whose loss fails it."""
         port = next(self._port_ids)
-        self.ports[port] = handler
+        self._ports[port] = handler
         if watch:
             self.watch(port, watch)
         return PortRef(self.address, port)
@@ -105,13 +126,13 @@ class ProcRuntime:
         """Tell port ``port``'s handler when any of ``addrs`` is gone (at once if it already is)."""
         with self._lock:
             # A port closed meanwhile (its reply already came) must not linger as a watcher.
-            if port not in self.ports:
+            if port not in self._ports:
                 return
             for addr in addrs:
                 self._watchers.setdefault(addr, set()).add(port)
-        handler = self.ports.get(port)
+        handler = self._ports.get(port)
         for addr in addrs:
-            reason = self.dead.get(addr)
+            reason = self._dead.get(addr)
             if reason is not None and handler is not None:
                 handler.peer_lost(addr, reason)
 
@@ -122,7 +143,7 @@ class ProcRuntime:
         report, which says how the process ended, follows within moments. If the host agent
         itself is lost, so are all of them, at once.
         """
-        self.local_children.update(procs)
+        self._local_children.update(procs)
         with self._lock:
             on_host = self._host_procs.get(agent)
             first = on_host is None
@@ -137,7 +158,7 @@ class ProcRuntime:
 
     def _proc_ended(self, addr: str, reason: str) -> None:
         """A host agent reported that a proc started from here ended."""
-        self.local_children.discard(addr)
+        self._local_children.discard(addr)
         with self._lock:
             for on_host in self._host_procs.values():
                 on_host.discard(addr)
@@ -146,18 +167,18 @@ class ProcRuntime:
     def host_lost(self, agent: str, reason: str) -> None:
         """The host agent at ``agent`` is gone: every proc started there is lost with it."""
         with self._lock:
-            procs = [p for p in self._host_procs.pop(agent, ()) if p not in self.dead]
+            procs = [p for p in self._host_procs.pop(agent, ()) if p not in self._dead]
         why = f"its host {agent} was lost: {reason}"
         # Procs being stopped went as asked, whatever became of their host.
-        ends = {proc: self.stopping.pop(proc, why) for proc in procs}
+        ends = {proc: self._stopping.pop(proc, why) for proc in procs}
         # Record every loss before telling anyone, so that each account names all the ranks.
-        self.dead.update(ends)
+        self._dead.update(ends)
         for proc, end in ends.items():
             self._notify_dead(proc, end)
 
     def close_port(self, port: int, watch: Sequence[str] = ()) -> None:
         """Forget a port; later messages to it are dropped."""
-        self.ports.pop(port, None)
+        self._ports.pop(port, None)
         if watch:
             with self._lock:
                 for addr in watch:
@@ -169,7 +190,7 @@ class ProcRuntime:
 
     def check_alive(self, addr: str) -> None:
         """Raise :class:`PeerUnreachableError` if ``addr`` is known to be gone."""
-        reason = self.dead.get(addr)
+        reason = self._dead.get(addr)
         if reason is not None:
             raise PeerUnreachableError(f"{addr} is gone: {reason}")
 
@@ -230,7 +251,7 @@ class ProcRuntime:
         self.loop.call_soon(lambda: self._send_release(peer, offset))
 
     def _send_release(self, peer: str, offset: int) -> None:
-        if peer in self.dead:
+        if peer in self._dead:
             return
         body = pickle.dumps(wire.BulkRelease(offset), protocol=5)
         buffers = frames.encode(
@@ -284,7 +305,7 @@ class ProcRuntime:
     ) -> None:
         """Send a value to a port (anywhere)."""
         if ref.addr == self.address:
-            handler = self.ports.get(ref.port)
+            handler = self._ports.get(ref.port)
             if handler is not None:
                 handler.deliver(rank, flags, _own(parts))
             return
@@ -318,16 +339,16 @@ class ProcRuntime:
     def add_service(self, service_id: int, service: Service) -> None:
         """Register a service and hand it the requests that arrived before it existed."""
         with self._lock:
-            self.services[service_id] = service
+            self._services[service_id] = service
             early = self._early_control.pop(service_id, [])
         for request in early:
             service.post(request)
 
     def _post_control(self, service_id: int, request: Any, peer: str) -> None:
-        service = self.services.get(service_id)
+        service = self._services.get(service_id)
         if service is None:
             with self._lock:
-                service = self.services.get(service_id)
+                service = self._services.get(service_id)
                 if service is None:
                     if service_id not in wire.SERVICES:
                         log.warning(
@@ -343,12 +364,12 @@ class ProcRuntime:
 
     def mailbox(self, mesh_id: int) -> Mailbox:
         """The mailbox for the actor of mesh ``mesh_id`` in this process (made on first use)."""
-        box = self.mailboxes.get(mesh_id)
+        box = self._mailboxes.get(mesh_id)
         if box is None:
             with self._lock:
-                box = self.mailboxes.get(mesh_id)
+                box = self._mailboxes.get(mesh_id)
                 if box is None:
-                    box = self.mailboxes[mesh_id] = Mailbox()
+                    box = self._mailboxes[mesh_id] = Mailbox()
         return box
 
     def _deliver_local(
@@ -370,7 +391,7 @@ class ProcRuntime:
             frame.flags &= ~wire.FLAG_BULK
         kind = frame.kind
         if kind == wire.KIND_PORT:
-            handler = self.ports.get(frame.dest)
+            handler = self._ports.get(frame.dest)
             if handler is not None:
                 handler.deliver(frame.rank, frame.flags, frame.parts)
             return
@@ -430,15 +451,15 @@ class ProcRuntime:
         """The procs at ``addrs`` are being stopped on purpose: losing one of them is its stop
         (recorded as ``reason``), not a failure, however long its process takes to exit."""
         for addr in addrs:
-            if addr not in self.dead:
-                self.stopping[addr] = reason
+            if addr not in self._dead:
+                self._stopping[addr] = reason
 
     def mark_dead(self, addr: str, reason: str) -> None:
         """Record that the process at ``addr`` is gone and fail everything waiting on it."""
-        self.stopping.pop(addr, None)
-        if addr in self.dead:
+        self._stopping.pop(addr, None)
+        if addr in self._dead:
             return
-        self.dead[addr] = reason
+        self._dead[addr] = reason
         self._notify_dead(addr, reason)
 
     def _notify_dead(self, addr: str, reason: str) -> None:
@@ -447,15 +468,15 @@ class ProcRuntime:
         self._fail_watchers(addr, reason)
 
     def _on_peer_lost(self, addr: str, reason: str) -> None:
-        stop = self.stopping.get(addr)
+        stop = self._stopping.get(addr)
         if stop is not None:
             self.mark_dead(addr, stop)
             return
-        if addr in self.local_children:
+        if addr in self._local_children:
             # Our host agent will report how the process ended in a moment (it watches the
             # pid); only if the process lives on is the lost connection itself the news.
             self.loop.call_later(
-                _EXIT_REPORT_GRACE, lambda: self.mark_dead(addr, self.stopping.get(addr, reason))
+                _EXIT_REPORT_GRACE, lambda: self.mark_dead(addr, self._stopping.get(addr, reason))
             )
             return
         self.mark_dead(addr, reason)
@@ -464,13 +485,13 @@ class ProcRuntime:
         with self._lock:
             waiting = self._watchers.pop(addr, set())
         for port in waiting:
-            handler = self.ports.get(port)
+            handler = self._ports.get(port)
             if handler is not None:
                 handler.peer_lost(addr, reason)
 
     def close(self) -> None:
         """Close every connection and stop the I/O thread."""
-        for service in self.services.values():
+        for service in self._services.values():
             service.stop()
         self.transport.close()
         self.loop.stop()
