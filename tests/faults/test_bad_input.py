@@ -44,7 +44,7 @@ from _fault_helpers import (
     wait_until,
 )
 
-from regency._runtime import codec, state
+from regency._runtime.kernel import codec, state
 from regency.actor import Actor, ActorError, ActorMesh, ProcMesh, endpoint, this_host
 
 pytestmark = pytest.mark.timeout(60)

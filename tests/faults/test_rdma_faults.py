@@ -30,7 +30,7 @@ from _fault_helpers import (
     wait_gone,
 )
 
-from regency._runtime import state
+from regency._runtime.kernel import state
 from regency.actor import Actor, ActorMesh, ProcMesh, endpoint, this_host
 from regency.rdma import (
     RDMAAction,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from regency import config
-from regency._runtime import state
+from regency._runtime.kernel import state
 from regency.actor import Actor, ProcMesh, SupervisionError, endpoint, this_host
 
 pytestmark = pytest.mark.timeout(60)

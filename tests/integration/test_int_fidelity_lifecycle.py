@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import regency.actor
-from regency._runtime.launcher import Launcher
+from regency._runtime.host.launcher import Launcher
 from regency._transport.io_loop import IOLoop
 from regency.actor import Actor, ActorError, MeshFailure, ProcMesh, endpoint, this_proc
 

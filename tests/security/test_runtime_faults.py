@@ -160,7 +160,8 @@ def test_bookkeeping_of_ended_procs_stays_bounded(
     procs: ProcMesh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Spawn/stop cycles must not grow what the controller remembers about ended procs."""
-    from regency._runtime import controller, state
+    from regency._runtime.host import controller
+    from regency._runtime.kernel import state
 
     procs.spawn("warm", Echo).echo.call("up").get(timeout=T)
     rt = state.runtime()

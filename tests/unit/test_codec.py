@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from regency._runtime import codec
+from regency._runtime.kernel import codec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -129,7 +129,7 @@ def test_main_module_code_travels_to_another_process(tmp_path: pytest.TempPathFa
     # Code defined in a script's __main__ cannot be imported elsewhere; it must go by value.
     script = (
         "import sys\n"
-        "from regency._runtime import codec\n"
+        "from regency._runtime.kernel import codec\n"
         "def square(x):\n"
         "    return x * x\n"
         "class Point:\n"

@@ -1,8 +1,24 @@
-"""regency's modules import each other without circles (issue 16).
+"""regency's modules import each other without circles and only downwards (issue 16).
 
 The graph is read from the source with ``ast``, so every import counts: module level,
 function-local and ``if TYPE_CHECKING:`` ones. A lower layer that needs something from a higher
 one gets it through a callback the higher one registers or a Protocol it implements.
+
+The layers, lowest first (a module may import its own layer and those below it):
+
+    base      shape, _transport, _humantime, _config_keys, _errors, _public, the ``regency`` package
+    config    regency.config
+    kernel    _runtime/kernel/   the per-process router; knows no actors
+    actors    _runtime/actors/   actors, endpoints, meshes, supervision
+    host      _runtime/host/     controller, bootstrap, zygote, launcher, host agent, worker
+    entry     regency._runtime and its ``python -m regency._runtime.bootstrap`` entry
+    face      regency._lowlevel  the extension face over the three runtime layers
+    public    actor, job, rdma, spmd and the tensor engine (tensor over _tensor)
+    apps      cli, ``python -m regency``
+
+The packages built on the runtime (rdma, job, spmd, the tensor engine) import nothing of
+``regency._runtime`` but through ``regency._lowlevel``; ``regency.actor``, the runtime's public
+face, and the CLI may.
 """
 
 from __future__ import annotations
@@ -117,9 +133,10 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     graph = import_graph()
     assert len(graph) > 100
     # module level, function-local and TYPE_CHECKING imports all appear
-    assert "regency._runtime.state" in graph["regency._runtime.waiting"]
+    assert "regency._runtime.kernel.state" in graph["regency._runtime.kernel.waiting"]
     assert "regency.job" in graph["regency.actor"]  # function-local (Monarch's names)
-    assert "regency._runtime.future" in graph["regency._runtime.mesh_trait"]  # TYPE_CHECKING
+    # TYPE_CHECKING
+    assert "regency._runtime.actors.future" in graph["regency._runtime.actors.mesh_trait"]
 
 
 def test_circles_finds_a_circle() -> None:
@@ -131,3 +148,103 @@ def test_no_import_circles() -> None:
     found = circles(import_graph())
     report = "\n".join(f"circle of {len(c)}: {', '.join(c)}" for c in found)
     assert not found, f"import circles in src/{PACKAGE}:\n{report}"
+
+
+# Lowest first. A name stands for that module and everything under it, except those in _EXACT.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "base",
+        (
+            "regency",
+            "regency.shape",
+            "regency._transport",
+            "regency._humantime",
+            "regency._config_keys",
+            "regency._errors",
+            "regency._public",
+        ),
+    ),
+    ("config", ("regency.config",)),
+    ("kernel", ("regency._runtime.kernel",)),
+    ("actors", ("regency._runtime.actors",)),
+    ("host", ("regency._runtime.host",)),
+    ("entry", ("regency._runtime", "regency._runtime.bootstrap")),
+    ("face", ("regency._lowlevel",)),
+    (
+        "public",
+        (
+            "regency.actor",
+            "regency.job",
+            "regency.rdma",
+            "regency.spmd",
+            "regency.tensor",
+            "regency._tensor",
+        ),
+    ),
+    ("apps", ("regency.cli", "regency.__main__")),
+]
+# Packages whose name alone is listed: a new module directly in them must be given a layer.
+_EXACT = {"regency", "regency._runtime"}
+# Built on the runtime: they reach it only through the extension face.
+FACE_ONLY = ("regency.rdma", "regency.job", "regency.spmd", "regency.tensor", "regency._tensor")
+RUNTIME = "regency._runtime"
+# (importer, imported) pairs allowed against FACE_ONLY, each with its reason. None today.
+FACE_EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+
+def _within(module: str, name: str) -> bool:
+    return module == name or module.startswith(name + ".")
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of the layer ``module`` belongs to (the longest name that covers it)."""
+    best: tuple[int, int] | None = None
+    for index, (_, names) in enumerate(LAYERS):
+        for name in names:
+            covers = module == name if name in _EXACT else _within(module, name)
+            if covers and (best is None or len(name) > best[0]):
+                best = (len(name), index)
+    return None if best is None else best[1]
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import against the declared layers, as readable lines."""
+    found = []
+    for module in sorted(graph):
+        here = layer_of(module)
+        if here is None:
+            found.append(f"{module} is in no layer (add it to LAYERS)")
+            continue
+        for target in sorted(graph[module]):
+            there = layer_of(target)
+            if there is not None and there > here:
+                found.append(
+                    f"{module} ({LAYERS[here][0]}) imports {target} ({LAYERS[there][0]}) above it"
+                )
+            if (
+                any(_within(module, p) for p in FACE_ONLY)
+                and _within(target, RUNTIME)
+                and (module, target) not in FACE_EXCEPTIONS
+            ):
+                found.append(f"{module} imports {target}: use regency._lowlevel instead")
+    return found
+
+
+def test_layers_catch_an_import_upwards_and_past_the_face() -> None:
+    graph = {
+        "regency._runtime.kernel.router": {"regency._runtime.actors.instance"},
+        "regency._runtime.actors.instance": {"regency._runtime.kernel.router"},
+        "regency.rdma._engine": {"regency._runtime.kernel.state", "regency._lowlevel"},
+        "regency._runtime.stray": set(),
+    }
+    assert violations(graph) == [
+        "regency._runtime.kernel.router (kernel) imports regency._runtime.actors.instance (actors)"
+        " above it",
+        "regency._runtime.stray is in no layer (add it to LAYERS)",
+        "regency.rdma._engine imports regency._runtime.kernel.state: use regency._lowlevel instead",
+    ]
+
+
+def test_every_import_follows_the_layers() -> None:
+    found = violations(import_graph())
+    assert not found, "imports against the layers:\n" + "\n".join(found)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import Store, TCPStore
 
-from regency._runtime import state
+from regency._lowlevel import runtime
 from regency._tensor.groups import reduce_output_size
 from regency._transport import address
 
@@ -76,7 +76,7 @@ class WorldGroups:
         (the loopback address for a proc on this machine); the server stays up for the life of
         this process.
         """
-        proc = state.runtime().address
+        proc = runtime().address
         host = address.tcp_host(proc) if address.is_tcp(proc) else "127.0.0.1"
         server = TCPStore(host, 0, is_master=True, wait_for_workers=False)
         WorldGroups._servers.append(server)

@@ -22,18 +22,18 @@ from typing import Any
 from regency import _public
 from regency._config_keys import ChannelTransport
 from regency._errors import RegencyError
-from regency._runtime.accumulator import Accumulator
-from regency._runtime.bootstrap_command import BootstrapCommand, default_bootstrap_cmd
-from regency._runtime.context import Context
-from regency._runtime.endpoint import Endpoint, as_endpoint, send
-from regency._runtime.endpoint_def import Actor, concurrent_endpoint, endpoint
-from regency._runtime.errors import ActorError, SupervisionError
-from regency._runtime.future import Future
-from regency._runtime.ids import ProcId, Uid
-from regency._runtime.meshes import ActorMesh, HostMesh, ProcMesh
-from regency._runtime.ports import Channel, Port, PortReceiver
-from regency._runtime.singletons import get_or_spawn_controller
-from regency._runtime.supervision import (
+from regency._runtime.actors.accumulator import Accumulator
+from regency._runtime.actors.actor_mesh import ActorMesh
+from regency._runtime.actors.bootstrap_command import BootstrapCommand, default_bootstrap_cmd
+from regency._runtime.actors.context import Context
+from regency._runtime.actors.endpoint import Endpoint, as_endpoint, send
+from regency._runtime.actors.endpoint_def import Actor, concurrent_endpoint, endpoint
+from regency._runtime.actors.errors import ActorError, SupervisionError
+from regency._runtime.actors.future import Future
+from regency._runtime.actors.meshes import HostMesh, ProcMesh
+from regency._runtime.actors.ports import Channel, Port, PortReceiver
+from regency._runtime.actors.singletons import get_or_spawn_controller
+from regency._runtime.actors.supervision import (
     MeshFailure,
     MeshRestarted,
     RestartPolicy,
@@ -41,7 +41,8 @@ from regency._runtime.supervision import (
     default_unhandled_fault_hook,
     set_fault_hook_lookup,
 )
-from regency._runtime.value_mesh import ValueMesh
+from regency._runtime.actors.value_mesh import ValueMesh
+from regency._runtime.kernel.ids import ProcId, Uid
 from regency.actor import config
 from regency.actor._extras import (
     attach,

@@ -16,9 +16,9 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from regency import config
 from regency._config_keys import ChannelTransport
-from regency._runtime import state
-from regency._runtime.future import Future
-from regency._runtime.pending import Pending
+from regency._runtime.actors.future import Future
+from regency._runtime.kernel import state
+from regency._runtime.kernel.pending import Pending
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from regency._runtime import context as _context
-from regency._runtime import controller, state
-from regency._runtime.context import Context
-from regency._runtime.future import Future
-from regency._runtime.meshes import (
+from regency._runtime.actors import context as _context
+from regency._runtime.actors.context import Context
+from regency._runtime.actors.future import Future
+from regency._runtime.actors.meshes import (
     HostMesh,
     ProcMesh,
     current_context,
     this_host_mesh,
     this_proc_mesh,
 )
+from regency._runtime.host import controller
+from regency._runtime.kernel import state
 from regency.shape import Point
 
 

@@ -88,7 +88,7 @@ def _job_hosts(path: str, mesh_name: str | None) -> Any:
 
 def run_run(args: argparse.Namespace) -> int:
     """``regency run``: launch, stream the output, return the first failing rank's status."""
-    from regency._runtime.zygote import PRELOAD_ENV
+    from regency._runtime.host.zygote import PRELOAD_ENV
     from regency.actor import shutdown_context, this_host
     from regency.spmd._env import TORCH_PRELOAD
     from regency.spmd._launch import launch

@@ -11,12 +11,19 @@ from typing import Literal
 
 from regency import config
 from regency._errors import RegencyError
-from regency._runtime import gateways, state, wire
-from regency._runtime.future import Future
-from regency._runtime.meshes import HostInfo, HostMesh, WorkerLease
-from regency._runtime.pending import Pending
-from regency._runtime.refs import Part, PortRef
-from regency._runtime.worker import Attach
+from regency._lowlevel import (
+    SERVICE_HOST,
+    Attach,
+    Future,
+    HostInfo,
+    HostMesh,
+    Part,
+    Pending,
+    PortRef,
+    WorkerLease,
+    gateway_toward,
+    runtime,
+)
 from regency._transport import address, tls
 from regency._transport.auth import SECRET_ENV, check_secret, wrap_secret
 from regency._transport.transport import PeerUnreachableError
@@ -57,7 +64,7 @@ class _AttachReply:
 
     def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
         answer = pickle.loads(parts[0])
-        state.runtime().close_port(self.port, [self.worker])
+        runtime().close_port(self.port, [self.worker])
         error = answer.get("error")
         if error is not None:
             self.pending.set_exception(AttachError(f"cannot attach worker {self.worker}: {error}"))
@@ -65,12 +72,12 @@ class _AttachReply:
             self.pending.set_result(answer)
 
     def peer_lost(self, addr: str, reason: str) -> None:
-        state.runtime().close_port(self.port)
+        runtime().close_port(self.port)
         self.pending.set_exception(AttachError(f"cannot attach worker {self.worker}: {reason}"))
 
 
 def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
-    rt = state.runtime()
+    rt = runtime()
     handler = _AttachReply(worker)
     ref: PortRef = rt.open_port(handler)
     handler.port = ref.port
@@ -79,13 +86,13 @@ def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
         rt.address,
         rt.job_id,
         worker,
-        gateways.gateway_toward(worker) if address.is_tcp(worker) else None,
+        gateway_toward(worker) if address.is_tcp(worker) else None,
         wrap_secret(secret, rt.secret),
         config.get_global_config(),
         ref,
     )
     try:
-        rt.send_control(worker, wire.SERVICE_HOST, request, wait=False)
+        rt.send_control(worker, SERVICE_HOST, request, wait=False)
     except PeerUnreachableError as exc:
         handler.peer_lost(worker, str(exc))
         return handler

@@ -21,11 +21,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from regency._runtime.endpoint_def import Actor, concurrent_endpoint, endpoint
-from regency._runtime.future import Future
-from regency._runtime.meshes import HostMesh
-from regency._runtime.ports import Channel, Port
-from regency._runtime.value_mesh import ValueMesh
+from regency._lowlevel import (
+    Actor,
+    Channel,
+    Future,
+    HostMesh,
+    Port,
+    ValueMesh,
+    concurrent_endpoint,
+    endpoint,
+)
 from regency._transport.auth import SECRET_ENV
 from regency.actor._functions import current_rank
 from regency.shape import Point

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from regency._runtime.meshes import this_host_mesh
+from regency._lowlevel import this_host_mesh
 from regency.job._trait import JobState, JobTrait
 
 

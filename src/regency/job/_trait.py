@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from regency._runtime.meshes import HostMesh
+from regency._lowlevel import HostMesh
 from regency.job._private import (
     UnsafePathError,
     private_dir,

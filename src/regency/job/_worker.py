@@ -6,9 +6,13 @@ import os
 import sys
 from typing import NoReturn
 
-from regency._runtime import worker
-from regency._runtime.future import Future
-from regency._runtime.pending import Pending
+from regency._lowlevel import (
+    Future,
+    Pending,
+    serve_worker,
+    serve_worker_until_shutdown,
+    start_worker,
+)
 from regency._transport.auth import SECRET_ENV, check_secret
 from regency.job._attach import (
     CA,
@@ -78,7 +82,7 @@ def run_worker_loop_forever(
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(f"idle_timeout must be > 0 seconds or None, got {idle_timeout!r}")
     listen, advertise = _bind_and_advertise(address)
-    worker.serve(listen, _secret(secret), advertise, idle_timeout)
+    serve_worker(listen, _secret(secret), advertise, idle_timeout)
     raise AssertionError("the worker loop returned")
 
 
@@ -96,7 +100,7 @@ def start_worker_loop_forever(
     """
     _check_security(ca, private_key)
     listen, advertise = _bind_and_advertise(address)
-    worker.start(listen, _secret(secret), advertise)
+    start_worker(listen, _secret(secret), advertise)
     return Future._from_pending(Pending())
 
 
@@ -114,7 +118,7 @@ def run_worker_loop_until_shutdown(
     """
     _check_security(ca, private_key)
     listen, advertise = _bind_and_advertise(address)
-    worker.serve_until_shutdown(listen, _secret(secret), advertise)
+    serve_worker_until_shutdown(listen, _secret(secret), advertise)
 
 
 def worker_command(

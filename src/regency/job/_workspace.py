@@ -20,9 +20,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from regency._runtime import state
-from regency._runtime.endpoint_def import Actor, endpoint
-from regency._runtime.meshes import HostMesh
+from regency._lowlevel import Actor, HostMesh, endpoint, runtime
 from regency.job._private import UnsafePathError, check_private_dir, private_dir
 
 IGNORED_NAMES = frozenset({".git", "__pycache__", ".venv", ".regency"})
@@ -214,7 +212,7 @@ def sync_workspace(
     """
     data = pack(local_dir)
     name = Path(local_dir).resolve().name
-    job_id = state.runtime().job_id
+    job_id = runtime().job_id
     procs = host_mesh.spawn_procs(name="workspace")
     try:
         actors = procs.spawn("workspace", WorkspaceActor)

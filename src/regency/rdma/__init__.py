@@ -19,9 +19,9 @@ without its owner taking part::
 """
 
 # A buffer registered in the controller's own code starts the controller's runtime on first
-# use, as every public package's first call does: the controller registers that boot with
-# the runtime's state when imported.
-import regency._runtime.controller  # noqa: F401
+# use, as every public package's first call does: the extension face registers that boot
+# when imported.
+import regency._lowlevel  # noqa: F401
 from regency import _public
 from regency.rdma._action import RDMAAction
 from regency.rdma._backends.choice import get_rdma_backend

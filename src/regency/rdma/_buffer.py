@@ -6,9 +6,7 @@ import os
 import time
 from typing import Any
 
-from regency._runtime import state
-from regency._runtime.future import Future
-from regency._runtime.meshes import current_context
+from regency._lowlevel import Future, current_context, runtime
 from regency.rdma import _engine
 from regency.rdma._backends import choice as _choice
 from regency.rdma._backends import cuda as _cuda
@@ -73,7 +71,7 @@ class RDMABuffer:
                 owner_has_nic=True,
             )
             raise RDMABackendError(f"{refusal}; use 'cma', 'shm' or 'tcp' (or leave backend unset)")
-        rt = state.runtime()
+        rt = runtime()
         owner = str(current_context().actor_instance)
         entry = registry().register(region, owner)
         try:
@@ -219,7 +217,7 @@ def _drop_remote(h: BufferHandle) -> None:
         return
     target = h.unix_address if here.shares_unix_sockets_with(h.host) else _choice.service_address(h)
     try:
-        _stream.drop(target, state.runtime().secret, h, time.monotonic() + DEFAULT_TIMEOUT)
+        _stream.drop(target, runtime().secret, h, time.monotonic() + DEFAULT_TIMEOUT)
     except (ConnectionError, TimeoutError) as exc:
         if here.shares_memory_with(h.host) and _exits_soon(h):
             return

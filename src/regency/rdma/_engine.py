@@ -17,9 +17,7 @@ from concurrent.futures import Future as PoolFuture
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from regency._runtime import state
-from regency._runtime.future import Future
-from regency._runtime.pending import Pending
+from regency._lowlevel import Future, Pending, runtime
 from regency._transport.auth import AuthenticationError
 from regency.rdma._backends import choice as _choice
 from regency.rdma._backends import cma as _cma
@@ -168,7 +166,7 @@ def _run_cuda_ipc(t: Transfer, deadline: float) -> None:
 
 def _run_service(t: Transfer, deadline: float, backend: str) -> None:
     h = t.handle
-    secret = state.runtime().secret
+    secret = runtime().secret
     move = _shm.transfer if backend == "shm" else _stream.transfer
     target = h.unix_address if backend == "shm" else _choice.service_address(h)
     if not t.local.is_cuda:
@@ -184,7 +182,7 @@ def _run_service(t: Transfer, deadline: float, backend: str) -> None:
 
 def _run_ibverbs(t: Transfer, deadline: float) -> None:
     h = t.handle
-    secret = state.runtime().secret
+    secret = runtime().secret
     _ibv_client.transfer(
         _choice.service_address(h), secret, h, t.local, t.nbytes, write=t.write, deadline=deadline
     )

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from regency._runtime import state
-from regency._runtime.endpoint_def import Actor, endpoint
+from regency._lowlevel import Actor, endpoint, runtime
 from regency.actor._functions import current_rank
 from regency.spmd._env import apply_env, check_master, elastic_env, free_port, host_of
 from regency.spmd._script import (
@@ -41,14 +40,14 @@ class SPMDActor(Actor):
         ``use_ipaddr=None`` gives a worker host's IP (the address regency reaches it at) and
         this machine's hostname for local procs; ``True`` always an IP, ``False`` the hostname.
         """
-        rt = state.runtime()
+        rt = runtime()
         return host_of(rt.address, use_ipaddr), free_port()
 
     @endpoint
     def setup_env(self, master_addr: str, master_port: int) -> None:
         """Set torchrun's variables (``RANK``, ``LOCAL_RANK``, ... ``MASTER_PORT``) here."""
         check_master(master_addr, master_port)
-        apply_env(elastic_env(current_rank(), master_addr, master_port), state.runtime().address)
+        apply_env(elastic_env(current_rank(), master_addr, master_port), runtime().address)
 
     @endpoint
     def main(self, master_addr: str, master_port: int, argv: Sequence[str]) -> bool:
@@ -80,7 +79,7 @@ def run_as_rank(
         raise ValueError(NO_SCRIPT)
     check_master(master_addr, master_port)
     point = current_rank()
-    apply_env(elastic_env(point, master_addr, master_port), state.runtime().address)
+    apply_env(elastic_env(point, master_addr, master_port), runtime().address)
     script_globals: dict[str, Any] | None = None
     try:
         script_globals = run_argv(argv)

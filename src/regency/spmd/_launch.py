@@ -9,9 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from regency._runtime.endpoint_def import endpoint
-from regency._runtime.errors import ActorError, SupervisionError
-from regency._runtime.ports import Channel, Port
+from regency._lowlevel import ActorError, Channel, Port, SupervisionError, endpoint
 from regency.actor._functions import current_rank
 from regency.spmd._actor import SPMDActor, run_as_rank
 from regency.spmd._output import captured_output

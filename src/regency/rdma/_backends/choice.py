@@ -23,7 +23,7 @@ import os
 import threading
 import warnings
 
-from regency._runtime import gateways, state
+from regency._lowlevel import gateway_ips, runtime
 from regency._transport import address
 from regency.rdma import _service
 from regency.rdma._backends import cma as _cma
@@ -54,10 +54,10 @@ def service_hosts() -> list[str]:
     ones, or, in a proc, those open when it started), so a single-host job listens on loopback
     only.
     """
-    rt = state.runtime()
+    rt = runtime()
     if address.is_tcp(rt.address):
         return [address.tcp_host(rt.address)]
-    ips = gateways.gateway_ips() or list(rt.gateway_ips)
+    ips = gateway_ips() or list(rt.gateway_ips)
     return ["127.0.0.1", *[ip for ip in ips if ip != "127.0.0.1"]]
 
 
@@ -72,7 +72,7 @@ def service_address(handle: BufferHandle) -> str:
     if address.tcp_host(served) != WILDCARD:
         return served
     port = address.tcp_port(served)
-    gateway = state.runtime().transport.gateway
+    gateway = runtime().transport.gateway
     if gateway is None or this_host().shares_unix_sockets_with(handle.host):
         return address.tcp_address("127.0.0.1", port)
     return address.tcp_address(address.tcp_host(gateway), port)

@@ -1,0 +1,91 @@
+"""The runtime's extension face (like ``trio.lowlevel``): all that packages built on it may use.
+
+``regency.rdma``, ``regency.job``, ``regency.spmd`` and the tensor engine import the runtime only
+from here (``tests/unit/test_import_layers.py`` pins it), so the runtime's folders can change
+under them. Importing this module registers the controller's boot: the first use of
+:func:`runtime` in the controller's process starts its runtime, as importing ``regency.actor``
+does.
+
+The kernel, for messages that are not actor calls:
+
+- :func:`runtime` -- this process's :class:`ProcRuntime` (the router): its ``address``,
+  ``secret``, ``job_id`` and ``transport``; ``open_port``/``close_port`` for a
+  :class:`PortHandler` that takes raw replies on the I/O thread; ``send_port`` (pre-encoded
+  :class:`Part` s to a :class:`PortRef` anywhere) and ``send_control`` (a request to a service
+  of the process at an address, e.g. :data:`SERVICE_HOST`).
+- :class:`Pending` -- a reply not yet there, which a :class:`Future` wraps
+  (``Future._from_pending``).
+- :func:`gateway_toward` / :func:`gateway_ips` -- the controller's listeners that other hosts
+  reach it on (RDMA listens there too).
+
+The actor layer:
+
+- :func:`current_context` -- who is running (the actor instance, its rank), booting the runtime.
+- The actor API's own classes (``Actor``, ``endpoint``, ``Future``, ``Port``, ``HostMesh``, ...):
+  the same objects ``regency.actor`` exports; ``regency.job`` takes them from here because
+  ``regency.actor`` imports it back (Monarch's names) and cannot be imported from it.
+
+The host layer:
+
+- :class:`Attach` and :func:`serve_worker` / :func:`start_worker` /
+  :func:`serve_worker_until_shutdown` -- the worker daemon that ``regency.job`` attaches to.
+"""
+
+from __future__ import annotations
+
+import regency._runtime.host.controller  # noqa: F401  (registers the controller's boot)
+from regency._runtime.actors.endpoint_def import Actor, concurrent_endpoint, endpoint
+from regency._runtime.actors.errors import ActorError, SupervisionError
+from regency._runtime.actors.future import Future
+from regency._runtime.actors.meshes import (
+    HostInfo,
+    HostMesh,
+    ProcMesh,
+    WorkerLease,
+    current_context,
+    this_host_mesh,
+)
+from regency._runtime.actors.ports import Channel, Port
+from regency._runtime.actors.value_mesh import ValueMesh
+from regency._runtime.host.worker_daemon import Attach
+from regency._runtime.host.worker_daemon import serve as serve_worker
+from regency._runtime.host.worker_daemon import serve_until_shutdown as serve_worker_until_shutdown
+from regency._runtime.host.worker_daemon import start as start_worker
+from regency._runtime.kernel.gateways import gateway_ips, gateway_toward
+from regency._runtime.kernel.pending import Pending
+from regency._runtime.kernel.port_handlers import PortHandler
+from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.router import ProcRuntime
+from regency._runtime.kernel.state import runtime
+from regency._runtime.kernel.wire import SERVICE_HOST
+
+__all__ = [
+    "SERVICE_HOST",
+    "Actor",
+    "ActorError",
+    "Attach",
+    "Channel",
+    "Future",
+    "HostInfo",
+    "HostMesh",
+    "Part",
+    "Pending",
+    "Port",
+    "PortHandler",
+    "PortRef",
+    "ProcMesh",
+    "ProcRuntime",
+    "SupervisionError",
+    "ValueMesh",
+    "WorkerLease",
+    "concurrent_endpoint",
+    "current_context",
+    "endpoint",
+    "gateway_ips",
+    "gateway_toward",
+    "runtime",
+    "serve_worker",
+    "serve_worker_until_shutdown",
+    "start_worker",
+    "this_host_mesh",
+]

@@ -1,0 +1,272 @@
+"""Actor meshes: the user's handle on a mesh of actors of one class (endpoints as attributes),
+and the recipe that spawns (and re-spawns) its actors on their procs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from regency import config
+from regency._runtime.actors.control import ProcInfo, SpawnActor, StopActor
+from regency._runtime.actors.endpoint import (
+    Endpoint,
+    NotAnEndpoint,
+    Route,
+    YieldsToEndpoint,
+)
+from regency._runtime.actors.endpoint_def import (
+    ArgumentCheck,
+    EndpointSpec,
+    endpoints_of,
+)
+from regency._runtime.actors.future import Future
+from regency._runtime.actors.identity import (
+    CreatorInstance,
+)
+from regency._runtime.actors.mesh_supervisor import MeshSupervisor
+from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
+from regency._runtime.actors.proc_control import (
+    ProcRecipe,
+    after,
+    new_proc_address,
+    open_countdown,
+    start_procs,
+    stop_procs,
+    unique,
+)
+from regency._runtime.kernel import state, wire
+from regency._runtime.kernel.refs import PortRef
+from regency._transport.transport import PeerUnreachableError
+from regency.shape import Shape
+
+T = TypeVar("T")
+
+# Mesh attributes Monarch does not have: an endpoint of the same name replaces them on the mesh.
+_YIELDING = ("shape", "restarts", "restarted")
+
+
+class NotOwnedError(RuntimeError, ValueError):
+    """Only a mesh's owner (its spawner, through the object it got) may stop it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActorSpawn:
+    """Everything needed to create (and re-create) the actors of one mesh."""
+
+    mesh_id: int
+    name: str
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    creator: CreatorInstance
+    class_name: str  # module.qualname, known before the proc unpickles the class
+    payload: bytes  # cloudpickled (cls, args, kwargs, proc_mesh)
+    recipe: ProcRecipe
+
+    def send(self, addr: str, rank: int, status: PortRef, owner: PortRef) -> None:
+        """Ask the proc at ``addr`` to construct rank ``rank``."""
+        request = SpawnActor(
+            self.mesh_id,
+            self.name,
+            rank,
+            self.labels,
+            self.sizes,
+            self.creator,
+            self.class_name,
+            self.payload,
+            status,
+            owner,
+        )
+        state.runtime().send_control(addr, wire.SERVICE_PROC, request)
+
+    def respawn(self, supervisor: MeshSupervisor, ranks: list[int]) -> None:
+        """Restart ``ranks``: retire their old actors, start a new proc and actor for each."""
+        rt = state.runtime()
+        retired: list[ProcInfo] = []
+        fresh: list[tuple[int, ProcInfo]] = []
+        for rank in ranks:
+            old = supervisor.procs[supervisor.bases[rank]]
+            if old in supervisor.replacements:
+                supervisor.replacements.remove(old)
+                retired.append(old)
+            elif old.addr not in rt.dead:
+                with contextlib.suppress(PeerUnreachableError):
+                    rt.send_control(
+                        old.addr,
+                        wire.SERVICE_PROC,
+                        StopActor(self.mesh_id, "restarting", None),
+                    )
+            addr = new_proc_address(old.agent, rt.job_id, self.recipe.mesh_name, "r-")
+            fresh.append((rank, ProcInfo(addr, old.agent, old.rank, old.local_rank)))
+        if retired:
+            stop_procs(retired, f"restarting {self.name}")
+        by_agent: dict[str, list[ProcInfo]] = {}
+        for _, info in fresh:
+            by_agent.setdefault(info.agent, []).append(info)
+        for agent, infos in by_agent.items():
+            start_procs(agent, infos, self.recipe)
+        addrs = [info.addr for _, info in fresh]
+        tracker, status = open_countdown(len(fresh), addrs, f"restarting {self.name}")
+        for rank, info in fresh:
+            supervisor.replaced(rank, info)
+            self.send(info.addr, rank, status, supervisor.port)
+        if tracker.pending.wait(config.get_seconds("connect_timeout") * 2) and (
+            tracker.pending.error() is None
+        ):
+            supervisor.restarted(ranks)
+        # Otherwise the new actor or proc failed too, and reported it: the policy decides again.
+
+
+class ActorMesh(MeshTrait, Generic[T]):
+    """A mesh of actors of one class. Reach endpoints as attributes: ``mesh.method.call()``."""
+
+    def __init__(
+        self,
+        cls: type,
+        name: str,
+        shape: Shape,
+        procs: Sequence[ProcInfo],
+        mesh_id: int,
+        proc_mesh: ProcMeshBase | None,
+        owned: bool = False,
+    ) -> None:
+        self._class = cls
+        self._name = name
+        self._shape = shape
+        # Shared with the mesh's views and its supervisor, which moves restarted ranks.
+        self._procs = procs if isinstance(procs, list) else list(procs)
+        self._mesh_id = mesh_id
+        self._proc_mesh = proc_mesh
+        self._owned = owned
+        self._status: Future[None] = Future._resolved(None)
+        self._endpoint_specs = _endpoint_table(cls)
+        # Set on the owner's mesh and its views: per-rank health and restarts.
+        self._supervisor: MeshSupervisor | None = None
+        for attr in _YIELDING:
+            if attr in self._endpoint_specs:
+                spec, checker = self._endpoint_specs[attr]
+                self.__dict__[attr] = Endpoint(self, attr, spec, checker)
+
+    def _route(self) -> Route:
+        """Where this view's messages go (computed once per view, again after a restart)."""
+        route: Route | None = self.__dict__.get("_cached_route")
+        supervisor = self._supervisor
+        generation = supervisor.generation if supervisor is not None else 0
+        if route is None or route.generation != generation:
+            bases = self._shape.ranks()
+            addrs = [self._procs[b].addr for b in bases]
+            extent = self._shape.extent
+            route = Route(
+                bases,
+                addrs,
+                list(range(len(addrs))),
+                unique(addrs),
+                tuple(extent.labels),
+                tuple(extent.sizes),
+                int(config.get("cast_fanout")),
+                {},
+                generation,
+            )
+            self.__dict__["_cached_route"] = route
+        return route
+
+    def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
+        mesh = ActorMesh[T](
+            self._class, self._name, shape, self._procs, self._mesh_id, self._proc_mesh
+        )
+        mesh._status = self._status
+        mesh._supervisor = self._supervisor
+        return mesh
+
+    def __getattr__(self, name: str) -> Any:
+        specs = self.__dict__.get("_endpoint_specs")
+        if specs is not None and name in specs:
+            spec, checker = specs[name]
+            return Endpoint(self, name, spec, checker)
+        cls = self.__dict__.get("_class")
+        if cls is not None and callable(getattr(cls, name, None)) and not name.startswith("_"):
+            return NotAnEndpoint(self, name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    @property
+    def initialized(self) -> Future[None]:
+        """Completes when every actor's constructor has run (raises if one raised)."""
+        return self._status
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop this mesh's actors (owner only); later calls raise ``SupervisionError``."""
+        if not self._owned:
+            raise NotOwnedError("ActorMesh is not owned; must be stopped by its owner")
+        rt = state.runtime()
+        if self._supervisor is not None:
+            self._supervisor.stop(reason)
+            replacements, self._supervisor.replacements = self._supervisor.replacements, []
+        else:
+            replacements = []
+        addrs = [a for a in unique(self._procs[b].addr for b in self._shape.ranks())]
+        live = [a for a in addrs if a not in rt.dead]
+        tracker, port = open_countdown(len(live), live, f"stopping {self._name}")
+        for addr in live:
+            rt.send_control(addr, wire.SERVICE_PROC, StopActor(self._mesh_id, reason, port))
+        if replacements:
+            # Procs started by restarts belong to this mesh alone: they go with it.
+            return after(
+                Future._from_pending(tracker.pending), lambda: stop_procs(replacements, reason)
+            )
+        return Future._from_pending(tracker.pending)
+
+    @YieldsToEndpoint
+    def restarts(self) -> int:
+        """How many restarts this mesh's restart policy has completed (owner only)."""
+        return self._supervisor.restarts if self._supervisor is not None else 0
+
+    @YieldsToEndpoint
+    def shape(self) -> Shape:
+        """The view's shape over the mesh it was taken from."""
+        return self._shape
+
+    def restarted(self, count: int = 1) -> Future[int]:
+        """Completes once the restart policy has completed ``count`` restarts in all."""
+        if self._supervisor is None:
+            raise NotOwnedError("restarts are tracked on the owner's mesh only")
+        return Future._from_pending(self._supervisor.when_restarted(count))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _actor_mesh_ref,
+            (self._class, self._name, self._shape, self._procs, self._mesh_id, self._proc_mesh),
+        )
+
+    def __repr__(self) -> str:
+        # Monarch's text up to its ``inner=<Rust class>`` part, which has no meaning here.
+        return f"ActorMesh(class={self._class}, shape={self._shape})"
+
+
+_TABLES: dict[type, dict[str, tuple[EndpointSpec, ArgumentCheck]]] = {}
+
+
+def _endpoint_table(cls: type) -> dict[str, tuple[EndpointSpec, ArgumentCheck]]:
+    """Each endpoint's spec and argument checker, computed once per class."""
+    table = _TABLES.get(cls)
+    if table is None:
+        table = {
+            name: (
+                prop.spec,
+                ArgumentCheck(prop.signature, 2 if prop.spec.explicit_port else 1),
+            )
+            for name, prop in endpoints_of(cls).items()
+        }
+        _TABLES[cls] = table
+    return table
+
+
+def _actor_mesh_ref(
+    cls: type,
+    name: str,
+    shape: Shape,
+    procs: Sequence[ProcInfo],
+    mesh_id: int,
+    proc_mesh: ProcMeshBase | None,
+) -> ActorMesh[Any]:
+    return ActorMesh(cls, name, shape, procs, mesh_id, proc_mesh, owned=False)

@@ -1,0 +1,191 @@
+"""The executor of an async actor: its own event loop on the actor's thread, where endpoints,
+``__supervise__`` and ``__cleanup__`` are awaited (concurrent endpoints as tasks)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from regency import config
+from regency._runtime.actors import context
+from regency._runtime.actors.endpoint_def import EndpointSpec
+from regency._runtime.actors.identity import wait_stopped_async
+from regency._runtime.actors.instance_core import STOP, SUPERVISE, WAKE, ActorCore, Control
+from regency._runtime.kernel.mailbox import Delivery
+from regency._runtime.kernel.refs import PortRef
+from regency.shape import Point
+
+log = logging.getLogger("regency.actor")
+
+
+class AsyncExecutor(ActorCore):
+    """Runs an async actor in an event loop on its thread."""
+
+    async def _serve_async(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self._construct(cls, args, kwargs):
+            return
+        loop = asyncio.get_running_loop()
+        inbox: deque[Any] = deque()
+        wake = asyncio.Event()
+        scheduled = [False]
+
+        def post(item: Any) -> None:
+            inbox.append(item)
+            if not scheduled[0]:
+                scheduled[0] = True
+                loop.call_soon_threadsafe(wake.set)
+
+        self._inbox = inbox
+        tasks: set[asyncio.Task[Any]] = set()
+        if not self._attach(post):
+            await self._end_forced_async(tasks)
+            return
+        while self.failed is None and not self._forced:
+            while inbox and self.failed is None:
+                item = inbox.popleft()
+                if self._forced:
+                    self._reject_safely(item)
+                    break
+                if type(item) is Control:
+                    if item.kind is STOP:
+                        await self._cancel_tasks(tasks)
+                        await wait_stopped_async(
+                            self.stop_owned(f"their owner {self} stopped", None),
+                            config.get_seconds("stop_timeout"),
+                        )
+                        await self._cleanup_async(None)
+                        self._requeue(inbox)
+                        self._finish_stop(item.arg)
+                        return
+                    if item.kind is SUPERVISE:
+                        await self._supervise_async(item.arg)
+                    continue
+                try:
+                    await self._handle_async(item, tasks, post)
+                except Exception:
+                    log.exception("actor %s dropped a malformed message", self.name)
+                item = None
+            if self.failed is not None or self._forced:
+                break
+            scheduled[0] = False
+            if inbox:
+                continue
+            self.runtime.flush()
+            wake.clear()
+            if inbox:
+                continue
+            await wake.wait()
+        if self._forced:
+            await self._end_forced_async(tasks)
+            return
+        await self._cancel_tasks(tasks)
+        await wait_stopped_async(self._owned_stopping, config.get_seconds("stop_timeout"))
+        await self._cleanup_async(self._failure_error)
+        # Hand what is still queued to the failed actor's loop, in order.
+        self._requeue(inbox)
+
+    def _requeue(self, inbox: deque[Any]) -> None:
+        """Move the async loop's leftover messages to the thread queue, keeping their order."""
+        if not self._attach(self._queue.put):
+            self._reject_queued()
+            return
+        while inbox:
+            self._queue.put(inbox.popleft())
+
+    async def _end_forced_async(self, tasks: set[asyncio.Task[Any]]) -> None:
+        """:meth:`_end_forced` for an async actor."""
+        await self._cancel_tasks(tasks)
+        self._reject_queued()
+        await self._cleanup_async(self._failure_error if self.failed is not None else None)
+
+    @staticmethod
+    async def _cancel_tasks(tasks: set[asyncio.Task[Any]]) -> None:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _supervise_async(self, notice: Any) -> None:
+        hook = self._supervise_hook()
+        context.set_current(context.Context(self, self.rank))
+        try:
+            handled = hook(self.actor, notice) if hook is not None else False
+            if inspect.isawaitable(handled):
+                handled = await handled
+        except BaseException as exc:
+            self._supervise_raised(notice, exc)
+            return
+        self._supervise_outcome(notice, handled)
+
+    async def _cleanup_async(self, exc: BaseException | None) -> None:
+        hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
+        if hook is None:
+            return
+        timeout = config.get_seconds("cleanup_timeout")
+        self._cleanup_started = time.monotonic()
+        context.set_current(context.Context(self, self.rank))
+        try:
+            # A sync hook is allowed on an actor whose only async parts are hooks.
+            outcome = hook(self.actor, exc)
+            if inspect.isawaitable(outcome):
+                await asyncio.wait_for(outcome, timeout)
+        except asyncio.TimeoutError:
+            self._cleanup_failed(f"__cleanup__ took longer than {timeout:g} s", None)
+        except BaseException as error:
+            self._cleanup_failed(f"__cleanup__ raised {type(error).__name__}: {error}", error)
+
+    async def _handle_async(
+        self, item: Delivery, tasks: set[asyncio.Task[Any]], post: Callable[[Any], None]
+    ) -> None:
+        prepared = self._prepare(item)
+        if prepared is None:
+            return
+        fn, spec, method, reply, point, args, kwargs = prepared
+        context.set_current(context.Context(self, point))
+        if spec.concurrent:
+            task = asyncio.ensure_future(
+                self._run_async(fn, spec, method, reply, point, args, kwargs)
+            )
+            tasks.add(task)
+
+            def finished(task: asyncio.Task[Any]) -> None:
+                tasks.discard(task)
+                if self.failed is not None:
+                    post(Control(WAKE))  # let the loop see the failure
+
+            task.add_done_callback(finished)
+            return
+        await self._run_async(fn, spec, method, reply, point, args, kwargs)
+
+    async def _run_async(
+        self,
+        fn: Callable[..., Any],
+        spec: EndpointSpec,
+        method: str,
+        reply: PortRef | None,
+        point: Point,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        try:
+            result = await fn(self.actor, *args, **kwargs)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._settle(spec, method, reply, point, None, exc)
+            return
+        self._settle(spec, method, reply, point, result, None)
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop

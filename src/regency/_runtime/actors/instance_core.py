@@ -1,0 +1,427 @@
+"""What every hosted actor is and does whichever executor runs it: its state, decoding a
+message, replying, failing, telling its owner, the outcome of ``__supervise__``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import queue
+import sys
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from regency import config
+from regency._runtime.actors import context
+from regency._runtime.actors.control import SpawnActor
+from regency._runtime.actors.endpoint_def import EndpointSpec, plain_method
+from regency._runtime.actors.errors import ActorError, SupervisionError, failed_text, stopped_text
+from regency._runtime.actors.identity import InstanceBase, new_uid
+from regency._runtime.actors.mesh_trait import ProcMeshBase
+from regency._runtime.actors.ports import Port
+from regency._runtime.actors.supervision import (
+    FailureEvent,
+    MeshRestarted,
+    UndeliverableMessageEnvelope,
+)
+from regency._runtime.kernel import codec, wire
+from regency._runtime.kernel.mailbox import Delivery
+from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.router import ProcRuntime
+from regency._transport.transport import PeerUnreachableError
+from regency.shape import Extent, Point
+
+if TYPE_CHECKING:
+    from regency._runtime.actors.future import Future
+
+
+log = logging.getLogger("regency.actor")
+
+_CACHE_MAX = 4096
+STOP = "stop"
+SUPERVISE = "supervise"
+WAKE = "wake"
+
+
+class Control:
+    """A mailbox item for the actor itself rather than an endpoint."""
+
+    __slots__ = ("arg", "kind")
+
+    def __init__(self, kind: str, arg: Any = None) -> None:
+        self.kind = kind
+        self.arg = arg
+
+
+class ActorCore(InstanceBase):
+    """One hosted actor's state and the steps both executors share (see
+    :class:`~regency._runtime.actors.instance.ActorInstance`)."""
+
+    def __init__(self, runtime: ProcRuntime, request: SpawnActor) -> None:
+        super().__init__()
+        self.runtime = runtime
+        self.request = request
+        self.uid = new_uid()
+        self.mesh_id = request.mesh_id
+        self.name = request.name
+        self.class_name: str | None = request.class_name
+        self.rank = Point(request.rank, Extent(request.labels, request.sizes))
+        self.creator = request.creator
+        self.proc_id = runtime.address
+        self.actor: Any = None
+        self.failed: str | None = None
+        self._failure_error: BaseException | None = None
+        self.stopped = False
+        self.stop_reason = ""
+        self._endpoints: dict[str, tuple[Callable[..., Any], EndpointSpec]] = {}
+        self._is_async = False
+        self._proc_mesh: ProcMeshBase | None = None
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Stops of owned meshes begun by a failure; cleanup waits for them.
+        self._owned_stopping: list[Future[None]] = []
+        self._wake: Callable[[], None] | None = None
+        self._points: dict[tuple[int, tuple[str, ...], tuple[int, ...]], Point] = {}
+        self._envelopes: dict[tuple[Any, int], tuple[str, Point]] = {}
+        # Set when a stop gave up waiting for the actor's thread (see _force_stop).
+        self._forced = False
+        self._cleanup_started: float | None = None
+        self._stop_lock = threading.Lock()
+        self._inbox: deque[Any] | None = None
+
+    @property
+    def proc_mesh(self) -> ProcMeshBase:
+        """The proc mesh this actor was spawned on."""
+        assert self._proc_mesh is not None
+        return self._proc_mesh
+
+    def _attach(self, sink: Callable[[Any], None]) -> bool:
+        """Hand the mailbox to ``sink``, unless a forced stop took it (then False)."""
+        with self._stop_lock:
+            if self._forced:
+                return False
+            self.runtime.mailbox(self.mesh_id).attach(sink)
+            return True
+
+    def _reject_queued(self) -> None:
+        """Refuse every message still waiting in the actor's queues."""
+        inbox = self._inbox
+        while inbox:
+            try:
+                item = inbox.popleft()
+            except IndexError:
+                break
+            self._reject_safely(item)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            self._reject_safely(item)
+
+    def _reject_safely(self, item: Any) -> None:
+        try:
+            self._reject(item)
+        except Exception:
+            log.exception("actor %s dropped a malformed message", self.name)
+
+    def _construct(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        token = context.set_current(context.Context(self, self.rank))
+        try:
+            self.actor = cls(*args, **kwargs)
+        except BaseException as exc:
+            self._report_init(exc)
+            return False
+        finally:
+            context.CURRENT.reset(token)
+        self._send_status(None)
+        return True
+
+    def _report_init(self, exc: BaseException) -> None:
+        self._send_status("".join(traceback.format_exception(exc)))
+        self._fail(f"__init__ raised {type(exc).__name__}: {exc}", exc)
+
+    def _send_status(self, error: str | None) -> None:
+        with contextlib.suppress(PeerUnreachableError):
+            self.runtime.send_port(
+                self.request.status, self.request.rank, 0, [pickle.dumps(error, protocol=5)]
+            )
+
+    def _serve_failed(self) -> None:
+        """After a failure: answer every later message with a ``SupervisionError``."""
+        if not self._attach(self._queue.put):
+            return
+        while True:
+            item = self._queue.get()
+            if self._forced:
+                self._reject_safely(item)
+                return
+            if type(item) is Control:
+                if item.kind is STOP:
+                    self.stopped = True
+                    self._reject_from_now_on()
+                    item.arg()
+                    return
+                continue
+            try:
+                self._reject(item)
+            except Exception:
+                log.exception("actor %s dropped a malformed message", self.name)
+
+    def _supervise_hook(self) -> Callable[..., Any] | None:
+        return getattr(type(self.actor), "__supervise__", None)
+
+    def _supervise_outcome(self, notice: Any, handled: Any) -> None:
+        if isinstance(notice, MeshRestarted) or notice.restarting or handled:
+            return
+        self._fail(
+            f"The actor {self} and all its descendants have failed (its __supervise__ did not "
+            f"handle the failure of its mesh {notice.mesh_name})",
+            cause=notice.event,
+        )
+
+    def _supervise_raised(self, notice: Any, exc: BaseException) -> None:
+        text = "".join(traceback.format_exception(exc))
+        if isinstance(notice, MeshRestarted) or notice.restarting:
+            log.error("actor %s: __supervise__ raised on a restart notice:\n%s", self, text)
+            return
+        self._fail(
+            f"error during handling of supervision: __supervise__ raised "
+            f"{type(exc).__name__}: {exc}",
+            exc,
+            cause=notice.event,
+        )
+
+    def _fail(
+        self, reason: str, exc: BaseException | None = None, cause: FailureEvent | None = None
+    ) -> None:
+        """Mark this actor failed, tell its owner, and stop the meshes it owns."""
+        if self.failed is not None or self.stopped:
+            return
+        self.failed = reason
+        self._failure_error = exc if exc is not None else Exception(reason)
+        event = FailureEvent(
+            self.mesh_id, self.request.rank, str(self), reason, cause, "failed", self.proc_id
+        )
+        detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        print(f"regency: actor {self} failed: {reason}\n{detail}", file=sys.stderr, flush=True)
+        self._tell_owner(event)
+        self._owned_stopping = self.stop_owned(f"their owner {self} failed", None)
+
+    def _report_stopped(self) -> None:
+        self._tell_owner(
+            FailureEvent(
+                self.mesh_id,
+                self.request.rank,
+                str(self),
+                self.stop_reason,
+                None,
+                "stopped",
+                self.proc_id,
+            )
+        )
+
+    def _tell_owner(self, event: FailureEvent) -> None:
+        owner = self.request.owner
+        if owner is None:
+            return
+        with contextlib.suppress(PeerUnreachableError):
+            self.runtime.send_port(owner, self.request.rank, 0, [pickle.dumps(event, protocol=5)])
+
+    def undeliverable(self, envelope: UndeliverableMessageEnvelope) -> bool:
+        """A message this actor sent cannot be delivered: its handler decides, else it fails."""
+        handler = getattr(self.actor, "_handle_undeliverable_message", None)
+        if handler is not None and handler(envelope):
+            return True
+        self._fail(f"a message it sent could not be delivered: {envelope.error_msg()}")
+        return False
+
+    def _finish_stop(
+        self, done: Callable[[], None], cleanup: Callable[[], None] | None = None
+    ) -> None:
+        """After the last message: stop owned meshes, run ``cleanup`` (None: the executor has
+        cleaned up already), refuse later messages."""
+        self.stop_owned(f"their owner {self} stopped", config.get_seconds("stop_timeout"))
+        if cleanup is not None:
+            cleanup()
+        self.stopped = True
+        self._reject_from_now_on()
+        done()
+
+    def _reject_from_now_on(self) -> None:
+        """Refuse later messages, and those queued but never run, with a ``SupervisionError``."""
+        self.runtime.mailbox(self.mesh_id).attach(self._reject)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._reject(item)
+            except Exception:
+                log.exception("actor %s dropped a malformed message", self.name)
+
+    def _cleanup_failed(self, reason: str, exc: BaseException | None) -> None:
+        if self.failed is None:
+            self._fail(reason, exc)
+            return
+        detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        print(f"regency: actor {self}: {reason}\n{detail}", file=sys.stderr, flush=True)
+
+    def _open(self, item: Delivery) -> tuple[str, PortRef | None, Point, Sequence[Part]]:
+        parts, rank, reply_override = item
+        envelope = bytes(parts[0])  # small; and a view of a writable buffer cannot be hashed
+        # Envelopes without a reply port (broadcasts) repeat byte for byte: decode them once.
+        cached = self._envelopes.get((envelope, rank))
+        if cached is not None and reply_override is None:
+            return cached[0], None, cached[1], parts[1:]
+        method, port, labels, sizes = pickle.loads(envelope)
+        if reply_override is not None:
+            reply: PortRef | None = reply_override
+        else:
+            reply = PortRef(*port) if port is not None else None
+        key = (rank, labels, sizes)
+        point = self._points.get(key)
+        if point is None:
+            if len(self._points) > _CACHE_MAX:
+                self._points.clear()
+            point = self._points[key] = Point(rank, Extent(labels, sizes))
+        if port is None and reply_override is None:
+            if len(self._envelopes) > _CACHE_MAX:
+                self._envelopes.clear()
+            self._envelopes[(envelope, rank)] = (method, point)
+        return method, reply, point, parts[1:]
+
+    def _reject(self, item: Any) -> None:
+        """Answer a message the actor will never run (it failed or stopped)."""
+        if type(item) is Control:
+            if item.kind is STOP:
+                item.arg()
+            return
+        method, reply, point, _ = self._open(item)
+        if reply is None:
+            return
+        if self.failed is not None:
+            why = failed_text(str(self), self.failed)
+        else:
+            why = stopped_text(str(self), self.stop_reason, f"actor mesh {self.name} is stopped")
+        text = f"Endpoint call {self.name}.{method}() failed, {why}"
+        self._reply_error(reply, point.rank, SupervisionError(text, f"{self.name}.{method}"))
+
+    def _prepare(self, item: Delivery) -> tuple[Any, ...] | None:
+        """Decode a message; returns None (after replying) when it cannot run."""
+        if self.failed is not None:
+            self._reject(item)
+            return None
+        method, reply, point, payload = self._open(item)
+        entry = self._endpoints.get(method)
+        try:
+            if entry is None:
+                wire_name, method = method, method.partition("@")[0]  # errors name the method
+                entry = plain_method(type(self.actor), wire_name, self._is_async)
+            if entry is None:
+                raise AttributeError(f"{self.class_name} has no endpoint {method!r}")
+            args, kwargs = codec.loads(payload)
+        except Exception as exc:
+            self._on_error(method, reply, point, exc)
+            return None
+        except BaseException as exc:  # SystemExit from a __reduce__: as if the endpoint raised it
+            self._die(method, reply, point, exc)
+            return None
+        fn, spec = entry
+        if spec.explicit_port:
+            port: Any = Port(reply, point.rank) if reply is not None else _NullPort()
+            args = (port, *args)
+        return fn, spec, method, reply, point, args, kwargs
+
+    def _settle(
+        self,
+        spec: EndpointSpec,
+        method: str,
+        reply: PortRef | None,
+        point: Point,
+        result: Any,
+        error: BaseException | None,
+    ) -> None:
+        """Reply with an endpoint's outcome, or fail the actor when nobody can be told."""
+        if error is None:
+            if reply is not None and not spec.explicit_port:
+                fatal = self._reply_value(reply, point.rank, result)
+                if fatal is not None:  # pickling the value raised a BaseException
+                    self._die(method, reply, point, fatal)
+        elif isinstance(error, Exception) and not spec.explicit_port:
+            self._on_error(method, reply, point, error, spec)
+        else:
+            # A BaseException, or an explicit-port endpoint that raised instead of replying.
+            self._die(method, reply, point, error)
+
+    def _reply_value(self, reply: PortRef, rank: int, value: Any) -> BaseException | None:
+        """Send ``value``; return a ``BaseException`` pickling it raised (the caller fails the
+        actor with it, as if the endpoint had raised it)."""
+        try:
+            parts = codec.dumps(value)
+        except Exception as exc:
+            self._reply_error(
+                reply,
+                rank,
+                ActorError(exc, f"Actor call {self.name} returned a value that cannot be pickled."),
+            )
+            return None
+        except BaseException as exc:
+            return exc
+        try:
+            self.runtime.send_port(reply, rank, 0, parts)
+        except PeerUnreachableError:
+            log.debug("reply to %s dropped: the caller is gone", reply.addr)
+        except ValueError as exc:  # frame over the size limit
+            self._reply_error(
+                reply, rank, ActorError(exc, f"Actor call {self.name} reply too large.")
+            )
+        return None
+
+    def _reply_error(self, reply: PortRef, rank: int, error: BaseException) -> None:
+        try:
+            self.runtime.send_port(reply, rank, wire.FLAG_ERROR, codec.dumps(error))
+        except PeerUnreachableError:
+            log.debug("error reply to %s dropped: the caller is gone", reply.addr)
+
+    def _on_error(
+        self,
+        method: str,
+        reply: PortRef | None,
+        point: Point,
+        exc: Exception,
+        spec: EndpointSpec | None = None,
+    ) -> None:
+        if reply is not None:
+            self._reply_error(
+                reply, point.rank, ActorError(exc, f"Actor call {self.name}.{method} failed.")
+            )
+            return
+        # Nobody to report to (broadcast, send without a port): the actor dies.
+        self._fail(f"endpoint {method} raised {type(exc).__name__}: {exc} with no reply path", exc)
+
+    def _die(self, method: str, reply: PortRef | None, point: Point, exc: BaseException) -> None:
+        self._fail(f"endpoint {method} raised {type(exc).__name__}: {exc}", exc)
+        if reply is not None:
+            self._reply_error(
+                reply,
+                point.rank,
+                SupervisionError(
+                    f"Endpoint call {self.name}.{method}() failed, "
+                    f"{failed_text(str(self), self.failed or '')}",
+                    f"{self.name}.{method}",
+                ),
+            )
+
+
+class _NullPort:
+    """Stands in for the response port of a message sent without one."""
+
+    def send(self, obj: Any) -> None:
+        """Drop the value."""
+
+    def exception(self, exc: BaseException) -> None:
+        """Drop the error."""

@@ -1,0 +1,466 @@
+"""Host and proc meshes: multidimensional arrays of machines and processes (actor meshes are in
+:mod:`.actor_mesh`, the requests to host agents in :mod:`.proc_control`).
+
+A mesh object made by ``spawn_procs``/``spawn`` is *owned* by the instance that made it; slices
+and copies received in messages are references that can send but not stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import cloudpickle
+
+from regency import config
+from regency._runtime.actors import context
+from regency._runtime.actors.actor_mesh import ActorMesh, ActorSpawn, NotOwnedError
+from regency._runtime.actors.bootstrap_command import BootstrapCommand, launches_for
+from regency._runtime.actors.control import PingProc, ProcInfo
+from regency._runtime.actors.endpoint import (
+    current_instance,
+)
+from regency._runtime.actors.endpoint_def import (
+    Actor,
+    actor_is_async,
+    endpoints_of,
+)
+from regency._runtime.actors.errors import ActorError
+from regency._runtime.actors.future import Future
+from regency._runtime.actors.identity import (
+    InstanceBase,
+    new_uid,
+    set_this_proc_mesh,
+)
+from regency._runtime.actors.mesh_supervisor import MeshSupervisor
+from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
+from regency._runtime.actors.proc_control import (
+    ProcRecipe,
+    after,
+    new_proc_address,
+    open_countdown,
+    shutdown_hosts,
+    start_procs,
+    stop_procs,
+    unique,
+)
+from regency._runtime.actors.supervision import RestartPolicy
+from regency._runtime.kernel import state, wire
+from regency._runtime.kernel.pending import Pending
+from regency._transport.transport import PeerUnreachableError
+from regency.shape import Extent, Point, Shape
+
+T = TypeVar("T")
+
+# Endpoint names an actor may not use: Monarch refuses every attribute its ActorMesh has
+# (public ones and its private ones alike); regency's own private attributes are refused too.
+_RESERVED = frozenset(
+    {
+        "stop",
+        "slice",
+        "initialized",
+        "size",
+        "sizes",
+        "extent",
+        "flatten",
+        "rename",
+        "split",
+        # Monarch's private ActorMesh attributes
+        "_class",
+        "_endpoint",
+        "_inner",
+        "_is_protocol",
+        "_labels",
+        "_mesh_name",
+        "_name",
+        "_ndslice",
+        "_new_with_shape",
+        "_proc_mesh",
+        "_shape",
+        # regency's
+        "_cached_route",
+        "_endpoint_specs",
+        "_mesh_id",
+        "_owned",
+        "_procs",
+        "_route",
+        "_status",
+        "_supervisor",
+    }
+    | {  # the special attributes Monarch's ActorMesh has (``dir()``), ``__len__`` among them
+        f"__{name}__"
+        for name in (  # noqa: SIM905
+            "abstractmethods class class_getitem delattr dict dir doc eq format ge getattr "
+            "getattribute getstate gt hash init init_subclass le len lt module ne new "
+            "orig_bases parameters reduce reduce_ex repr setattr sizeof slots str "
+            "subclasshook weakref"
+        ).split()
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HostInfo:
+    """A host: the address of its host agent (the controller's process for ``this_host``)."""
+
+    agent: str
+
+
+class WorkerLease:
+    """The worker daemons a host mesh was attached to, shared with its slices: whether they have
+    been shut down (then no mesh over them can be used again)."""
+
+    __slots__ = ("shut_down",)
+
+    def __init__(self) -> None:
+        self.shut_down = False
+
+
+class HostMesh(MeshTrait):
+    """A mesh of machines; ``spawn_procs`` starts processes on each of them."""
+
+    def __init__(
+        self,
+        shape: Shape,
+        hosts: Sequence[HostInfo],
+        owned: bool = False,
+        lease: WorkerLease | None = None,
+    ) -> None:
+        self._shape = shape
+        self._hosts = list(hosts)
+        self._owned = owned
+        self._lease = lease  # None: hosts this mesh cannot shut down (this_host(), references)
+
+    def _new_with_shape(self, shape: Shape) -> HostMesh:
+        return HostMesh(shape, self._hosts, lease=self._lease)
+
+    def _agents(self) -> set[str]:
+        return {self._hosts[b].agent for b in self._shape.ranks()}
+
+    def _check_up(self) -> None:
+        if self._lease is not None and self._lease.shut_down:
+            raise RuntimeError("HostMesh has already been shut down")
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Completes with ``True`` once the hosts are connected: at once, since regency
+        connects (``attach_to_workers``) before it returns the mesh."""
+        return Future._resolved(True)
+
+    def stop(self, reason: str = "host mesh stopped") -> Future[None]:
+        """Stop the procs the caller spawned on these hosts; the hosts stay up."""
+        if not self._owned:
+            raise NotOwnedError("cannot stop `HostMesh` that is a reference instead of owned")
+        self._check_up()
+        return self._stop_procs(reason)
+
+    def _stop_procs(self, reason: str) -> Future[None]:
+        owner = current_instance()
+        agents = self._agents()
+        procs = [m for m in owner.owned if isinstance(m, ProcMesh) and m._agents() & agents]
+        futures = [m.stop(reason) for m in procs]
+        pending = Pending()
+
+        def wait() -> None:
+            errors = []
+            for future in futures:
+                error = future.exception()
+                if error is not None:
+                    errors.append(str(error))
+            if errors:
+                pending.set_exception(
+                    ActorError(None, "stopping the host mesh failed", "\n".join(errors))
+                )
+            else:
+                pending.set_result(None)
+
+        threading.Thread(target=wait, name="regency-host-stop", daemon=True).start()
+        return Future._from_pending(pending)
+
+    def shutdown(self) -> Future[None]:
+        """Stop the caller's procs on these hosts, then end the worker daemons serving them.
+
+        Only the mesh ``attach_to_workers`` (or a job) returned can shut its hosts down; a slice,
+        a mesh received in a message and ``this_host()`` raise ``RuntimeError``. Afterwards the
+        mesh and its slices cannot be used (``RuntimeError("HostMesh has already been shut
+        down")``). ``async with hosts:`` shuts down on exit.
+        """
+        if not self._owned or self._lease is None:
+            raise NotOwnedError("cannot shut down `HostMesh` that is a reference instead of owned")
+        self._check_up()
+        self._lease.shut_down = True
+        stopped = self._stop_procs("host mesh shut down")
+        agents = sorted({host.agent for host in self._hosts})
+        return after(stopped, lambda: shutdown_hosts(agents))
+
+    async def __aenter__(self) -> HostMesh:
+        self._check_up()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._lease is not None and not self._lease.shut_down:
+            await self.shutdown()
+
+    def spawn_procs(
+        self,
+        per_host: dict[str, int] | None = None,
+        bootstrap: Callable[[], Any] | None = None,
+        name: str | None = None,
+        proc_bind: Sequence[dict[str, str]] | None = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
+    ) -> ProcMesh:
+        """Start ``per_host`` processes on every host; returns at once (spawning is async).
+
+        The result's dimensions are the host dimensions followed by ``per_host``'s.
+        ``bootstrap`` runs in each new process before any actor (e.g. to set environment
+        variables before CUDA starts). ``proc_bind`` (one dict per proc of a host) pins procs:
+        ``cpus`` (taskset's list form, ``"0-3,8"``) with ``os.sched_setaffinity``;
+        ``cpunodebind``, ``membind`` and ``physcpubind`` through ``numactl`` (which must be
+        installed on the host); other keys are ignored. ``bootstrap_command`` (see
+        ``default_bootstrap_cmd()``), or a function of each proc's ``Point`` returning one,
+        replaces the command procs start with.
+        """
+        self._check_up()
+        per_host = dict(per_host or {})
+        host_labels = tuple(self._shape.labels)
+        overlap = [label for label in per_host if label in host_labels]
+        if overlap:
+            raise ValueError(f"per_host labels {overlap} overlap with host labels {host_labels}")
+        for label, size in per_host.items():
+            if not isinstance(size, int) or size <= 0:
+                raise ValueError(f"per_host[{label!r}] must be a positive int, got {size!r}")
+        rt = state.runtime()
+        mesh_name = name or "anon"
+        labels = [*self._shape.labels, *per_host]
+        sizes = [*self._shape.ndslice.sizes, *per_host.values()]
+        shape = Shape.from_extent(Extent(labels, sizes))
+        per = 1
+        for size in per_host.values():
+            per *= size
+        launches = launches_for(shape, per, proc_bind, bootstrap_command)
+        procs: list[ProcInfo] = []
+        by_agent: dict[str, list[ProcInfo]] = {}
+        for host_base in self._shape.ranks():
+            host = self._hosts[host_base]
+            for local in range(per):
+                addr = new_proc_address(host.agent, rt.job_id, mesh_name)
+                info = ProcInfo(addr, host.agent, len(procs), local)
+                procs.append(info)
+                by_agent.setdefault(host.agent, []).append(info)
+        recipe = ProcRecipe(
+            cloudpickle.dumps(bootstrap) if bootstrap is not None else None,
+            mesh_name,
+            config.get_global_config(),
+            launches,
+        )
+        for agent, infos in by_agent.items():
+            start_procs(agent, infos, recipe)
+        hosts = HostMesh(self._shape, self._hosts)
+        mesh = ProcMesh(shape, procs, mesh_name, hosts, owned=True, recipe=recipe)
+        mesh._owner = current_instance()
+        mesh._owner.adopt(mesh)
+        return mesh
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (HostMesh, (self._shape, self._hosts))
+
+    def __repr__(self) -> str:
+        return f"HostMesh({self._shape})"
+
+
+class ProcMesh(ProcMeshBase):
+    """A mesh of processes; ``spawn`` creates one actor in each."""
+
+    def __init__(
+        self,
+        shape: Shape,
+        procs: Sequence[ProcInfo],
+        name: str,
+        hosts: HostMesh | None,
+        owned: bool = False,
+        recipe: ProcRecipe | None = None,
+    ) -> None:
+        self._shape = shape
+        self._procs = list(procs)
+        self._name = name
+        self._hosts = hosts
+        self._owned = owned
+        self._recipe = recipe or ProcRecipe(None, name, config.get_global_config())
+        self._stopped = False
+        self._ready: Future[bool] | None = None
+        # Supervisors of the actor meshes spawned through this object (in this process).
+        self._supervisors: list[MeshSupervisor] = []
+        self._owner: InstanceBase | None = None
+
+    def _new_with_shape(self, shape: Shape) -> ProcMesh:
+        mesh = ProcMesh(shape, self._procs, self._name, self._hosts, recipe=self._recipe)
+        mesh._supervisors = self._supervisors
+        return mesh
+
+    def _addrs(self) -> list[str]:
+        return [self._procs[b].addr for b in self._shape.ranks()]
+
+    def _agents(self) -> set[str]:
+        return {info.agent for info in self._procs}
+
+    def spawn(self, name: str, Class: type[T], *args: Any, **kwargs: Any) -> T:  # noqa: N803
+        """Create one ``Class(*args, **kwargs)`` actor in every process; returns at once.
+
+        The constructor runs before the actor's first message. A constructor that raises makes
+        that actor fail (calls to it raise ``SupervisionError``) rather than raising here. On a
+        stopped mesh this raises ``RuntimeError("`ProcMesh` has already been stopped")``.
+        """
+        if not (isinstance(Class, type) and issubclass(Class, Actor)):
+            raise ValueError(f"{Class!r} must subclass regency.actor.Actor to spawn it.")
+        actor_is_async(Class)
+        specs = endpoints_of(Class)
+        clash = sorted(set(specs) & _RESERVED)
+        if clash:
+            raise ValueError(
+                "ActorMesh has an attribute that collides with an endpoint name: "
+                f"attribute={clash[0]} ({Class.__qualname__} endpoint(s) {clash})"
+            )
+        policy = kwargs.get("restart")
+        if isinstance(policy, RestartPolicy):
+            del kwargs["restart"]
+        else:
+            policy = None
+        return self._spawn_owned(name, Class, args, kwargs, policy)  # type: ignore[return-value]
+
+    def _spawn_owned(
+        self,
+        name: str,
+        cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        policy: RestartPolicy | None = None,
+        owner: InstanceBase | None = None,
+    ) -> ActorMesh[Any]:
+        if self._stopped:
+            raise RuntimeError("`ProcMesh` has already been stopped")
+        owner = owner if owner is not None else current_instance()
+        extent = self._shape.extent
+        # The actor mesh gets its own copy of the proc list: restarts move its ranks.
+        procs = list(self._procs)
+        spawn = ActorSpawn(
+            new_uid(),
+            name,
+            tuple(extent.labels),
+            tuple(extent.sizes),
+            owner.as_creator(),
+            f"{cls.__module__}.{cls.__qualname__}",
+            cloudpickle.dumps((cls, args, kwargs, self)),
+            self._recipe,
+        )
+        supervisor = MeshSupervisor(
+            owner,
+            spawn.mesh_id,
+            name,
+            f"{cls.__module__}.{cls.__qualname__}",
+            extent,
+            self._shape.ranks(),
+            procs,
+            policy,
+            spawn.respawn,
+        )
+        addrs = self._addrs()
+        tracker, status = open_countdown(len(addrs), unique(addrs), f"spawning {name}")
+        for rank, addr in enumerate(addrs):
+            # A dead proc cannot host the rank: its watch fails it (and `initialized`).
+            with contextlib.suppress(PeerUnreachableError):
+                spawn.send(addr, rank, status, supervisor.port)
+        mesh: ActorMesh[Any] = ActorMesh(
+            cls, name, self._shape, procs, spawn.mesh_id, self, owned=True
+        )
+        mesh._status = Future._from_pending(tracker.pending)
+        mesh._supervisor = supervisor
+        supervisor.mesh = mesh
+        self._supervisors.append(supervisor)
+        owner.adopt(mesh)
+        supervisor.start_watching()
+        return mesh
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Completes with ``True`` once every process is up and its ``bootstrap`` ran."""
+        if self._ready is None:
+            addrs = self._addrs()
+            tracker, port = open_countdown(len(addrs), unique(addrs), "proc bootstrap")
+            rt = state.runtime()
+            for rank, addr in enumerate(addrs):
+                rt.send_control(addr, wire.SERVICE_PROC, PingProc(port, rank))
+            self._ready = Future._from_pending(tracker.pending, lambda _: True)
+        return self._ready
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop every actor and end every process of this mesh (owner only)."""
+        if not self._owned:
+            raise NotOwnedError("ProcMesh is not owned; must be stopped by an owner")
+        if self._stopped:
+            return Future._resolved(None)
+        self._stopped = True
+        if self._owner is not None:
+            self._owner.disown(self)
+        procs = list(self._procs)
+        for supervisor in self._supervisors:
+            supervisor.stop(f"stopped due to proc mesh shutdown ({reason})")
+            procs.extend(supervisor.replacements)
+        return stop_procs(procs, reason)
+
+    @property
+    def host_mesh(self) -> HostMesh:
+        """The host of a single-process mesh."""
+        if len(self._shape) != 1:
+            raise NotImplementedError(
+                "`ProcMesh.host_mesh` is not yet supported for non-singleton proc meshes."
+            )
+        info = self._procs[self._shape.ranks()[0]]
+        return HostMesh(Shape.unity(), [HostInfo(info.agent)])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ProcMesh, (self._shape, self._procs, self._name, self._hosts, False))
+
+    def __repr__(self) -> str:
+        return f"ProcMesh({self._name}, {self._shape})"
+
+    def __enter__(self) -> ProcMesh:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._owned:
+            self.stop().get()
+
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._owned:
+            await self.stop()
+
+
+def this_proc_mesh() -> ProcMesh:
+    """The singleton proc mesh of the calling process."""
+    rt = state.runtime()
+    agent = state.host_agent_address()
+    info = ProcInfo(rt.address, agent, 0, 0)
+    return ProcMesh(Shape.unity(), [info], "this_proc", None, owned=False)
+
+
+set_this_proc_mesh(this_proc_mesh)
+
+
+def this_host_mesh() -> HostMesh:
+    """The host the calling process runs on, as a 0-dimensional mesh (as in Monarch)."""
+    state.runtime()
+    return HostMesh(Shape.unity(), [HostInfo(state.host_agent_address())], owned=True)
+
+
+def current_context() -> context.Context:
+    """The running actor's context (the root client's outside any actor)."""
+    ctx = context.current_or_none()
+    if ctx is not None:
+        return ctx
+    return context.Context(context.client())

@@ -1,0 +1,127 @@
+"""The executor of a sync actor: its messages, ``__supervise__`` and ``__cleanup__`` run one at
+a time on the actor's thread, which reads the sockets itself while it waits."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from typing import Any
+
+from regency import config
+from regency._runtime.actors import context
+from regency._runtime.actors.identity import wait_stopped
+from regency._runtime.actors.instance_core import STOP, SUPERVISE, ActorCore, Control
+from regency._runtime.kernel.mailbox import Delivery
+from regency._runtime.kernel.waiting import thread_eventfd, wait_until, waker
+
+log = logging.getLogger("regency.actor")
+
+_UNSET: Any = object()
+
+
+class SyncExecutor(ActorCore):
+    """Runs a sync actor on its thread."""
+
+    def _serve_sync(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self._construct(cls, args, kwargs):
+            self._serve_failed()
+            return
+        q = self._queue
+        handle = self._handle_sync
+        idle = self._idle_until
+        while True:
+            if self._forced:
+                self._end_forced()
+                return
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                idle()
+                item = q.get()
+            if self._forced:
+                self._reject_safely(item)
+                continue
+            if type(item) is Control:
+                if item.kind is STOP:
+                    self._finish_stop(item.arg, lambda: self._cleanup_sync(None))
+                    return
+                if item.kind is SUPERVISE:
+                    self._supervise_sync(item.arg)
+            else:
+                try:
+                    handle(item)
+                except Exception:
+                    # Only a malformed message gets here (endpoint errors are handled inside).
+                    log.exception("actor %s dropped a malformed message", self.name)
+            # Drop the message now, not when the next one arrives: its parts may map shared
+            # memory that the sender is waiting to reuse.
+            item = None
+            if self.failed is not None:
+                wait_stopped(self._owned_stopping, config.get_seconds("stop_timeout"))
+                self._cleanup_sync()
+                self._serve_failed()
+                return
+
+    def _post_sync(self, item: Any) -> None:
+        self._queue.put(item)
+        if self._wake is not None:
+            self._wake()
+
+    def _idle_until(self) -> None:
+        """Wait for the next message reading the sockets on this thread (one wake-up, not two)."""
+        fd = thread_eventfd()
+        self._wake = waker(fd)
+        try:
+            wait_until(lambda: not self._queue.empty(), fd, None)
+        finally:
+            self._wake = None
+
+    def _end_forced(self) -> None:
+        """The thread of a force-stopped actor got free: clean up late, then end."""
+        self._cleanup_sync(self._failure_error if self.failed is not None else None)
+
+    def _supervise_sync(self, notice: Any) -> None:
+        hook = self._supervise_hook()
+        token = context.set_current(context.Context(self, self.rank))
+        try:
+            handled = hook(self.actor, notice) if hook is not None else False
+        except BaseException as exc:
+            self._supervise_raised(notice, exc)
+            return
+        finally:
+            context.CURRENT.reset(token)
+        self._supervise_outcome(notice, handled)
+
+    def _cleanup_sync(self, exc: BaseException | None = _UNSET) -> None:
+        if exc is _UNSET:
+            exc = self._failure_error
+        hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
+        if hook is None:
+            return
+        timeout = config.get_seconds("cleanup_timeout")
+        started = self._cleanup_started = time.monotonic()
+        token = context.set_current(context.Context(self, self.rank))
+        try:
+            hook(self.actor, exc)
+        except BaseException as error:
+            self._cleanup_failed(f"__cleanup__ raised {type(error).__name__}: {error}", error)
+        finally:
+            context.CURRENT.reset(token)
+        if time.monotonic() - started > timeout:
+            self._cleanup_failed(f"__cleanup__ took longer than {timeout:g} s", None)
+
+    def _handle_sync(self, item: Delivery) -> None:
+        prepared = self._prepare(item)
+        if prepared is None:
+            return
+        fn, spec, method, reply, point, args, kwargs = prepared
+        token = context.set_current(context.Context(self, point))
+        try:
+            result = fn(self.actor, *args, **kwargs)
+        except BaseException as exc:
+            self._settle(spec, method, reply, point, None, exc)
+            return
+        finally:
+            context.CURRENT.reset(token)
+        self._settle(spec, method, reply, point, result, None)

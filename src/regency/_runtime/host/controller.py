@@ -1,0 +1,83 @@
+"""Bootstrapping the controller: the user's script becomes the root client ``<root>``.
+
+The first use of the API creates this process's runtime, the root client, a proc agent (so
+actors can be spawned in the controller's own process) and the local host agent (so procs can be
+spawned on this machine). ``shutdown_context`` (also run at exit) stops them all.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+
+from regency import config
+from regency._runtime.actors import context, supervision
+from regency._runtime.actors.instance import ClientInstance
+from regency._runtime.actors.proc_agent import ProcAgent
+from regency._runtime.actors.singletons import SingletonRegistry
+from regency._runtime.host.host_agent import HostAgent, HostSession
+from regency._runtime.kernel import gateways, state, wire
+from regency._runtime.kernel.router import ProcRuntime
+from regency._runtime.kernel.service import Service
+
+_host_agent: HostAgent | None = None
+_proc_agent: ProcAgent | None = None
+
+
+def bootstrap_controller() -> None:
+    """Create the controller's runtime (called once, lazily, under the state lock)."""
+    global _host_agent, _proc_agent
+    job_id = os.urandom(4).hex()
+    secret = os.urandom(32)
+    runtime = ProcRuntime(f"unix:@regency-{job_id}-controller", secret, job_id)
+    context.install_client(ClientInstance(runtime, is_root=True))
+    state.install(runtime, runtime.address, runtime.address)
+    _proc_agent = ProcAgent(runtime)
+    _host_agent = HostAgent(
+        runtime, HostSession(job_id, runtime.address, runtime.address, secret, None)
+    )
+    runtime.add_service(wire.SERVICE_PROC, Service("regency-proc-agent", _proc_agent.handle))
+    runtime.add_service(wire.SERVICE_HOST, Service("regency-host-agent", _host_agent.handle))
+    runtime.add_service(
+        wire.SERVICE_SINGLETONS, Service("regency-singletons", SingletonRegistry().handle)
+    )
+    runtime.post_service(wire.SERVICE_HOST, "warm")
+    supervision.install_exit_path()
+    atexit.register(_exit_code_after_fatal_failure)
+    atexit.register(shutdown)
+
+
+def _exit_code_after_fatal_failure() -> None:
+    """Runs after ``shutdown``: a fatal supervision failure ends the process with code 1 even if
+    the main thread could only be sent ``KeyboardInterrupt``."""
+    code = supervision.fatal_exit_code()
+    if code is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def shutdown(timeout: float | None = None) -> None:
+    """Stop every proc this controller started and close its runtime (idempotent).
+
+    Each proc gets ``timeout`` seconds to stop (default: the ``stop_timeout`` setting).
+    """
+    global _host_agent, _proc_agent
+    runtime = state.existing()
+    if runtime is None:
+        return
+    if timeout is None:
+        timeout = config.get_seconds("stop_timeout")
+    if _host_agent is not None:
+        _host_agent.shutdown(timeout)
+    if _proc_agent is not None:
+        _proc_agent.stop_all(timeout)
+    runtime.close()
+    _host_agent = _proc_agent = None
+    gateways.clear()
+    state.clear(shut_down=True)
+    context.clear_client()
+
+
+state.set_boot(bootstrap_controller)

@@ -1,0 +1,254 @@
+"""The host agent: starts procs on its machine, watches them, and stops them.
+
+It learns of a child's exit the moment it happens (the zygote's report or a pidfd in the I/O
+loop), marks the proc dead in this process's router (failing every call waiting on it) and
+records the cause. It also hands each child the TCP connections routed to it through this
+process's port (see :mod:`regency._transport.routing`).
+
+The controller's process runs the host agent of its own machine; a worker daemon runs one for
+the controller it serves (:class:`HostSession` says which).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from regency import config
+from regency._runtime.actors.control import ProcInfo, SpawnProcs, StopProc, StopProcs
+from regency._runtime.actors.supervision import stop_reason
+from regency._runtime.host.launcher import Launcher
+from regency._runtime.kernel import gateways, wire
+from regency._runtime.kernel.port_handlers import PeerWatch
+from regency._runtime.kernel.refs import PortRef
+from regency._runtime.kernel.router import ProcRuntime
+from regency._transport import tls
+from regency._transport.address import route_key
+from regency._transport.routing import Switchboard, handoff_pair
+from regency._transport.transport import PeerUnreachableError
+
+log = logging.getLogger("regency.host")
+
+
+@dataclass
+class _Child:
+    info: ProcInfo
+    pid: int
+    events: PortRef | None = None  # the spawner's exit-report port (None: this process)
+    stopping: str | None = None
+    exited: threading.Event = field(default_factory=threading.Event)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def describe_status(status: int) -> str:
+    """Human text for a wait status."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"killed by signal {name} ({sig})"
+    return f"exited with code {os.waitstatus_to_exitcode(status)}"
+
+
+@dataclass(frozen=True, slots=True)
+class HostSession:
+    """What the procs a host agent starts inherit from the controller it serves."""
+
+    job_id: str
+    agent: str  # this host agent's address, as the job knows it
+    root: str  # the root controller's address
+    secret: bytes  # the controller's secret, which every proc of its job holds
+    gateway: str | None  # where this machine reaches the controller's unix addresses
+
+
+class HostAgent:
+    """Serves ``SpawnProcs``/``StopProcs`` requests for the machine it runs on."""
+
+    def __init__(self, runtime: ProcRuntime, session: HostSession | None) -> None:
+        self.runtime = runtime
+        self.session = session
+        self._children: dict[str, _Child] = {}
+        self._by_pid: dict[int, _Child] = {}
+        self._early_exits: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._spawners: dict[str, set[str]] = {}
+        self.launcher = Launcher(runtime.loop, self._exited)
+        self.switchboard = Switchboard(runtime.loop.call_later)
+        runtime.transport.router = self.switchboard.route
+
+    def handle(self, request: Any) -> None:
+        """Service entry point (runs on the host agent's own thread)."""
+        if isinstance(request, SpawnProcs):
+            session = self.session
+            for index, info in enumerate(request.procs):
+                if session is None:
+                    self._refuse(info, request)
+                else:
+                    self._spawn(info, request, session, index)
+        elif isinstance(request, StopProcs):
+            threading.Thread(
+                target=self._stop, args=(request,), name="regency-stop", daemon=True
+            ).start()
+        elif request == "warm":
+            self.launcher.start_zygote()
+        else:
+            log.warning("host agent got an unknown request %r", type(request).__name__)
+
+    def _refuse(self, info: ProcInfo, request: SpawnProcs) -> None:
+        """A spawn request while no controller is attached: report the proc as failed."""
+        reason = (
+            f"could not start the process: worker {self.runtime.address} serves no controller "
+            "(attach to it with attach_to_workers first)"
+        )
+        log.warning("refused to start %s: no controller is attached", info.addr)
+        if request.events is not None:
+            with contextlib.suppress(PeerUnreachableError):
+                self.runtime.send_port(
+                    request.events, 0, 0, [pickle.dumps((info.addr, reason), protocol=5)]
+                )
+
+    def _spawn(self, info: ProcInfo, request: SpawnProcs, session: HostSession, index: int) -> None:
+        launch = request.launches[index] if request.launches is not None else None
+        settings = {
+            "address": info.addr,
+            "secret": session.secret,
+            "job_id": session.job_id,
+            "agent": session.agent,
+            "root": session.root,
+            "gateway": session.gateway,
+            "parent_pid": os.getpid(),
+            "sys_path": list(sys.path),
+            "cwd": os.getcwd(),
+            "config": request.settings,
+            "bootstrap": request.bootstrap,
+            "rank": info.rank,
+            "bind": launch.bind if launch is not None else None,
+            "tls": tls.settings_for_children(),
+            # Where the controller's machine is reached from other hosts (RDMA owners listen
+            # there too).
+            "gateway_ips": gateways.gateway_ips() or list(self.runtime.gateway_ips),
+        }
+        self.runtime.add_child(info.addr)
+        ours, theirs = handoff_pair()
+        self.switchboard.register(route_key(info.addr), ours)
+        try:
+            pid = self.launcher.launch(settings, theirs, launch)
+        except OSError as exc:
+            self.switchboard.unregister(route_key(info.addr))
+            self.runtime.mark_dead(info.addr, f"could not start the process: {exc}")
+            return
+        finally:
+            theirs.close()
+        child = _Child(info, pid, request.events)
+        if request.events is not None:
+            self._watch_spawner(request.events.addr, info.addr)
+        with self._lock:
+            self._children[info.addr] = child
+            self._by_pid[pid] = child
+            early = self._early_exits.pop(pid, None)
+        if early is not None:
+            self._exited(pid, early)
+
+    def _exited(self, pid: int, status: int) -> None:
+        with self._lock:
+            child = self._by_pid.pop(pid, None)
+            if child is None:  # exited before _spawn recorded it
+                self._early_exits[pid] = status
+                return
+            self._children.pop(child.info.addr, None)
+            spawned = self._spawners.get(child.events.addr) if child.events else None
+            if spawned is not None:
+                spawned.discard(child.info.addr)
+        if child.stopping is not None:
+            reason = stop_reason(child.stopping)
+        else:
+            reason = describe_status(status)
+        child.exited.set()
+        self.switchboard.unregister(route_key(child.info.addr))
+        self.runtime.mark_dead(child.info.addr, reason)
+        self.runtime.forget_child(child.info.addr)
+        if child.events is not None:
+            with contextlib.suppress(PeerUnreachableError):
+                self.runtime.send_port(
+                    child.events, 0, 0, [pickle.dumps((child.info.addr, reason), protocol=5)]
+                )
+
+    def _watch_spawner(self, spawner: str, proc: str) -> None:
+        """Stop the procs a remote spawner started once that spawner's process is gone."""
+        with self._lock:
+            spawned = self._spawners.get(spawner)
+            first = spawned is None
+            if spawned is None:
+                spawned = self._spawners[spawner] = set()
+            spawned.add(proc)
+        if first:
+            self.runtime.open_port(PeerWatch(spawner, self.spawner_gone), watch=[spawner])
+
+    def spawner_gone(self, spawner: str, reason: str) -> None:
+        """The owner of some procs died: its meshes stop with it."""
+        with self._lock:
+            orphans = list(self._spawners.pop(spawner, ()))
+        if orphans:
+            threading.Thread(
+                target=self._stop_children,
+                args=(orphans, f"their owner {spawner} is gone: {reason}", 1.0),
+                name="regency-orphans",
+                daemon=True,
+            ).start()
+
+    def _stop(self, request: StopProcs) -> None:
+        self._stop_children(
+            [a for a in request.addrs if a in self._children],
+            request.reason,
+            config.get_seconds("stop_timeout"),
+        )
+        with contextlib.suppress(PeerUnreachableError):
+            self.runtime.send_port(request.done, 0, 0, [pickle.dumps(None, protocol=5)])
+
+    def _stop_children(self, addrs: list[str], reason: str, timeout: float) -> None:
+        waiting = []
+        for addr in addrs:
+            with self._lock:
+                child = self._children.get(addr)
+            if child is None:
+                continue
+            child.stopping = reason
+            waiting.append(child)
+            self.runtime.expect_stop([addr], stop_reason(reason))
+            try:
+                self.runtime.send_control(addr, wire.SERVICE_PROC, StopProc(reason))
+            except PeerUnreachableError:
+                child.kill()
+        deadline = time.monotonic() + timeout
+        for child in waiting:
+            if not child.exited.wait(max(0.0, deadline - time.monotonic())):
+                log.warning(
+                    "proc %s did not stop within %.0f s; killing it", child.info.addr, timeout
+                )
+                child.kill()
+                child.exited.wait(5)
+
+    def stop_all(self, reason: str, timeout: float) -> None:
+        """Stop every child (politely, then by force after ``timeout``)."""
+        with self._lock:
+            addrs = list(self._children)
+        self._stop_children(addrs, reason, timeout)
+
+    def shutdown(self, timeout: float) -> None:
+        """Stop every child and the zygote."""
+        self.stop_all("controller shutting down", timeout)
+        self.launcher.close()
+        self.switchboard.close()

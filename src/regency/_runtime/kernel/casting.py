@@ -1,0 +1,121 @@
+"""The casting tree: a message to many procs fans out with bounded fan-out, replies merge back.
+
+The sender splits its destination list into at most ``fanout`` contiguous groups and sends the
+message once to the head of each group, with the rest of the group attached. Each head delivers
+to its own actor and does the same for its rest, so the tree has depth ``log_fanout(n)``. For
+``call`` each head also gathers its subtree's replies into one message before passing it up.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+from regency._runtime.kernel import wire
+from regency._runtime.kernel.refs import Part, PortRef
+
+
+class Dest(NamedTuple):
+    """One destination actor: its process, the sender's sequence number for it, its rank."""
+
+    addr: str
+    seq: int
+    rank: int
+
+
+class Group(NamedTuple):
+    """A subtree: the head receives the message and forwards it to ``rest``."""
+
+    head: Dest
+    rest: tuple[Dest, ...]
+
+
+def plan(dests: Sequence[Dest], fanout: int) -> list[Group]:
+    """Split ``dests`` into at most ``fanout`` subtrees of near-equal size."""
+    n = len(dests)
+    if n <= fanout:
+        return [Group(d, ()) for d in dests]
+    groups = []
+    base, extra = divmod(n, fanout)
+    start = 0
+    for i in range(fanout):
+        size = base + (1 if i < extra else 0)
+        chunk = dests[start : start + size]
+        groups.append(Group(chunk[0], tuple(chunk[1:])))
+        start += size
+    return groups
+
+
+Entry = tuple[int, int, list["Part"]]  # (rank, flags, parts)
+
+
+def pack_entries(entries: Sequence[Entry]) -> list[Part]:
+    """Merge several replies into the parts of one FLAG_GATHER port message."""
+    index = [(rank, flags, len(parts)) for rank, flags, parts in entries]
+    out: list[Part] = [pickle.dumps(index, protocol=5)]
+    for _, _, parts in entries:
+        out.extend(parts)
+    return out
+
+
+def unpack_entries(rank: int, flags: int, parts: Sequence[Part]) -> list[Entry]:
+    """The replies inside one port message (one, or several when FLAG_GATHER is set)."""
+    if not flags & wire.FLAG_GATHER:
+        return [(rank, flags, list(parts))]
+    index = pickle.loads(parts[0])
+    entries: list[Entry] = []
+    offset = 1
+    for entry_rank, entry_flags, count in index:
+        entries.append((entry_rank, entry_flags, list(parts[offset : offset + count])))
+        offset += count
+    return entries
+
+
+class PortSender(Protocol):
+    """What a relay needs of its process's router (implemented by ``ProcRuntime``)."""
+
+    def close_port(self, port: int, watch: Sequence[str] = ()) -> None:
+        """Forget a port; later messages to it are dropped."""
+
+    def send_port(
+        self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
+    ) -> None:
+        """Send a value to a port (anywhere)."""
+
+
+class GatherRelay:
+    """A tree node's accumulator: collects its subtree's replies, then sends them up as one."""
+
+    def __init__(self, runtime: PortSender, upstream: PortRef | None, expected: int) -> None:
+        self._runtime = runtime
+        self._upstream = upstream
+        self._expected = expected
+        self._entries: list[Entry] = []
+        self._lock = threading.Lock()
+        self._port = -1
+        self._watch: list[str] = []
+
+    def bind(self, port: int, watch: list[str]) -> None:
+        """Remember the port id this relay was registered under."""
+        self._port = port
+        self._watch = watch
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        """Take one reply or merged group of replies from the subtree."""
+        with self._lock:
+            self._entries.extend(unpack_entries(rank, flags, parts))
+            self._expected -= 1
+            if self._expected:
+                return
+            entries, self._entries = self._entries, []
+        self._runtime.close_port(self._port, self._watch)
+        if self._upstream is not None:
+            self._runtime.send_port(
+                self._upstream, 0, wire.FLAG_GATHER, pack_entries(entries), wait=False
+            )
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        """A subtree head died: the caller learns of it through supervision, not from here."""
+        self._runtime.close_port(self._port, self._watch)

@@ -1,0 +1,510 @@
+"""The per-process router: frames in, frames out, local mailboxes, ports and services.
+
+Every regency process (the controller and each spawned proc) has exactly one :class:`ProcRuntime`.
+Frames arrive on the I/O thread and are routed without unpickling user data: actor messages to
+mailboxes, port messages to port handlers (which only store the raw parts), control requests to
+service threads, and cast frames are delivered locally and forwarded down the casting tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import pickle
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from regency import config
+from regency._runtime.kernel import bulk, casting, wire
+from regency._runtime.kernel.bulk import Bulk
+from regency._runtime.kernel.mailbox import Mailbox
+from regency._runtime.kernel.port_handlers import ExitReports, PeerWatch, PortHandler
+from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.service import Service
+from regency._transport import frames
+from regency._transport.bounded import BoundedDict
+from regency._transport.connection import Connection
+from regency._transport.transport import PeerUnreachableError, Transport
+
+log = logging.getLogger("regency.proc")
+
+_EXIT_REPORT_GRACE = 1.0
+# Frames of at most this many parts are envelope + pickle body: our own bytes, safe to hold.
+_OWN_PARTS = 2
+_COALESCE_MAX = 16 * 1024
+
+
+def buffers_size(buffers: Sequence[Part]) -> int:
+    """Total bytes of some buffers."""
+    return sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers)
+
+
+class ProcRuntime:
+    """Routing state of one process."""
+
+    def __init__(
+        self,
+        listen_address: str,
+        secret: bytes,
+        job_id: str,
+        handoff: socket.socket | None = None,
+        gateway: str | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.secret = secret
+        # The IPs other hosts reach the controller's machine on (set at a proc's start there).
+        self.gateway_ips: list[str] = []
+        self.frame_limit = int(config.get("max_frame_bytes"))
+        self.transport = Transport(
+            listen_address,
+            secret,
+            self._on_frame,
+            self._on_peer_lost,
+            frame_limit=self.frame_limit,
+            connect_timeout=config.get_seconds("connect_timeout"),
+            heartbeat=_heartbeat_settings,
+            handoff=handoff,
+        )
+        self.transport.gateway = gateway
+        self.address = self.transport.address
+        self.loop = self.transport.loop
+        self._lock = threading.Lock()
+        self._mailboxes: dict[int, Mailbox] = {}
+        self._ports: dict[int, PortHandler] = {}
+        self._port_ids = itertools.count(16)
+        self._services: dict[int, Service] = {}
+        self._early_control: dict[int, list[Any]] = {}
+        self._local_children: set[str] = set()
+        self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
+        self._watchers: dict[str, set[int]] = {}
+        # Ended procs and why; the oldest are forgotten beyond a bound (see bounded.py).
+        self._dead: dict[str, str] = BoundedDict()
+        self._stopping: dict[str, str] = {}  # proc -> its end's reason: it is stopped on purpose
+        self._exit_port: PortRef | None = None
+        self._host_procs: dict[str, set[str]] = {}  # remote host agent -> procs started there
+
+    @property
+    def dead(self) -> Mapping[str, str]:
+        """Ended processes and why (read-only; the oldest are forgotten beyond a bound)."""
+        return self._dead
+
+    def port_handler(self, port: int) -> PortHandler | None:
+        """The handler of port ``port`` of this process, if it is open."""
+        return self._ports.get(port)
+
+    def post_service(self, service_id: int, request: Any) -> None:
+        """Queue ``request`` for this process's own service ``service_id`` (which exists)."""
+        self._services[service_id].post(request)
+
+    def add_child(self, addr: str) -> None:
+        """A proc this process started: a lost connection to it waits for its exit report."""
+        self._local_children.add(addr)
+
+    def forget_child(self, addr: str) -> None:
+        """A proc this process started has ended."""
+        self._local_children.discard(addr)
+
+    def known_as(self, address: str) -> None:
+        """Take ``address`` as this process's address from now on (a worker takes the address
+        its controller dials it by: its listener may be bound to a wildcard or another name)."""
+        self.address = self.transport.address = address
+
+    # -- ports ---------------------------------------------------------------------------------
+
+    def open_port(self, handler: PortHandler, watch: Sequence[str] = ()) -> PortRef:
+        """Register a port; ``watch`` lists processes whose loss fails it."""
+        port = next(self._port_ids)
+        self._ports[port] = handler
+        if watch:
+            self.watch(port, watch)
+        return PortRef(self.address, port)
+
+    def watch(self, port: int, addrs: Sequence[str]) -> None:
+        """Tell port ``port``'s handler when any of ``addrs`` is gone (at once if it already is)."""
+        with self._lock:
+            # A port closed meanwhile (its reply already came) must not linger as a watcher.
+            if port not in self._ports:
+                return
+            for addr in addrs:
+                self._watchers.setdefault(addr, set()).add(port)
+        handler = self._ports.get(port)
+        for addr in addrs:
+            reason = self._dead.get(addr)
+            if reason is not None and handler is not None:
+                handler.peer_lost(addr, reason)
+
+    def exit_reports(self, agent: str, procs: Sequence[str]) -> PortRef:
+        """The port where host agent ``agent`` reports how ``procs`` (spawned from here) ended.
+
+        Until a report arrives, a lost connection to one of them is not taken as its death: the
+        report, which says how the process ended, follows within moments. If the host agent
+        itself is lost, so are all of them, at once.
+        """
+        self._local_children.update(procs)
+        with self._lock:
+            on_host = self._host_procs.get(agent)
+            first = on_host is None
+            if on_host is None:
+                on_host = self._host_procs[agent] = set()
+            on_host.update(procs)
+        if first:
+            self.open_port(PeerWatch(agent, self.host_lost), watch=[agent])
+        if self._exit_port is None:
+            self._exit_port = self.open_port(ExitReports(self._proc_ended))
+        return self._exit_port
+
+    def _proc_ended(self, addr: str, reason: str) -> None:
+        """A host agent reported that a proc started from here ended."""
+        self._local_children.discard(addr)
+        with self._lock:
+            for on_host in self._host_procs.values():
+                on_host.discard(addr)
+        self.mark_dead(addr, reason)
+
+    def host_lost(self, agent: str, reason: str) -> None:
+        """The host agent at ``agent`` is gone: every proc started there is lost with it."""
+        with self._lock:
+            procs = [p for p in self._host_procs.pop(agent, ()) if p not in self._dead]
+        why = f"its host {agent} was lost: {reason}"
+        # Procs being stopped went as asked, whatever became of their host.
+        ends = {proc: self._stopping.pop(proc, why) for proc in procs}
+        # Record every loss before telling anyone, so that each account names all the ranks.
+        self._dead.update(ends)
+        for proc, end in ends.items():
+            self._notify_dead(proc, end)
+
+    def close_port(self, port: int, watch: Sequence[str] = ()) -> None:
+        """Forget a port; later messages to it are dropped."""
+        self._ports.pop(port, None)
+        if watch:
+            with self._lock:
+                for addr in watch:
+                    waiting = self._watchers.get(addr)
+                    if waiting is not None:
+                        waiting.discard(port)
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def check_alive(self, addr: str) -> None:
+        """Raise :class:`PeerUnreachableError` if ``addr`` is known to be gone."""
+        reason = self._dead.get(addr)
+        if reason is not None:
+            raise PeerUnreachableError(f"{addr} is gone: {reason}")
+
+    def send_actor(
+        self,
+        targets: Sequence[tuple[str, int, int]],
+        mesh_id: int,
+        sender: int,
+        encoder: frames.Encoder,
+    ) -> None:
+        """Send one actor message directly to each ``(addr, seq, rank)`` in ``targets``."""
+        parts = encoder.parts
+        size = encoder.size
+        coalesce = len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX
+        big = size >= bulk.BULK_MIN
+        frame = encoder.frame
+        posts: list[tuple[str, list[Part]]] = []
+        # Known-dead targets were refused by the caller; one that dies meanwhile makes the
+        # transport raise PeerUnreachableError.
+        for addr, seq, rank in targets:
+            if addr == self.address:
+                self._deliver_local(mesh_id, sender, seq, rank, _own(parts), None)
+                continue
+            if big:
+                framed, flags = self._frame_parts(addr, parts)
+                buffers = frames.encode(
+                    wire.KIND_ACTOR,
+                    mesh_id,
+                    framed,
+                    flags=flags,
+                    rank=rank,
+                    sender=sender,
+                    seq=seq,
+                    limit=self.frame_limit,
+                )
+                self.transport.send(addr, buffers)
+                continue
+            buffers = frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
+            if coalesce:
+                posts.append((addr, buffers))
+            else:
+                self.transport.send(addr, buffers)
+        if posts:
+            self.transport.post(posts, size)
+
+    def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
+        """The parts of a frame to ``addr``: large ones move to shared memory on this host."""
+        if self.transport.is_local(addr) and buffers_size(parts) >= bulk.BULK_MIN:
+            frames.Encoder(list(parts), self.frame_limit)  # the limit is on the whole message
+            exported = self.bulk.export(addr, parts)
+            if exported is not None:
+                moved, descriptor = exported
+                return [*moved, descriptor], wire.FLAG_BULK
+        return list(parts), 0
+
+    def _bulk_release(self, peer: str, offset: int) -> None:
+        # Runs from a finalizer, on any thread and possibly inside a lock: only enqueue.
+        self.loop.call_soon(lambda: self._send_release(peer, offset))
+
+    def _send_release(self, peer: str, offset: int) -> None:
+        if peer in self._dead:
+            return
+        body = pickle.dumps(wire.BulkRelease(offset), protocol=5)
+        buffers = frames.encode(
+            wire.KIND_CONTROL, wire.SERVICE_BULK, [body], limit=self.frame_limit
+        )
+        with contextlib.suppress(PeerUnreachableError):
+            self.transport.send(peer, buffers, wait=False)
+
+    def flush(self) -> None:
+        """Send the frames waiting to be coalesced (call before blocking)."""
+        self.transport.flush()
+
+    def send_cast(
+        self,
+        group: casting.Group,
+        mesh_id: int,
+        sender: int,
+        reply: PortRef | None,
+        gather: bool,
+        parts: list[Part],
+        wait: bool = True,
+    ) -> None:
+        """Send a message to the head of a casting subtree, which forwards it further."""
+        head = group.head
+        if not group.rest:
+            if head.addr == self.address:
+                self._deliver_local(mesh_id, sender, head.seq, head.rank, _own(parts), reply)
+                return
+            routing: bytes = pickle.dumps(((), reply, False), protocol=5)
+        else:
+            routing = pickle.dumps((group.rest, reply, gather), protocol=5)
+        if head.addr == self.address:
+            self._on_cast(mesh_id, sender, head.seq, head.rank, routing, _own(parts))
+            return
+        self.check_alive(head.addr)
+        framed, flags = self._frame_parts(head.addr, [routing, *parts])
+        buffers = frames.encode(
+            wire.KIND_CAST,
+            mesh_id,
+            framed,
+            flags=flags,
+            rank=head.rank,
+            sender=sender,
+            seq=head.seq,
+            limit=self.frame_limit,
+        )
+        self.transport.send(head.addr, buffers, wait)
+
+    def send_port(
+        self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
+    ) -> None:
+        """Send a value to a port (anywhere)."""
+        if ref.addr == self.address:
+            handler = self._ports.get(ref.port)
+            if handler is not None:
+                handler.deliver(rank, flags, _own(parts))
+            return
+        self.check_alive(ref.addr)
+        encoder = frames.Encoder(list(parts), self.frame_limit)
+        size = encoder.size
+        if size >= bulk.BULK_MIN:
+            framed, bulk_flags = self._frame_parts(ref.addr, parts)
+            encoder = frames.Encoder(framed, self.frame_limit)
+            flags |= bulk_flags
+        buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
+        if wait and len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
+            self.transport.post([(ref.addr, buffers)], encoder.size)
+        else:
+            self.transport.send(ref.addr, buffers, wait)
+
+    def send_control(self, addr: str, service: int, request: Any, wait: bool = True) -> None:
+        """Send a control request to a service of the process at ``addr`` (without ``wait``,
+        return before a connection to it exists)."""
+        body = pickle.dumps(request, protocol=5) if addr != self.address else None
+        if addr == self.address:
+            self._post_control(service, request, addr)
+            return
+        self.check_alive(addr)
+        assert body is not None
+        buffers = frames.encode(wire.KIND_CONTROL, service, [body], limit=self.frame_limit)
+        self.transport.send(addr, buffers, wait)
+
+    # -- services ------------------------------------------------------------------------------
+
+    def add_service(self, service_id: int, service: Service) -> None:
+        """Register a service and hand it the requests that arrived before it existed."""
+        with self._lock:
+            self._services[service_id] = service
+            early = self._early_control.pop(service_id, [])
+        for request in early:
+            service.post(request)
+
+    def _post_control(self, service_id: int, request: Any, peer: str) -> None:
+        service = self._services.get(service_id)
+        if service is None:
+            with self._lock:
+                service = self._services.get(service_id)
+                if service is None:
+                    if service_id not in wire.SERVICES:
+                        log.warning(
+                            "control request for unknown service %d from %s", service_id, peer
+                        )
+                        return
+                    # A peer may reach a proc that is still starting its services: keep it.
+                    self._early_control.setdefault(service_id, []).append(request)
+                    return
+        service.post(request)
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    def mailbox(self, mesh_id: int) -> Mailbox:
+        """The mailbox for the actor of mesh ``mesh_id`` in this process (made on first use)."""
+        box = self._mailboxes.get(mesh_id)
+        if box is None:
+            with self._lock:
+                box = self._mailboxes.get(mesh_id)
+                if box is None:
+                    box = self._mailboxes[mesh_id] = Mailbox()
+        return box
+
+    def _deliver_local(
+        self,
+        mesh_id: int,
+        sender: int,
+        seq: int,
+        rank: int,
+        parts: Sequence[Part],
+        reply: PortRef | None,
+    ) -> None:
+        self.mailbox(mesh_id).post(sender, seq, (parts, rank, reply))
+
+    def _on_frame(self, conn: Connection, frame: frames.Frame) -> None:
+        if frame.flags & wire.FLAG_BULK:
+            if not frame.parts:
+                raise frames.FrameError("bulk frame without its descriptor part")
+            frame.parts = self.bulk.import_(conn.peer, frame.parts[:-1], frame.parts[-1])
+            frame.flags &= ~wire.FLAG_BULK
+        kind = frame.kind
+        if kind == wire.KIND_PORT:
+            handler = self._ports.get(frame.dest)
+            if handler is not None:
+                handler.deliver(frame.rank, frame.flags, frame.parts)
+            return
+        if kind == wire.KIND_ACTOR:
+            self._deliver_local(frame.dest, frame.sender, frame.seq, frame.rank, frame.parts, None)
+            return
+        if kind == wire.KIND_CAST:
+            if not frame.parts:
+                raise frames.FrameError("cast frame without a routing part")
+            self._on_cast(
+                frame.dest, frame.sender, frame.seq, frame.rank, frame.parts[0], frame.parts[1:]
+            )
+            return
+        if kind == wire.KIND_CONTROL:
+            try:
+                request = pickle.loads(frame.parts[0])
+            except Exception as exc:
+                log.warning("dropping undecodable control request from %s: %s", conn.peer, exc)
+                return
+            if frame.dest == wire.SERVICE_BULK:
+                if type(request) is wire.BulkRelease:
+                    self.bulk.released(request.offset)
+                return
+            self._post_control(frame.dest, request, conn.peer)
+            return
+        log.warning("closing connection from %s: unknown frame kind %d", conn.peer, kind)
+        conn.close(f"unknown frame kind {kind}")
+
+    def _on_cast(
+        self,
+        mesh_id: int,
+        sender: int,
+        seq: int,
+        rank: int,
+        routing_part: Part,
+        parts: Sequence[Part],
+    ) -> None:
+        rest, reply, gather = pickle.loads(routing_part)
+        # Most procs are leaves of the tree (``rest`` empty): they need not read the fan-out.
+        groups = casting.plan(rest, int(config.get("cast_fanout"))) if rest else []
+        local_reply = reply
+        if gather and groups:
+            acc = casting.GatherRelay(self, reply, expected=1 + len(groups))
+            local_reply = self.open_port(acc, watch=[g.head.addr for g in groups])
+            acc.bind(local_reply.port, [g.head.addr for g in groups])
+        self._deliver_local(mesh_id, sender, seq, rank, parts, local_reply)
+        forwarded = list(parts)
+        for group in groups:
+            try:
+                self.send_cast(group, mesh_id, sender, local_reply, gather, forwarded, wait=False)
+            except PeerUnreachableError as exc:
+                log.warning("cast could not reach %s: %s", group.head.addr, exc)
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def expect_stop(self, addrs: Sequence[str], reason: str) -> None:
+        """The procs at ``addrs`` are being stopped on purpose: losing one of them is its stop
+        (recorded as ``reason``), not a failure, however long its process takes to exit."""
+        for addr in addrs:
+            if addr not in self._dead:
+                self._stopping[addr] = reason
+
+    def mark_dead(self, addr: str, reason: str) -> None:
+        """Record that the process at ``addr`` is gone and fail everything waiting on it."""
+        self._stopping.pop(addr, None)
+        if addr in self._dead:
+            return
+        self._dead[addr] = reason
+        self._notify_dead(addr, reason)
+
+    def _notify_dead(self, addr: str, reason: str) -> None:
+        self.transport.mark_lost(addr, reason)
+        self.bulk.peer_lost(addr)
+        self._fail_watchers(addr, reason)
+
+    def _on_peer_lost(self, addr: str, reason: str) -> None:
+        stop = self._stopping.get(addr)
+        if stop is not None:
+            self.mark_dead(addr, stop)
+            return
+        if addr in self._local_children:
+            # Our host agent will report how the process ended in a moment (it watches the
+            # pid); only if the process lives on is the lost connection itself the news.
+            self.loop.call_later(
+                _EXIT_REPORT_GRACE, lambda: self.mark_dead(addr, self._stopping.get(addr, reason))
+            )
+            return
+        self.mark_dead(addr, reason)
+
+    def _fail_watchers(self, addr: str, reason: str) -> None:
+        with self._lock:
+            waiting = self._watchers.pop(addr, set())
+        for port in waiting:
+            handler = self._ports.get(port)
+            if handler is not None:
+                handler.peer_lost(addr, reason)
+
+    def close(self) -> None:
+        """Close every connection and stop the I/O thread."""
+        for service in self._services.values():
+            service.stop()
+        self.transport.close()
+        self.loop.stop()
+
+
+def _heartbeat_settings() -> tuple[float, float]:
+    return config.get_seconds("heartbeat_interval"), config.get_seconds("heartbeat_timeout")
+
+
+def _own(parts: Sequence[Part]) -> list[Part]:
+    """Copies of out-of-band buffers for a receiver in this same process.
+
+    The body (part 0) is a fresh pickle nobody else holds; larger parts are views of the
+    sender's objects, which the sender may change after the send returns.
+    """
+    return [parts[0], *(bytes(p) for p in parts[1:])] if len(parts) > 1 else list(parts)

@@ -1,0 +1,79 @@
+"""The process-wide runtime singleton (one :class:`ProcRuntime`).
+
+The controller's process starts its runtime on first use, through the function
+:mod:`regency._runtime.host.controller` registers with :func:`set_boot` when it is imported.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from regency._runtime.kernel.router import ProcRuntime
+
+_lock = threading.RLock()
+_runtime: ProcRuntime | None = None
+_boot: Callable[[], None] | None = None
+_shut_down = False
+_host_agent: str | None = None
+_root: str | None = None
+
+
+def set_boot(boot: Callable[[], None]) -> None:
+    """Register how a process with no runtime starts one on first use (the controller's boot,
+    which must :func:`install` the runtime)."""
+    global _boot
+    _boot = boot
+
+
+def install(runtime: ProcRuntime, host_agent: str, root: str) -> None:
+    """Make ``runtime`` this process's runtime; record the addresses of this machine's host
+    agent and of the root controller."""
+    global _runtime, _host_agent, _root
+    _runtime, _host_agent, _root = runtime, host_agent, root
+
+
+def root_address() -> str:
+    """The address of the root controller's process."""
+    runtime()
+    assert _root is not None
+    return _root
+
+
+def host_agent_address() -> str:
+    """The address of the host agent of this process's machine."""
+    runtime()
+    assert _host_agent is not None
+    return _host_agent
+
+
+def runtime() -> ProcRuntime:
+    """This process's runtime, bootstrapping the controller on first use."""
+    rt = _runtime
+    if rt is not None:
+        return rt
+    with _lock:
+        if _runtime is None:
+            if _shut_down:
+                raise RuntimeError("regency was shut down in this process and cannot restart")
+            if _boot is None:
+                raise RuntimeError(
+                    "regency has no runtime in this process: import regency.actor to start one"
+                )
+            _boot()
+        assert _runtime is not None
+        return _runtime
+
+
+def existing() -> ProcRuntime | None:
+    """The runtime if it was started, without starting it."""
+    return _runtime
+
+
+def clear(shut_down: bool) -> None:
+    """Forget the runtime (after shutdown)."""
+    global _runtime, _shut_down
+    _runtime = None
+    _shut_down = _shut_down or shut_down

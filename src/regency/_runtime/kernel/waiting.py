@@ -1,0 +1,67 @@
+"""Blocking waits that read the process's connections on the waiting thread itself.
+
+On machines where waking a thread on another CPU is expensive (most VMs), a reply that wakes
+the I/O thread, which then wakes the waiter, pays that cost twice. A thread that is going to
+block anyway polls the sockets directly (see ``IOLoop.wait_reading``) and is woken once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+
+from regency._runtime.kernel import state
+from regency._runtime.kernel.pending import Pending
+from regency._transport.io_loop import REPLY_SPIN_SECONDS
+
+_local = threading.local()
+
+
+def thread_eventfd() -> int:
+    """An eventfd owned by the calling thread, for being woken while reading inline."""
+    fd: int | None = getattr(_local, "fd", None)
+    if fd is None:
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        _local.fd = fd
+    return fd
+
+
+def waker(fd: int) -> Callable[[], None]:
+    """A function that wakes the thread owning ``fd``, unless called on that thread."""
+    owner = threading.get_ident()
+
+    def wake() -> None:
+        if threading.get_ident() != owner:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(fd, 1)
+
+    return wake
+
+
+def wait_until(
+    until: Callable[[], bool], fd: int, timeout: float | None, spin: float = 0.0
+) -> bool | None:
+    """Wait for ``until()`` while reading inline; ``None`` if inline reading is not possible."""
+    runtime = state.existing()
+    if runtime is None:
+        return None
+    runtime.flush()
+    return runtime.loop.wait_reading(until, fd, timeout, spin)
+
+
+def wait_pending(pending: Pending, timeout: float | None) -> bool:
+    """Block until ``pending`` is done or ``timeout`` passes; return whether it is done."""
+    if pending.done:
+        return True
+    fd = thread_eventfd()
+    wake = waker(fd)
+    pending.add_done_callback(lambda _: wake())
+    result = wait_until(lambda: pending.done, fd, timeout, REPLY_SPIN_SECONDS)
+    if result is None:
+        runtime = state.existing()
+        if runtime is not None:
+            runtime.flush()
+        return pending.wait(timeout)
+    return result
