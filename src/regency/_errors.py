@@ -16,6 +16,9 @@ first)::
           ├── AttachError           +ConnectionError    a worker could not be attached
           ├── UnsafePathError       +PermissionError    a trusted path is not private to the user
           ├── DimensionNotFoundError +KeyError +ValueError   an unknown dimension label
+          ├── EmptySliceError       +IndexError +ValueError  a mesh slice that selects nothing
+          ├── NotOwnedError         +RuntimeError +ValueError  only a mesh's owner may do that
+          ├── NotAnEndpointError    +RuntimeError +AttributeError  not an endpoint of the actor
           ├── RDMAError             +RuntimeError   a one-sided transfer failed
           │    ├── RDMABufferDroppedError           the registration was dropped
           │    ├── RDMAOwnerGoneError               the owner's process is dead or unreachable

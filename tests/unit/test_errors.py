@@ -8,6 +8,9 @@ import pytest
 
 import regency
 from regency._errors import RegencyError
+from regency._runtime.actors.actor_mesh import NotOwnedError
+from regency._runtime.actors.endpoint import NotAnEndpointError
+from regency._runtime.actors.mesh_trait import EmptySliceError
 from regency._transport.address import AddressError
 from regency._transport.auth import AuthenticationError
 from regency._transport.certs import TLSSetupError
@@ -37,6 +40,9 @@ OLD_BASES: list[tuple[type[BaseException], tuple[type[BaseException], ...]]] = [
     (AttachError, (ConnectionError,)),
     (UnsafePathError, (PermissionError,)),
     (DimensionNotFoundError, (KeyError, ValueError)),
+    (EmptySliceError, (IndexError, ValueError)),
+    (NotOwnedError, (RuntimeError, ValueError)),
+    (NotAnEndpointError, (RuntimeError, AttributeError)),
     (RDMAError, (RuntimeError,)),
     (RDMABufferDroppedError, (RDMAError, RuntimeError)),
     (RDMAOwnerGoneError, (RDMAError, RuntimeError)),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from regency import config
+from regency._errors import RegencyError
 from regency._runtime.actors.control import ProcInfo, SpawnActor, StopActor
 from regency._runtime.actors.endpoint import (
     Endpoint,
@@ -47,7 +48,7 @@ T = TypeVar("T")
 _YIELDING = ("shape", "restarts", "restarted")
 
 
-class NotOwnedError(RuntimeError, ValueError):
+class NotOwnedError(RegencyError, RuntimeError, ValueError):
     """Only a mesh's owner (its spawner, through the object it got) may stop it."""
 
 

@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar, overload
 
+from regency._errors import RegencyError
 from regency._runtime.actors import context
 from regency._runtime.actors.errors import (
     SupervisionError,
@@ -356,7 +357,7 @@ class YieldsToEndpoint(Generic[V]):
         return self._fget(obj)
 
 
-class NotAnEndpointError(RuntimeError, AttributeError):
+class NotAnEndpointError(RegencyError, RuntimeError, AttributeError):
     """A method of an actor mesh that is not an ``@endpoint`` was called or sent to."""
 
 

@@ -7,6 +7,7 @@ import builtins
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from regency._errors import RegencyError
 from regency.shape import Extent, Shape
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ M = TypeVar("M", bound="MeshTrait")
 T = TypeVar("T")
 
 
-class EmptySliceError(IndexError, ValueError):
+class EmptySliceError(RegencyError, IndexError, ValueError):
     """A mesh slice that selects nothing (``slice(gpus=slice(1, 1))``, or past the end).
 
     An ``IndexError``, as an int index past the end raises, and a ``ValueError``, which is what
