@@ -1,8 +1,41 @@
 """Regency: a pure-Python single controller for distributed PyTorch.
 
 The public API lives in subpackages: :mod:`regency.actor` (actors, meshes, messaging),
-:mod:`regency.shape` (the ndslice algebra), :mod:`regency.spmd` (torchrun's environment and
-SPMD launch) and :mod:`regency.config` (settings).
+:mod:`regency.shape` (the ndslice algebra), :mod:`regency.tensor` (the tensor engine, whose
+names are also offered here, loaded on first use), :mod:`regency.spmd` (torchrun's environment
+and SPMD launch) and :mod:`regency.config` (settings).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+# Monarch's top-level tensor names; importing them imports torch, so only on first use.
+_TENSOR_NAMES = (
+    "RemoteException",
+    "RemoteProcessGroup",
+    "Tensor",
+    "call_on_shard_and_fetch",
+    "coalescing",
+    "fetch_shard",
+    "get_active_mesh",
+    "inspect",
+    "no_mesh",
+    "reduce",
+    "reduce_",
+    "remote",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TENSOR_NAMES:
+        import regency.tensor
+
+        return getattr(regency.tensor, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_TENSOR_NAMES})

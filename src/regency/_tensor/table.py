@@ -1,0 +1,77 @@
+"""The process-global ref table of a worker process: ref id -> local tensor or a poison.
+
+Shared by the tensor-worker actors of one process (one per stream).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from regency._tensor.commands import GroupRef, Ref
+
+
+@dataclass(frozen=True, slots=True)
+class Poisoned:
+    """Why a value could not be computed: the failing command's call site, rank, traceback."""
+
+    site: int
+    rank: int
+    text: str
+
+
+TABLE: dict[int, torch.Tensor | Poisoned] = {}
+DEFINED = threading.Condition()
+"""Notified after each batch, for readers on other threads waiting for a ref to be defined."""
+ERRORS: list[Poisoned] = []
+"""Failures that started here (not inherited), until the controller collects them."""
+IDENTITY: dict[str, int] = {}
+"""``root``: the id of the controller's root this process belongs to; ``rank``: its world rank."""
+
+
+class PoisonedInputError(Exception):
+    """An argument of a command is poisoned; its outputs inherit the first poison."""
+
+    def __init__(self, poison: Poisoned) -> None:
+        super().__init__(poison.text)
+        self.poison = poison
+
+
+def resolve(obj: Any) -> Any:
+    """``obj`` with every ``Ref`` replaced by its local tensor; raises ``PoisonedInputError``."""
+    if isinstance(obj, Ref):
+        value = TABLE[obj.id]
+        if isinstance(value, Poisoned):
+            raise PoisonedInputError(value)
+        return value
+    if isinstance(obj, tuple):
+        return tuple(resolve(x) for x in obj)
+    if isinstance(obj, GroupRef):
+        from regency._tensor.reduce_worker import group_for
+
+        return group_for(obj.groups, IDENTITY["rank"])
+    if isinstance(obj, list):
+        return [resolve(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: resolve(v) for k, v in obj.items()}
+    return obj
+
+
+def tensor_leaves(obj: Any) -> list[torch.Tensor]:
+    """The tensors of a result in pytree order (the order the controller numbered them)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for x in obj for t in tensor_leaves(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in tensor_leaves(x)]
+    return []
+
+
+def poison(refs: tuple[int, ...], why: Poisoned) -> None:
+    """Mark ``refs`` as failed with ``why``."""
+    for ref in refs:
+        TABLE[ref] = why
