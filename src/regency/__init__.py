@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 # Monarch's top-level tensor names; importing them imports torch, so only on first use.
 _TENSOR_NAMES = (
+    "DataDependentError",
     "RemoteException",
     "RemoteProcessGroup",
     "Tensor",

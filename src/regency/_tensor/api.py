@@ -35,7 +35,7 @@ def activate(mesh: Any) -> Iterator[Any]:
         failed = True
         raise
     finally:
-        view.root.flush_all()
+        view.root.flush()
         if not failed:
             check_errors(view)
 

@@ -173,7 +173,7 @@ def coalescing() -> Iterator[None]:
     finally:
         _coalescing.pop()
         for root in list(_roots.values()):
-            root.flush_all()
+            root.flush()
 
 
 def stats() -> dict[str, Any]:

@@ -222,6 +222,8 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: V
     """Issue ``func`` as a command on the workers and return mesh tensors with its metadata."""
     if func is _LOCAL_SCALAR:
         raise data_dependent(".item() (or bool(t), or a Python number from a tensor)")
+    if func.namespace == "profiler":  # record_function markers (torch.optim): controller-local
+        return func(*args, **kwargs)
     name, arg_names = _op_names(func)
     walk = _Walk(constants=func in _CONSTANT_OPS)
     enc_args, key_args, enc_kwargs, key_kwargs = [], [], {}, []

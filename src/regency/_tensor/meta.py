@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import logging
+
 import torch
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
@@ -43,6 +45,7 @@ class OpSignature:
     mutates: tuple[int, ...]
 
 
+_fake_log = logging.getLogger("torch._subclasses.fake_tensor")
 _fake_mode: list[FakeTensorMode] = []
 _cache: dict[Any, tuple[Any, OpSignature]] = {}
 _signatures: dict[Any, tuple[tuple[str, ...], tuple[str | None, ...]]] = {}
@@ -71,11 +74,15 @@ def propagate(
         pass
     except TypeError:  # an unhashable argument: no caching for this call
         key = None
-    with fake_mode():
-        try:
+    # Fake mode logs a failing meta function before re-raising; the error itself is ours to raise.
+    _fake_log.disabled = True
+    try:
+        with fake_mode():
             result = fake_call()
-        except (DataDependentOutputException, DynamicOutputShapeException) as e:
-            raise data_dependent(str(op)) from e
+    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        raise data_dependent(str(op)) from e
+    finally:
+        _fake_log.disabled = False
     described = describe(result)
     found = (described, _signature(op, arg_names()))
     if key is not None:
