@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 
 from regency._tensor import commands as c
 from regency._tensor import sites
@@ -54,11 +55,24 @@ def rank_at(shape: Shape, shard: Mapping[str, int] | None, coords: Mapping[str, 
     return shape.slice(**point).ranks()[0]
 
 
-def mapped(inner: Future[Any], transform: Callable[[Any], Any]) -> Future[Any]:
-    """``inner`` with ``transform`` applied to its value (errors pass through)."""
+class _LocalFuture(Future[Any]):
+    """A future whose value is unpickled with interception off, so a fetch made inside
+    ``activate()`` gives local tensors (their unpickling makes tensors)."""
+
+    __slots__ = ()
+
+    def _outcome(self) -> Any:
+        with _disable_current_modes():
+            return super()._outcome()
+
+
+def mapped(inner: Future[Any], transform: Callable[[Any], Any] | None = None) -> Future[Any]:
+    """``inner`` as local values, with ``transform`` applied to its value (errors pass through)."""
     first = inner._transform  # noqa: SLF001
-    both = transform if first is None else (lambda v: transform(first(v)))
-    return Future._from_pending(inner._pending, both)  # noqa: SLF001
+    both = first
+    if transform is not None:
+        both = transform if first is None else (lambda v: transform(first(v)))
+    return _LocalFuture._from_pending(inner._pending, both)  # noqa: SLF001
 
 
 def fetch_shard(obj: Any, shard: Mapping[str, int] | None = None, **coords: int) -> Future[Any]:

@@ -56,6 +56,8 @@ def _import(path: str) -> Callable[..., Any]:
             continue
         for attr in parts[split:]:
             obj = getattr(obj, attr)
+        # A module-level ``@remote`` function: its name is bound to the Remote wrapper.
+        obj = getattr(obj, "_regency_local", obj)
         if not callable(obj):
             raise TypeError(f"remote function {path!r} is not callable")
         return obj  # type: ignore[no-any-return]

@@ -8,7 +8,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from regency._tensor import commands as c
 from regency._tensor import sites
 from regency._tensor.engine import View, active_view
-from regency._tensor.fetching import remote_exception, rank_at
+from regency._tensor.fetching import mapped, rank_at, remote_exception
 from regency._tensor.functions import FunctionRef
 from regency._tensor.meta import describe, fake_mode
 from regency._tensor.mesh_tensor import _Walk, build, common_view, fake_args
@@ -31,6 +31,8 @@ class Remote(Generic[P, R]):
         if propagate not in (None, "inspect", "cached") and not callable(propagate):
             raise ValueError(f"propagate must be a callable, 'inspect' or None, not {propagate!r}")
         self._ref = FunctionRef.of(fn)
+        if callable(fn):
+            self._regency_local = fn
         self._propagate = propagate
         self._cache: dict[Any, Any] = {}
         self.__name__ = getattr(fn, "__name__", str(fn))
@@ -40,7 +42,9 @@ class Remote(Generic[P, R]):
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[_Walk, Any, Any, Any, View]:
         walk = _Walk(constants=False)
-        enc_args, key_args = zip(*(walk.encode(a, None) for a in args), strict=True) if args else ((), ())
+        pairs = [walk.encode(a, None) for a in args]
+        enc_args = tuple(p[0] for p in pairs)
+        key_args = tuple(p[1] for p in pairs)
         enc_kwargs: dict[str, Any] = {}
         key_kwargs = []
         for k, v in kwargs.items():
@@ -92,19 +96,19 @@ class Remote(Generic[P, R]):
         """Run on every proc of the active mesh; a ``ValueMesh`` of the results."""
         enc_args, enc_kwargs, view = self._target(args, kwargs)
         workers = view.root.workers_of(view.shape)
-        return workers.run.call(self._ref, enc_args, enc_kwargs)  # type: ignore[no-any-return]
+        return mapped(workers.run.call(self._ref, enc_args, enc_kwargs))
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Run on the one proc of the active mesh (a mesh of another size raises)."""
         enc_args, enc_kwargs, view = self._target(args, kwargs)
         workers = view.root.workers_of(view.shape)
-        return workers.run.call_one(self._ref, enc_args, enc_kwargs)  # type: ignore[no-any-return]
+        return mapped(workers.run.call_one(self._ref, enc_args, enc_kwargs))
 
     def call_on_shard(self, shard: dict[str, int] | None, *args: Any, **kwargs: Any) -> Future[R]:
         """Run on one shard of the mesh (``call_on_shard_and_fetch``)."""
         enc_args, enc_kwargs, view = self._target(args, kwargs)
         worker = view.root.worker_at(rank_at(view.shape, shard, {}))
-        return worker.run.call_one(self._ref, enc_args, enc_kwargs)  # type: ignore[no-any-return]
+        return mapped(worker.run.call_one(self._ref, enc_args, enc_kwargs))
 
     def __repr__(self) -> str:
         return f"<regency.remote {self._ref.path or self.__name__}>"
