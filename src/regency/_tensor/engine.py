@@ -14,7 +14,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from regency._tensor import commands as c
+from regency._tensor.table import Poisoned
 from regency._tensor.worker import TensorWorker
+from regency.actor import Channel
 from regency.shape import Shape, Slice
 
 if TYPE_CHECKING:
@@ -53,8 +55,11 @@ class Root:
             }
             for rank, info in enumerate(procs)
         }
+        # Workers push each failure that starts with them; activate() exit raises unfetched ones.
+        port, self._errors = Channel[Poisoned].open()
+        self._next_error = self._errors.recv()
         self.workers: ActorMesh[TensorWorker] = whole.spawn(
-            "tensor_worker", TensorWorker, id(procs), envs
+            "tensor_worker", TensorWorker, id(procs), envs, port
         )
         self._views: dict[Shape, ActorMesh[TensorWorker]] = {}
         self.buffer: list[c.Command] = []
@@ -62,6 +67,14 @@ class Root:
         self.deletes: dict[Shape, list[int]] = defaultdict(list)
         self.flushes = 0
         self.world: tuple[str, int] | None = None
+
+    def arrived_errors(self) -> list[Poisoned]:
+        """Failures the workers reported so far (without waiting for more)."""
+        found = []
+        while self._next_error.done():
+            found.append(self._next_error.get())
+            self._next_error = self._errors.recv()
+        return found
 
     def workers_of(self, shape: Shape) -> ActorMesh[TensorWorker]:
         """The worker actors of the procs in ``shape`` (a view of this root)."""

@@ -112,11 +112,9 @@ def inspect(obj: Any, shard: Mapping[str, int] | None = None, **coords: int) -> 
     return fetch_shard(obj, shard, **coords).result()
 
 
-def check_errors(view: View, timeout: float = 60.0) -> None:
-    """Raise the first failure on ``view``'s workers that no fetch has raised (``activate()``
-    exit)."""
-    replies = view.root.workers_of(view.shape).drain_errors.call().get(timeout)
-    for _, found in replies.items():
-        for poison in found:
-            if unseen(poison):
-                raise remote_exception(poison)
+def check_errors(view: View) -> None:
+    """Raise the first failure reported by ``view``'s root that no fetch has raised (at
+    ``activate()`` exit; a failure still in flight then is raised at the next exit)."""
+    for poison in view.root.arrived_errors():
+        if unseen(poison):
+            raise remote_exception(poison)

@@ -26,8 +26,6 @@ class Poisoned:
 TABLE: dict[int, torch.Tensor | Poisoned] = {}
 DEFINED = threading.Condition()
 """Notified after each batch, for readers on other threads waiting for a ref to be defined."""
-ERRORS: list[Poisoned] = []
-"""Failures that started here (not inherited), until the controller collects them."""
 IDENTITY: dict[str, int] = {}
 """``root``: the id of the controller's root this process belongs to; ``rank``: its world rank."""
 

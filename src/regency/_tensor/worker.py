@@ -11,7 +11,6 @@ import torch
 from regency._tensor import commands as c
 from regency._tensor.table import (
     DEFINED,
-    ERRORS,
     IDENTITY,
     TABLE,
     Poisoned,
@@ -20,7 +19,7 @@ from regency._tensor.table import (
     resolve,
     tensor_leaves,
 )
-from regency.actor import Actor, current_rank, endpoint
+from regency.actor import Actor, Port, current_rank, endpoint
 
 _ops: dict[str, Any] = {}
 
@@ -39,8 +38,11 @@ def resolve_op(name: str) -> Any:
 class TensorWorker(Actor):
     """Holds this process's shards; runs what the controller sends, never replies per op."""
 
-    def __init__(self, root: int, envs: dict[int, dict[str, str]]) -> None:
+    def __init__(
+        self, root: int, envs: dict[int, dict[str, str]], errors: Port[Poisoned]
+    ) -> None:
         self._rank = current_rank().rank
+        self._errors = errors
         os.environ.update(envs[self._rank])
         IDENTITY["root"] = root
         IDENTITY["rank"] = self._rank
@@ -92,7 +94,7 @@ class TensorWorker(Actor):
             result = fn(*args, **kwargs)
         except Exception:  # noqa: BLE001 - any failure of user code poisons, the worker lives on
             failure = Poisoned(site, self._rank, traceback.format_exc())
-            ERRORS.append(failure)
+            self._errors.send(failure)
             poison(outs + mutates, failure)
             return
         for ref, tensor in zip(outs, tensor_leaves(result), strict=False):
@@ -130,13 +132,6 @@ class TensorWorker(Actor):
         if not ok:
             raise ValueError(f"an argument failed to compute:\n{value.text}")
         return _copies(fn.resolve()(*value[0], **value[1]))
-
-    @endpoint
-    def drain_errors(self) -> list[Poisoned]:
-        """Failures that started here since the last call (for the check at ``activate()`` exit)."""
-        found = list(ERRORS)
-        del ERRORS[: len(found)]
-        return found
 
     @endpoint
     def open_store(self) -> tuple[str, int]:
