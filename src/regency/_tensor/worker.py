@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 import traceback
 from typing import Any
 
@@ -59,9 +60,9 @@ class TensorWorker(Actor):
     def _execute(self, batch: list[c.Command]) -> None:
         for cmd in batch:
             if isinstance(cmd, c.CallOp):
-                self._call(cmd.site, cmd.outs, cmd.mutates, resolve_op(cmd.op), cmd)
+                self._call(cmd.site, cmd.outs, cmd.mutates, lambda: resolve_op(cmd.op), cmd)
             elif isinstance(cmd, c.CallFunction):
-                self._call(cmd.site, cmd.outs, cmd.mutates, cmd.fn.resolve(), cmd)
+                self._call(cmd.site, cmd.outs, cmd.mutates, cmd.fn.resolve, cmd)
             elif isinstance(cmd, c.Delete):
                 for ref in cmd.refs:
                     TABLE.pop(ref, None)
@@ -82,7 +83,7 @@ class TensorWorker(Actor):
         site: int,
         outs: tuple[int, ...],
         mutates: tuple[int, ...],
-        fn: Any,
+        lookup: Callable[[], Any],
         cmd: c.CallOp | c.CallFunction,
     ) -> None:
         try:
@@ -91,7 +92,7 @@ class TensorWorker(Actor):
             poison(outs + mutates, bad.poison)
             return
         try:
-            result = fn(*args, **kwargs)
+            result = lookup()(*args, **kwargs)
         except Exception:  # noqa: BLE001 - any failure of user code poisons, the worker lives on
             failure = Poisoned(site, self._rank, traceback.format_exc())
             self._errors.send(failure)
