@@ -29,8 +29,12 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
 
 
-@regency.remote(propagate=lambda rank, world: (
-    torch.empty(BATCH // world, FEATURES), torch.empty(BATCH // world, 1)))
+@regency.remote(
+    propagate=lambda rank, world: (
+        torch.empty(BATCH // world, FEATURES),
+        torch.empty(BATCH // world, 1),
+    )
+)
 def shard_of_batch(rank: torch.Tensor, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's slice of the batch (runs on the workers)."""
     x, y = full_batch()

@@ -25,11 +25,20 @@ def test_linear_sgd_step_exact_per_rank(procs: ProcMesh) -> None:
         grads = (model.weight.grad, model.bias.grad)
         opt.step()
     assert isinstance(model.weight, nn.Parameter)
-    assert model.weight.grad is not None and model.weight.grad.shape == (3, 4)
+    assert model.weight.grad is not None
+    assert model.weight.grad.shape == (3, 4)
     for rank in range(2):
         got = regency.inspect(
-            {"x": x, "t": target, "w0": w0, "b0": b0, "loss": loss, "g": grads,
-             "w": model.weight, "b": model.bias},
+            {
+                "x": x,
+                "t": target,
+                "w0": w0,
+                "b0": b0,
+                "loss": loss,
+                "g": grads,
+                "w": model.weight,
+                "b": model.bias,
+            },
             gpus=rank,
         )
         local = nn.Linear(4, 3)
@@ -51,7 +60,8 @@ def test_parameter_of_a_mesh_tensor(procs: ProcMesh) -> None:
     with procs.activate():
         p = nn.Parameter(torch.ones(2, 2))
         (p * 3).sum().backward()
-    assert isinstance(p, regency.Tensor) and p.requires_grad
+    assert isinstance(p, regency.Tensor)
+    assert p.requires_grad
     torch.testing.assert_close(regency.inspect(p.grad, gpus=1), torch.full((2, 2), 3.0))
 
 
@@ -60,5 +70,6 @@ def test_requires_grad_propagates_on_the_controller(procs: ProcMesh) -> None:
         a = torch.rand(3, requires_grad=True)
         b = (a * 2).exp()
         c = b.detach()
-    assert b.requires_grad and b.grad_fn is not None
+    assert b.requires_grad
+    assert b.grad_fn is not None
     assert not c.requires_grad

@@ -6,9 +6,9 @@ import gc
 
 import pytest
 import torch
-from conftest import flushes
 
 import regency
+from conftest import flushes
 from regency._tensor import engine
 from regency.actor import ProcMesh
 
@@ -24,7 +24,8 @@ def test_factories_ops_inspect_per_rank(procs: ProcMesh) -> None:
     assert y.dtype == torch.float32
     x0, y0 = regency.inspect((x, y), gpus=0)
     x1, y1 = regency.inspect([x, y], gpus=1)
-    assert isinstance(x0, torch.Tensor) and not isinstance(x0, regency.Tensor)
+    assert isinstance(x0, torch.Tensor)
+    assert not isinstance(x0, regency.Tensor)
     torch.testing.assert_close(y0, (x0 @ torch.ones(4, 5)).relu())
     torch.testing.assert_close(y1, (x1 @ torch.ones(4, 5)).relu())
     assert not torch.equal(x0, x1)  # each proc made its own random shard

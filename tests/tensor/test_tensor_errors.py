@@ -33,7 +33,8 @@ def my_pid() -> int:
 
 
 def test_failure_poisons_dependents_and_spares_the_rest(procs: ProcMesh) -> None:
-    with pytest.raises(RemoteException):  # nobody fetched it: raised at exit
+    # The block is the subject: rank 0's failure, never fetched, is raised when it exits.
+    with pytest.raises(RemoteException):  # noqa: PT012
         with procs.activate():
             good = torch.ones(2)
             bad = failing(good)  # the call site the error must name
@@ -45,7 +46,8 @@ def test_failure_poisons_dependents_and_spares_the_rest(procs: ProcMesh) -> None
             assert "failing(good)  # the call site the error must name" in text
             assert "test_tensor_errors.py" in text
             assert "ValueError: boom from the worker" in text
-            assert "rank 1" in text and caught.value.rank == 1
+            assert "rank 1" in text
+            assert caught.value.rank == 1
             # Independent values and new ops keep working; the workers survive.
             assert regency.inspect(fine, gpus=1).tolist() == [3.0, 3.0]
             assert regency.inspect(good + 1).tolist() == [2.0, 2.0]
@@ -53,7 +55,7 @@ def test_failure_poisons_dependents_and_spares_the_rest(procs: ProcMesh) -> None
 
 
 def test_fetched_error_is_not_raised_again_at_exit(procs: ProcMesh) -> None:
-    with pytest.raises(RemoteException):
+    with pytest.raises(RemoteException):  # noqa: PT012 - the block is the subject
         with procs.activate():
             bad = failing(torch.ones(1))
             for rank in range(2):
@@ -65,7 +67,7 @@ def test_fetched_error_is_not_raised_again_at_exit(procs: ProcMesh) -> None:
 
 
 def test_unfetched_error_is_raised_when_activate_exits(procs: ProcMesh) -> None:
-    with pytest.raises(RemoteException, match="boom from the worker"):
+    with pytest.raises(RemoteException, match="boom from the worker"):  # noqa: PT012
         with procs.activate():
             failing(torch.ones(1))
             # A fetch from each rank: their failure reports were sent before these replies.
@@ -87,7 +89,7 @@ def test_killed_worker_fails_the_pending_fetch_within_a_second(make_procs) -> No
     fut = regency.fetch_shard(t, gpus=1)
     os.kill(victim, signal.SIGKILL)
     start = time.monotonic()
-    with pytest.raises(Exception) as caught:  # noqa: PT011 - checked below
+    with pytest.raises(Exception) as caught:
         fut.get(timeout=30)
     assert time.monotonic() - start < 1.0
     assert "rank" in str(caught.value) or "gpus" in str(caught.value)

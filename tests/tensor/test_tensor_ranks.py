@@ -22,7 +22,8 @@ def test_rank_tensor_one_dim_and_several(procs4: ProcMesh) -> None:
     gpus = procs4.rank_tensor("gpus")
     both = procs4.rank_tensor(["hosts", "gpus"])
     every = procs4.rank_tensors()
-    assert gpus.shape == () and gpus.dtype == torch.int64
+    assert gpus.shape == ()
+    assert gpus.dtype == torch.int64
     assert both.shape == (2,)
     assert set(every) == {"hosts", "gpus"}
     for h in range(2):

@@ -14,7 +14,7 @@ from regency.actor import ProcMesh
 
 # The procs (spawned later, by the fixtures) inherit this path and import the example by name.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import tensor_mlp  # noqa: E402
+import tensor_mlp
 
 pytestmark = [
     pytest.mark.timeout(180),

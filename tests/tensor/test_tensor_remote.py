@@ -49,7 +49,8 @@ def test_closure_with_cached_propagation(procs: ProcMesh) -> None:
         x = torch.zeros(3)
         out = fn(x)
         again = fn(torch.ones(3))  # same input metadata: the cached pattern, no probe
-    assert out["y"].shape == (3,) and out["z"].shape == (1,)
+    assert out["y"].shape == (3,)
+    assert out["z"].shape == (1,)
     assert len(fn._cache) == 1
     got = regency.inspect(again, gpus=1)
     torch.testing.assert_close(got["y"], torch.full((3,), 11.0))
@@ -77,7 +78,8 @@ def test_call_and_call_one(procs: ProcMesh) -> None:
         with pytest.raises(ValueError, match="call_one"):
             fn.call_one(t).get(timeout=60)
     results = list(values.values())
-    assert len(results) == 2 and all(v[1] == 7 for v in results)
+    assert len(results) == 2
+    assert all(v[1] == 7 for v in results)
     with procs.slice(gpus=1).activate():
         t1 = torch.ones(1)
         one = fn.call_one(t1).get(timeout=60)

@@ -554,13 +554,14 @@ class ProcMesh(ProcMeshBase):
     # The tensor engine supplies these (see ``_tensor_api``).
     def activate(self) -> contextlib.AbstractContextManager[ProcMesh]:
         """``with procs.activate():`` torch ops in the block run on this mesh's workers."""
-        return _tensor_api().activate(self)
+        manager: contextlib.AbstractContextManager[ProcMesh] = _tensor_api().activate(self)
+        return manager
 
     def rank_tensor(self, dims: str | Sequence[str]) -> Any:
         """A mesh tensor of each proc's coordinate(s) along ``dims``."""
         return _tensor_api().rank_tensor(self, dims)
 
-    def rank_tensors(self) -> dict[str, Any]:
+    def rank_tensors(self) -> Any:
         """``{dim: rank_tensor(dim)}`` for every dimension."""
         return _tensor_api().rank_tensors(self)
 

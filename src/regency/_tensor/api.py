@@ -72,19 +72,18 @@ def rank_tensor(mesh: Any, dims: str | Sequence[str]) -> MeshTensor:
         if dim not in extent:
             raise KeyError(f"unknown mesh dimension {dim!r}; the mesh has {list(extent)}")
     coords = {
-        base: tuple(Point(i, extent)[d] for d in names)
-        for i, base in enumerate(view.shape.ranks())
+        base: tuple(Point(i, extent)[d] for d in names) for i, base in enumerate(view.shape.ranks())
     }
     shape: tuple[int, ...] = () if isinstance(dims, str) else (len(names),)
     stride = torch.empty(shape, device="meta").stride()
     out = new_ref()
     view.send(c.RankTensor(coords, out))
-    return MeshTensor._make(TensorMeta(shape, stride, torch.int64, torch.device("cpu")), out, view)  # noqa: SLF001
+    return MeshTensor._make(TensorMeta(shape, stride, torch.int64, torch.device("cpu")), out, view)
 
 
 def rank_tensors(mesh: Any) -> dict[str, MeshTensor]:
     """``{dim: rank_tensor(dim)}`` for every dimension of ``mesh``."""
-    return {dim: rank_tensor(mesh, dim) for dim in mesh._shape.labels}  # noqa: SLF001
+    return {dim: rank_tensor(mesh, dim) for dim in mesh._shape.labels}
 
 
 def process_group(mesh: Any, dims: str | Sequence[str]) -> RemoteProcessGroup:
@@ -97,7 +96,9 @@ def reduce(
 ) -> Any:
     """``t.reduce(...)`` on every mesh tensor of the pytree ``tree``."""
     return pytree.tree_map_only(
-        MeshTensor, lambda t: t.reduce(list(dims) if not isinstance(dims, str) else dims, reduction, scatter), tree
+        MeshTensor,
+        lambda t: t.reduce(list(dims) if not isinstance(dims, str) else dims, reduction, scatter),
+        tree,
     )
 
 
@@ -106,5 +107,7 @@ def reduce_(
 ) -> Any:
     """``t.reduce_(...)`` on every mesh tensor of the pytree ``tree``."""
     return pytree.tree_map_only(
-        MeshTensor, lambda t: t.reduce_(list(dims) if not isinstance(dims, str) else dims, reduction, scatter), tree
+        MeshTensor,
+        lambda t: t.reduce_(list(dims) if not isinstance(dims, str) else dims, reduction, scatter),
+        tree,
     )

@@ -11,7 +11,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from regency._tensor import commands as c
 from regency._tensor.table import Poisoned
@@ -39,10 +39,10 @@ class Root:
     """The tensor workers of one proc mesh (one per proc) and its pending commands."""
 
     def __init__(self, mesh: ProcMesh) -> None:
-        procs = mesh._procs  # noqa: SLF001 - the root's proc list, shared by all its views
+        procs = mesh._procs
         self.procs = procs
         self.size = len(procs)
-        whole = mesh._new_with_shape(Shape(["ranks"], Slice(0, [self.size], [1])))  # noqa: SLF001
+        whole = mesh._new_with_shape(Shape(["ranks"], Slice(0, [self.size], [1])))
         per_host: dict[str, int] = defaultdict(int)
         for info in procs:
             per_host[info.agent] += 1
@@ -58,8 +58,9 @@ class Root:
         # Workers push each failure that starts with them; activate() exit raises unfetched ones.
         port, self._errors = Channel[Poisoned].open()
         self._next_error = self._errors.recv()
-        self.workers: ActorMesh[TensorWorker] = whole.spawn(
-            "tensor_worker", TensorWorker, id(procs), envs, port
+        self.workers = cast(
+            "ActorMesh[TensorWorker]",
+            whole.spawn("tensor_worker", TensorWorker, id(procs), envs, port),
         )
         self._views: dict[Shape, ActorMesh[TensorWorker]] = {}
         self.buffer: list[c.Command] = []
@@ -80,7 +81,7 @@ class Root:
         """The worker actors of the procs in ``shape`` (a view of this root)."""
         view = self._views.get(shape)
         if view is None:
-            view = self.workers._new_with_shape(shape)  # noqa: SLF001
+            view = self.workers._new_with_shape(shape)
             self._views[shape] = view
         return view
 
@@ -127,7 +128,7 @@ class Root:
 
 def root_of(mesh: ProcMesh) -> Root:
     """The ``Root`` of ``mesh`` (or of the mesh it is a view of), spawning workers once."""
-    key = id(mesh._procs)  # noqa: SLF001
+    key = id(mesh._procs)
     root = _roots.get(key)
     if root is None:
         root = Root(mesh)
@@ -137,7 +138,7 @@ def root_of(mesh: ProcMesh) -> Root:
 
 def known_root(mesh: ProcMesh) -> Root | None:
     """The ``Root`` of ``mesh`` if it was ever activated."""
-    return _roots.get(id(mesh._procs))  # noqa: SLF001
+    return _roots.get(id(mesh._procs))
 
 
 class View:
@@ -148,7 +149,7 @@ class View:
     def __init__(self, mesh: ProcMesh) -> None:
         self.mesh = mesh
         self.root = root_of(mesh)
-        self.shape: Shape = mesh._shape  # noqa: SLF001
+        self.shape: Shape = mesh._shape
 
     def same(self, other: View) -> bool:
         """Whether two views cover the same procs in the same layout."""
@@ -187,8 +188,3 @@ def coalescing() -> Iterator[None]:
         _coalescing.pop()
         for root in list(_roots.values()):
             root.flush()
-
-
-def stats() -> dict[str, Any]:
-    """Messages sent per root (tests count them)."""
-    return {key: root.flushes for key, root in _roots.items()}

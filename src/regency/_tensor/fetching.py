@@ -68,11 +68,11 @@ class _LocalFuture(Future[Any]):
 
 def mapped(inner: Future[Any], transform: Callable[[Any], Any] | None = None) -> Future[Any]:
     """``inner`` as local values, with ``transform`` applied to its value (errors pass through)."""
-    first = inner._transform  # noqa: SLF001
+    first = inner._transform
     both = first
     if transform is not None:
         both = transform if first is None else (lambda v: transform(first(v)))
-    return _LocalFuture._from_pending(inner._pending, both)  # noqa: SLF001
+    return _LocalFuture._from_pending(inner._pending, both)
 
 
 def fetch_shard(obj: Any, shard: Mapping[str, int] | None = None, **coords: int) -> Future[Any]:
@@ -85,14 +85,14 @@ def fetch_shard(obj: Any, shard: Mapping[str, int] | None = None, **coords: int)
     leaves, spec = pytree.tree_flatten(obj)
     tensors = [x for x in leaves if isinstance(x, MeshTensor)]
     if not tensors:
-        return Future._resolved(obj)  # noqa: SLF001
+        return Future._resolved(obj)
     view = common_view(tensors, None)
     for t in tensors:
         if t.dropped:
             raise TypeError(f"DROPPED: {t!r} was dropped and cannot be fetched")
     rank = rank_at(view.shape, shard, coords)
     view.root.flush_all()
-    refs = [c.Ref(t._ref) for t in tensors]  # noqa: SLF001
+    refs = [c.Ref(t._ref) for t in tensors]
     inner = view.root.worker_at(rank).fetch.call_one(refs)
 
     def unpack(reply: tuple[bool, Any]) -> Any:

@@ -20,9 +20,12 @@ from regency._tensor.engine import View, new_ref
 from regency._tensor.errors import data_dependent, misuse
 from regency._tensor.meta import OpSignature, TensorMeta, fake_of, propagate
 from regency._tensor.process_group import RemoteProcessGroup
+from regency._tensor.reducing import plan_reduce
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
-_CONSTANT_OPS = frozenset({torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default})
+_CONSTANT_OPS = frozenset(
+    {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
+)
 _names: dict[Any, tuple[str, tuple[str, ...]]] = {}
 
 
@@ -39,11 +42,11 @@ class MeshTensor(torch.Tensor):
     _meta: TensorMeta
     _dropped: bool
     _finalizer: weakref.finalize[Any, Any]
-    __torch_function__: ClassVar[Any] = torch._C._disabled_torch_function_impl  # noqa: SLF001
+    __torch_function__: ClassVar[Any] = torch._C._disabled_torch_function_impl
 
     @staticmethod
     def _make(meta: TensorMeta, ref: int, view: View) -> MeshTensor:
-        t: MeshTensor = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        t: MeshTensor = torch.Tensor._make_wrapper_subclass(
             MeshTensor, meta.shape, strides=meta.stride, dtype=meta.dtype, device=meta.device
         )
         t._ref = ref
@@ -54,7 +57,7 @@ class MeshTensor(torch.Tensor):
         return t
 
     @classmethod
-    def __torch_dispatch__(
+    def __torch_dispatch__(  # type: ignore[override]  # torch declares it a plain function
         cls,
         func: Any,
         types: Any,
@@ -87,9 +90,7 @@ class MeshTensor(torch.Tensor):
     ) -> MeshTensor:
         """Reduce across the mesh dims ``dims`` (``stack`` = all-gather, ``scatter=True`` =
         reduce-scatter); a new mesh tensor."""
-        from regency._tensor.reducing import reduce_tensor
-
-        return reduce_tensor(self, dims, reduction, scatter, mesh, inplace=False)
+        return self._reduce((dims, reduction, scatter, mesh), inplace=False)
 
     def reduce_(
         self,
@@ -99,9 +100,15 @@ class MeshTensor(torch.Tensor):
         mesh: Any = None,
     ) -> MeshTensor:
         """``reduce`` in place; returns ``self``."""
-        from regency._tensor.reducing import reduce_tensor
+        return self._reduce((dims, reduction, scatter, mesh), inplace=True)
 
-        return reduce_tensor(self, dims, reduction, scatter, mesh, inplace=True)
+    def _reduce(self, spec: tuple[Any, str, bool, Any], inplace: bool) -> MeshTensor:
+        if self._dropped:
+            raise misuse("DROPPED", f"{self!r} was dropped and cannot be used")
+        meta, out, view = plan_reduce(
+            self._view, self._ref, self.shape, self.dtype, self.device, spec, inplace
+        )
+        return self if inplace else MeshTensor._make(meta, out, view)
 
     def tolist(self) -> NoReturn:
         """Raises: the data is on the workers."""
@@ -114,7 +121,7 @@ class MeshTensor(torch.Tensor):
     def __array__(self, dtype: Any = None) -> NoReturn:
         raise data_dependent("converting to a numpy array")
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return (
             f"regency.Tensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
             f"mesh={self._view.mesh!r}, ref={self._ref})"
@@ -128,11 +135,11 @@ class MeshTensor(torch.Tensor):
         return (local_shard, (id(self._view.root.procs), self._ref))
 
 
-class Interceptor(TorchDispatchMode):
+class Interceptor(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's base is untyped
     """Active inside ``activate()``: every op, factories included, runs on ``view``."""
 
     def __init__(self, view: View) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.view = view
 
     def __torch_dispatch__(
@@ -157,11 +164,11 @@ class _Walk:
 
     def encode(self, obj: Any, name: str | None) -> tuple[Any, Any]:
         if isinstance(obj, MeshTensor):
-            if obj._dropped:  # noqa: SLF001
+            if obj._dropped:
                 raise misuse("DROPPED", f"{obj!r} was dropped and cannot be used")
             self.tensors.append(obj)
             self.names.append(name)
-            return c.Ref(obj._ref), obj._meta  # noqa: SLF001
+            return c.Ref(obj._ref), obj._meta
         if isinstance(obj, torch.Tensor):
             if obj.dim() == 0 or self.constants:
                 return obj, ("constant", TensorMeta.of(obj))
@@ -171,16 +178,14 @@ class _Walk:
                 "create it inside `with mesh.activate():` so it lives on the workers",
             )
         if isinstance(obj, RemoteProcessGroup):
-            ref = obj._group_ref()  # noqa: SLF001
+            ref = obj._group_ref()
             return ref, ref
         if isinstance(obj, (list, tuple)):
             pairs = [self.encode(x, name) for x in obj]
             return type(obj)(p[0] for p in pairs), tuple(p[1] for p in pairs)
         if isinstance(obj, dict):
             pairs2 = {k: self.encode(v, k) for k, v in obj.items()}
-            return {k: p[0] for k, p in pairs2.items()}, tuple(
-                (k, p[1]) for k, p in pairs2.items()
-            )
+            return {k: p[0] for k, p in pairs2.items()}, tuple((k, p[1]) for k, p in pairs2.items())
         return obj, obj
 
 
@@ -197,14 +202,14 @@ def fake_args(obj: Any, metas: dict[int, TensorMeta]) -> Any:
 
 def common_view(tensors: list[MeshTensor], active: View | None) -> View:
     """The one view all ``tensors`` live on (the active one for factories)."""
-    view = tensors[0]._view if tensors else active  # noqa: SLF001
+    view = tensors[0]._view if tensors else active
     if view is None:
         raise RuntimeError("no mesh is active: use `with procs.activate():`")
     for t in tensors:
-        if not t._view.same(view):  # noqa: SLF001
+        if not t._view.same(view):
             raise misuse(
                 "WRONG_MESH",
-                f"{t!r} lives on mesh {t._view.mesh!r}, but this op runs on {view.mesh!r}; "  # noqa: SLF001
+                f"{t!r} lives on mesh {t._view.mesh!r}, but this op runs on {view.mesh!r}; "
                 "move it with .to_mesh() or compute on one mesh",
             )
     return view
@@ -213,7 +218,7 @@ def common_view(tensors: list[MeshTensor], active: View | None) -> View:
 def _op_names(func: Any) -> tuple[str, tuple[str, ...]]:
     found = _names.get(func)
     if found is None:
-        found = (func.name(), tuple(a.name for a in func._schema.arguments))  # noqa: SLF001
+        found = (func.name(), tuple(a.name for a in func._schema.arguments))
         _names[func] = found
     return found
 
@@ -236,7 +241,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: V
         enc_kwargs[k] = enc
         key_kwargs.append((k, key))
     view = common_view(walk.tensors, active)
-    metas = {t._ref: t._meta for t in walk.tensors}  # noqa: SLF001
+    metas = {t._ref: t._meta for t in walk.tensors}
     fargs, fkwargs = tuple(enc_args), enc_kwargs
     described, signature = propagate(
         func,
@@ -246,7 +251,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: V
     )
     outs: list[int] = []
     result = build(described, signature, walk.tensors, view, outs)
-    mutates = tuple(walk.tensors[i]._ref for i in signature.mutates)  # noqa: SLF001
+    mutates = tuple(walk.tensors[i]._ref for i in signature.mutates)
     view.send(c.CallOp(name, fargs, fkwargs, tuple(outs), mutates, sites.capture()))
     return result
 
@@ -267,11 +272,11 @@ def build(
             alias = returns[index] if index is not None and index < len(returns) else None
             if alias is not None:
                 same = inputs[alias]
-                outs.append(same._ref)  # noqa: SLF001
+                outs.append(same._ref)
                 return same
             ref = new_ref()
             outs.append(ref)
-            return MeshTensor._make(obj, ref, view)  # noqa: SLF001
+            return MeshTensor._make(obj, ref, view)
         if isinstance(obj, (list, tuple)):
             return type(obj)(leaf(x, None) for x in obj)
         if isinstance(obj, dict):

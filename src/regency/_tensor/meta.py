@@ -5,11 +5,10 @@ The cache key is (op, input metadata, non-tensor arguments): a repeated op costs
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import logging
 
 import torch
 from torch._subclasses.fake_tensor import (

@@ -10,13 +10,15 @@ import traceback
 from typing import TYPE_CHECKING
 
 from regency._tensor.commands import Ref
-from regency._tensor.table import TABLE, Poisoned, PoisonedInputError, poison, resolve
+from regency._tensor.table import GROUPS, TABLE, Poisoned, PoisonedInputError, poison, resolve
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from regency._tensor import commands as c
-    from regency._tensor.collectives import WorldGroups
+
+    # From branch tensor-coll: the ignores on its imports go once it is merged.
+    from regency._tensor.collectives import WorldGroups  # type: ignore[import-not-found, unused-ignore]
 
 _world: list[WorldGroups] = []
 
@@ -48,10 +50,14 @@ def run_reduce(cmd: c.Reduce, rank: int) -> None:
         group = group_for(cmd.groups, rank)
         run = collectives.reduce_ if cmd.inplace else collectives.reduce
         TABLE[cmd.out] = run(tensor, cmd.reduction, group, cmd.scatter)
-    except Exception:  # noqa: BLE001 - poisons the result; the worker lives on
+    except Exception:
         poison((cmd.out,), Poisoned(cmd.site, rank, traceback.format_exc()))
 
 
 def group_for(groups: tuple[tuple[int, ...], ...], rank: int) -> ProcessGroup:
     """The process group of the one of ``groups`` that has ``rank``."""
-    return world().group(next(g for g in groups if rank in g))
+    group: ProcessGroup = world().group(next(g for g in groups if rank in g))
+    return group
+
+
+GROUPS.append(group_for)

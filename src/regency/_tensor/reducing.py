@@ -7,7 +7,7 @@ collectives from :mod:`regency._tensor.collectives`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -16,9 +16,6 @@ from regency._tensor import sites
 from regency._tensor.engine import Root, View, new_ref
 from regency._tensor.meta import TensorMeta
 from regency.shape import Shape, Slice
-
-if TYPE_CHECKING:
-    from regency._tensor.mesh_tensor import MeshTensor
 
 
 def _dims(dims: str | Sequence[str]) -> tuple[str, ...]:
@@ -40,48 +37,47 @@ def ensure_world(root: Root, device: torch.device) -> None:
 
 def group_ref(view: View, dims: str | Sequence[str], device: torch.device) -> c.GroupRef:
     """The process groups of ``view`` along ``dims``, as a remote function argument."""
-    from regency._tensor.groups import reduce_groups
+    from regency._tensor.groups import reduce_groups  # type: ignore[import-not-found, unused-ignore]
 
     ensure_world(view.root, device)
     return c.GroupRef(tuple(reduce_groups(view.shape, _dims(dims))))
 
 
-def reduce_tensor(
-    t: MeshTensor,
-    dims: str | Sequence[str],
-    reduction: str,
-    scatter: bool,
-    mesh: Any,
+def plan_reduce(
+    view: View,
+    src: int,
+    size: torch.Size,
+    dtype: torch.dtype,
+    device: torch.device,
+    spec: tuple[str | Sequence[str], str, bool, Any],
     inplace: bool,
-) -> MeshTensor:
-    """Issue a reduce of ``t`` over ``dims`` of its mesh (or of ``mesh``, a view of the same
-    root); returns the result tensor (``t`` itself when ``inplace``)."""
-    from regency._tensor.groups import REDUCTIONS, reduce_groups, reduce_output_size
-    from regency._tensor.mesh_tensor import MeshTensor, common_view
+) -> tuple[TensorMeta, int, View]:
+    """Issue a reduce of ref ``src`` (on ``view``) with ``spec`` = (dims, reduction, scatter,
+    mesh); the output's metadata, ref (``src`` when ``inplace``) and view."""
+    from regency._tensor.groups import (  # type: ignore[import-not-found, unused-ignore]
+        REDUCTIONS,
+        reduce_groups,
+        reduce_output_size,
+    )
 
+    dims, reduction, scatter, mesh = spec
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; expected one of {REDUCTIONS}")
-    view = common_view([t], None)
     if mesh is not None:
         other = View(mesh)
         if other.root is not view.root:
-            raise TypeError(f"WRONG_MESH: reduce over {mesh!r}, but {t!r} lives elsewhere")
+            raise TypeError(f"WRONG_MESH: reduce over {mesh!r}, but the tensor lives elsewhere")
         view = other
     names = _dims(dims)
     for dim in names:
         if dim not in view.shape.labels:
             raise KeyError(f"unknown mesh dimension {dim!r}; the mesh has {view.shape.labels}")
     groups = tuple(reduce_groups(view.shape, names))
-    size = reduce_output_size(reduction, scatter, t.shape, len(groups[0]))
-    if inplace and size != t.shape:
-        raise ValueError(f"reduce_ cannot change the shape ({tuple(t.shape)} -> {tuple(size)})")
-    ensure_world(view.root, t.device)
-    out = t._ref if inplace else new_ref()  # noqa: SLF001
-    view.send(
-        c.Reduce(t._ref, out, reduction, scatter, inplace, groups, sites.capture())  # noqa: SLF001
-    )
-    if inplace:
-        return t
-    stride = torch.empty(size, device="meta").stride()
-    meta = TensorMeta(tuple(size), tuple(stride), t.dtype, t.device)
-    return MeshTensor._make(meta, out, view)  # noqa: SLF001
+    out_size = reduce_output_size(reduction, scatter, size, len(groups[0]))
+    if inplace and out_size != size:
+        raise ValueError(f"reduce_ cannot change the shape ({tuple(size)} -> {tuple(out_size)})")
+    ensure_world(view.root, device)
+    out = src if inplace else new_ref()
+    view.send(c.Reduce(src, out, reduction, scatter, inplace, groups, sites.capture()))
+    stride = torch.empty(out_size, device="meta").stride()
+    return TensorMeta(tuple(out_size), tuple(stride), dtype, device), out, view

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from regency._tensor import commands as c
 from regency._tensor import sites
 from regency._tensor.engine import View, active_view
 from regency._tensor.fetching import mapped, rank_at, remote_exception
 from regency._tensor.functions import FunctionRef
-from regency._tensor.meta import describe, fake_mode
 from regency._tensor.mesh_tensor import _Walk, build, common_view, fake_args
+from regency._tensor.meta import describe, fake_mode
 from regency.actor import Future, ValueMesh
 
 P = ParamSpec("P")
@@ -61,13 +61,11 @@ class Remote(Generic[P, R]):
         view.send(c.CallFunction(self._ref, enc_args, enc_kwargs, tuple(outs), (), sites.capture()))
         return result  # type: ignore[no-any-return]
 
-    def _outputs(
-        self, walk: _Walk, enc_args: Any, enc_kwargs: Any, key: Any, view: View
-    ) -> Any:
+    def _outputs(self, walk: _Walk, enc_args: Any, enc_kwargs: Any, key: Any, view: View) -> Any:
         if self._propagate == "inspect":
             return None
         if callable(self._propagate):
-            metas = {t._ref: t._meta for t in walk.tensors}  # noqa: SLF001
+            metas = {t._ref: t._meta for t in walk.tensors}
             with fake_mode():
                 fake = self._propagate(*fake_args(enc_args, metas), **fake_args(enc_kwargs, metas))
             return describe(fake)
@@ -114,6 +112,14 @@ class Remote(Generic[P, R]):
         return f"<regency.remote {self._ref.path or self.__name__}>"
 
 
+@overload
+def remote(function: Callable[P, R], *, propagate: Propagator = None) -> Remote[P, R]: ...
+@overload
+def remote(function: str, *, propagate: Propagator = None) -> Remote[..., Any]: ...
+@overload
+def remote(
+    function: None = None, *, propagate: Propagator = None
+) -> Callable[[Callable[P, R]], Remote[P, R]]: ...
 def remote(
     function: Callable[..., Any] | str | None = None, *, propagate: Propagator = None
 ) -> Any:
@@ -137,4 +143,3 @@ def call_on_shard_and_fetch(
     """Run ``fn`` on one shard of the active mesh and fetch its result."""
     target = fn if isinstance(fn, Remote) else Remote(fn, "inspect")
     return target.call_on_shard(shard, *args, **kwargs)
-

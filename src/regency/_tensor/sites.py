@@ -17,7 +17,7 @@ _sites: list[tuple[CodeType, int]] = []
 
 def capture() -> int:
     """The id of the user's frame that led to this call (-1 when there is none)."""
-    frame = sys._getframe(1)  # noqa: SLF001 - a full stack per op would cost too much
+    frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_SKIP):
         frame = frame.f_back  # type: ignore[assignment]
     if frame is None:

@@ -6,6 +6,7 @@ Shared by the tensor-worker actors of one process (one per stream).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,8 @@ class Poisoned:
 TABLE: dict[int, torch.Tensor | Poisoned] = {}
 DEFINED = threading.Condition()
 """Notified after each batch, for readers on other threads waiting for a ref to be defined."""
+GROUPS: list[Callable[[tuple[tuple[int, ...], ...], int], Any]] = []
+"""The process-group lookup (``reduce_worker.group_for``, registered by that module)."""
 IDENTITY: dict[str, int] = {}
 """``root``: the id of the controller's root this process belongs to; ``rank``: its world rank."""
 
@@ -48,9 +51,7 @@ def resolve(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return tuple(resolve(x) for x in obj)
     if isinstance(obj, GroupRef):
-        from regency._tensor.reduce_worker import group_for
-
-        return group_for(obj.groups, IDENTITY["rank"])
+        return GROUPS[0](obj.groups, IDENTITY["rank"])
     if isinstance(obj, list):
         return [resolve(x) for x in obj]
     if isinstance(obj, dict):

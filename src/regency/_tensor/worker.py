@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from regency._tensor import commands as c
+from regency._tensor.reduce_worker import init_world, run_reduce
 from regency._tensor.table import (
     DEFINED,
     IDENTITY,
@@ -39,9 +41,7 @@ def resolve_op(name: str) -> Any:
 class TensorWorker(Actor):
     """Holds this process's shards; runs what the controller sends, never replies per op."""
 
-    def __init__(
-        self, root: int, envs: dict[int, dict[str, str]], errors: Port[Poisoned]
-    ) -> None:
+    def __init__(self, root: int, envs: dict[int, dict[str, str]], errors: Port[Poisoned]) -> None:
         self._rank = current_rank().rank
         self._errors = errors
         os.environ.update(envs[self._rank])
@@ -60,7 +60,9 @@ class TensorWorker(Actor):
     def _execute(self, batch: list[c.Command]) -> None:
         for cmd in batch:
             if isinstance(cmd, c.CallOp):
-                self._call(cmd.site, cmd.outs, cmd.mutates, lambda: resolve_op(cmd.op), cmd)
+                self._call(
+                    cmd.site, cmd.outs, cmd.mutates, functools.partial(resolve_op, cmd.op), cmd
+                )
             elif isinstance(cmd, c.CallFunction):
                 self._call(cmd.site, cmd.outs, cmd.mutates, cmd.fn.resolve, cmd)
             elif isinstance(cmd, c.Delete):
@@ -70,12 +72,8 @@ class TensorWorker(Actor):
                 coords = cmd.coords[self._rank]
                 TABLE[cmd.out] = torch.tensor(coords[0] if len(coords) == 1 else coords)
             elif isinstance(cmd, c.InitWorld):
-                from regency._tensor.reduce_worker import init_world
-
                 init_world(cmd, self._rank)
             else:
-                from regency._tensor.reduce_worker import run_reduce
-
                 run_reduce(cmd, self._rank)
 
     def _call(
@@ -93,7 +91,7 @@ class TensorWorker(Actor):
             return
         try:
             result = lookup()(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - any failure of user code poisons, the worker lives on
+        except Exception:
             failure = Poisoned(site, self._rank, traceback.format_exc())
             self._errors.send(failure)
             poison(outs + mutates, failure)
@@ -122,7 +120,7 @@ class TensorWorker(Actor):
             return ok, value
         try:
             result = fn.resolve()(*value[0], **value[1])
-        except Exception:  # noqa: BLE001 - reported to the caller as a poison
+        except Exception:
             return False, Poisoned(-1, self._rank, traceback.format_exc())
         return True, _describe(result, TensorMeta.of)
 
@@ -137,9 +135,10 @@ class TensorWorker(Actor):
     @endpoint
     def open_store(self) -> tuple[str, int]:
         """Start the world's rendezvous store here (world rank 0)."""
-        from regency._tensor.collectives import WorldGroups
+        from regency._tensor.collectives import WorldGroups  # type: ignore[import-not-found, unused-ignore]
 
-        return WorldGroups.open_store()
+        store: tuple[str, int] = WorldGroups.open_store()
+        return store
 
     @endpoint
     def ref_count(self) -> int:

@@ -18,8 +18,10 @@ def _no_result(*_: object, **__: object) -> None:
 
 @remote(propagate=_no_result)
 def set_manual_seed_remote(seed: int, process_idx: int = 0) -> None:
-    """``torch.manual_seed(seed ^ process_idx)`` on every worker (as Monarch: the same seed
-    everywhere unless ``process_idx`` differs)."""
+    """``torch.manual_seed(seed ^ process_idx)`` on every worker.
+
+    As in Monarch: the same seed everywhere unless ``process_idx`` differs.
+    """
     torch.manual_seed(seed ^ process_idx)
 
 
