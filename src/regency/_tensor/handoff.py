@@ -14,12 +14,14 @@ def local_shard(root: int, ref: int) -> torch.Tensor:
 
     A tensor of another proc mesh (or a process without tensor workers) raises ``ValueError``.
     """
-    if IDENTITY.get("root") != root:
-        raise ValueError(
-            "a mesh tensor was sent to an actor on a different proc mesh than the tensor's; "
-            "send it to actors spawned on the tensor's own mesh"
-        )
     with DEFINED:
+        # The process's tensor worker may still be starting: its identity comes with it.
+        DEFINED.wait_for(lambda: "root" in IDENTITY, WAIT_S)
+        if IDENTITY.get("root") != root:
+            raise ValueError(
+                "a mesh tensor was sent to an actor on a different proc mesh than the tensor's; "
+                "send it to actors spawned on the tensor's own mesh"
+            )
         if not DEFINED.wait_for(lambda: ref in TABLE, WAIT_S):
             raise ValueError(f"mesh tensor ref {ref} was never defined on this worker")
     value = TABLE[ref]

@@ -45,8 +45,10 @@ class TensorWorker(Actor):
         self._rank = current_rank().rank
         self._errors = errors
         os.environ.update(envs[self._rank])
-        IDENTITY["root"] = root
-        IDENTITY["rank"] = self._rank
+        with DEFINED:
+            IDENTITY["rank"] = self._rank
+            IDENTITY["root"] = root
+            DEFINED.notify_all()
 
     @endpoint
     def execute(self, batch: list[c.Command]) -> None:
