@@ -31,7 +31,7 @@ def test_other_mesh_tensor_is_a_value_error(procs: ProcMesh, procs4: ProcMesh) -
         regency.inspect(torch.ones(1))  # procs4 has tensor workers
     with procs.activate():
         t = torch.ones(1)
-    with pytest.raises(Exception, match="different proc mesh"):  # noqa: PT011
+    with pytest.raises(Exception, match="different proc mesh"):
         actors.total.call(t).get(timeout=60)
     assert regency.inspect(t).tolist() == [1.0]
 
