@@ -60,7 +60,7 @@ class Root:
         self._next_error = self._errors.recv()
         self.workers = cast(
             "ActorMesh[TensorWorker]",
-            whole.spawn("tensor_worker", TensorWorker, id(procs), envs, port),
+            whole.spawn("tensor_worker", TensorWorker, envs, port),
         )
         self._views: dict[Shape, ActorMesh[TensorWorker]] = {}
         self.buffer: list[c.Command] = []

@@ -127,12 +127,13 @@ class MeshTensor(torch.Tensor):
             f"mesh={self._view.mesh!r}, ref={self._ref})"
         )
 
-    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        # Passed to an actor endpoint: travels as a ref, resolved there to the local shard.
-        from regency._tensor.handoff import local_shard
-
-        self._view.root.flush_all()
-        return (local_shard, (id(self._view.root.procs), self._ref))
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        # Handing a shard to an actor in the same process (Monarch's rref path) is not built:
+        # refuse clearly rather than pickling a wrapper that has no data.
+        raise TypeError(
+            "a mesh tensor cannot be pickled (e.g. passed to an actor endpoint) yet; pass "
+            "regency.inspect(t, **coords) for one shard's value"
+        )
 
 
 class Interceptor(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's base is untyped

@@ -5,7 +5,6 @@ Shared by the tensor-worker actors of one process (one per stream).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +24,10 @@ class Poisoned:
 
 
 TABLE: dict[int, torch.Tensor | Poisoned] = {}
-DEFINED = threading.Condition()
-"""Notified after each batch, for readers on other threads waiting for a ref to be defined."""
 GROUPS: list[Callable[[tuple[tuple[int, ...], ...], int], Any]] = []
 """The process-group lookup (``reduce_worker.group_for``, registered by that module)."""
 IDENTITY: dict[str, int] = {}
-"""``root``: the id of the controller's root this process belongs to; ``rank``: its world rank."""
+"""``rank``: this process's world rank (set by its tensor worker)."""
 
 
 class PoisonedInputError(Exception):

@@ -13,7 +13,6 @@ import torch
 from regency._tensor import commands as c
 from regency._tensor.reduce_worker import init_world, run_reduce
 from regency._tensor.table import (
-    DEFINED,
     IDENTITY,
     TABLE,
     Poisoned,
@@ -41,25 +40,15 @@ def resolve_op(name: str) -> Any:
 class TensorWorker(Actor):
     """Holds this process's shards; runs what the controller sends, never replies per op."""
 
-    def __init__(self, root: int, envs: dict[int, dict[str, str]], errors: Port[Poisoned]) -> None:
+    def __init__(self, envs: dict[int, dict[str, str]], errors: Port[Poisoned]) -> None:
         self._rank = current_rank().rank
         self._errors = errors
         os.environ.update(envs[self._rank])
-        with DEFINED:
-            IDENTITY["rank"] = self._rank
-            IDENTITY["root"] = root
-            DEFINED.notify_all()
+        IDENTITY["rank"] = self._rank
 
     @endpoint
     def execute(self, batch: list[c.Command]) -> None:
         """Run ``batch`` in order; a failing command poisons its outputs and nothing else."""
-        try:
-            self._execute(batch)
-        finally:
-            with DEFINED:
-                DEFINED.notify_all()
-
-    def _execute(self, batch: list[c.Command]) -> None:
         for cmd in batch:
             if isinstance(cmd, c.CallOp):
                 self._call(
