@@ -1,10 +1,15 @@
 """Regency: a pure-Python single controller for distributed PyTorch.
 
 The public API lives in subpackages: :mod:`regency.actor` (actors, meshes, messaging),
-:mod:`regency.shape` (the ndslice algebra), :mod:`regency.spmd` (torchrun's environment and
-SPMD launch) and :mod:`regency.config` (settings). :class:`RegencyError` is the root of every
-error regency raises (the tree is drawn in :mod:`regency._errors`).
+:mod:`regency.shape` (the ndslice algebra), :mod:`regency.tensor` (the tensor engine, whose
+names are also offered here, loaded on first use), :mod:`regency.spmd` (torchrun's environment
+and SPMD launch) and :mod:`regency.config` (settings). :class:`RegencyError` is the root of
+every error regency raises (the tree is drawn in :mod:`regency._errors`).
 """
+
+from __future__ import annotations
+
+from typing import Any
 
 from regency import _public
 from regency._errors import RegencyError
@@ -14,3 +19,32 @@ __version__ = "0.1.0"
 __all__ = ["RegencyError", "__version__"]
 
 _public.publish(__name__, globals())
+
+# Monarch's top-level tensor names; importing them imports torch, so only on first use.
+_TENSOR_NAMES = (
+    "DataDependentError",
+    "RemoteException",
+    "RemoteProcessGroup",
+    "Tensor",
+    "call_on_shard_and_fetch",
+    "coalescing",
+    "fetch_shard",
+    "get_active_mesh",
+    "inspect",
+    "no_mesh",
+    "reduce",
+    "reduce_",
+    "remote",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TENSOR_NAMES:
+        import regency.tensor
+
+        return getattr(regency.tensor, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_TENSOR_NAMES})

@@ -8,6 +8,7 @@ and copies received in messages are references that can send but not stop.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -410,6 +411,24 @@ class ProcMesh(ProcMeshBase):
             procs.extend(supervisor.replacements)
         return stop_procs(procs, reason)
 
+    # The tensor engine supplies these (see ``_tensor_api``).
+    def activate(self) -> contextlib.AbstractContextManager[ProcMesh]:
+        """``with procs.activate():`` torch ops in the block run on this mesh's workers."""
+        manager: contextlib.AbstractContextManager[ProcMesh] = _tensor_api().activate(self)
+        return manager
+
+    def rank_tensor(self, dims: str | Sequence[str]) -> Any:
+        """A mesh tensor of each proc's coordinate(s) along ``dims``."""
+        return _tensor_api().rank_tensor(self, dims)
+
+    def rank_tensors(self) -> Any:
+        """``{dim: rank_tensor(dim)}`` for every dimension."""
+        return _tensor_api().rank_tensors(self)
+
+    def process_group(self, dims: str | Sequence[str]) -> Any:
+        """This mesh's ``torch.distributed`` group along ``dims``, for remote functions."""
+        return _tensor_api().process_group(self, dims)
+
     @property
     def host_mesh(self) -> HostMesh:
         """The host of a single-process mesh."""
@@ -439,6 +458,12 @@ class ProcMesh(ProcMeshBase):
     async def __aexit__(self, *exc: object) -> None:
         if self._owned:
             await self.stop()
+
+
+def _tensor_api() -> Any:
+    # The tensor engine is a layer above the runtime (built on regency.actor) and needs torch:
+    # loaded on first use by name, like a plugin, so the runtime never imports it.
+    return importlib.import_module("regency._tensor.api")
 
 
 def this_proc_mesh() -> ProcMesh:

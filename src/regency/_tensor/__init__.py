@@ -1,0 +1,1 @@
+"""The tensor engine's implementation; the public face is :mod:`regency.tensor`."""

@@ -1,0 +1,113 @@
+"""What proc meshes and the public module call: activation, rank tensors, process groups."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
+
+from regency._tensor import commands as c
+from regency._tensor.engine import View, active_view, new_ref, pushed
+from regency._tensor.fetching import check_errors
+from regency._tensor.mesh_tensor import Interceptor, MeshTensor
+from regency._tensor.meta import TensorMeta
+from regency._tensor.process_group import RemoteProcessGroup
+from regency.shape import Point
+
+
+@contextmanager
+def activate(mesh: Any) -> Iterator[Any]:
+    """``with mesh.activate():`` every torch op in the block runs on ``mesh``'s workers.
+
+    At exit the pending commands are sent, and a failure on the workers that no fetch raised is
+    raised here as ``RemoteException``.
+    """
+    view = View(mesh)
+    failed = False
+    try:
+        with pushed(view), Interceptor(view):
+            yield mesh
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        view.root.flush()
+        if not failed:
+            check_errors(view)
+
+
+class _NoMesh:
+    """``with no_mesh.activate():`` runs torch locally inside an active mesh's block."""
+
+    @contextmanager
+    def activate(self) -> Iterator[None]:
+        """Suspend the active mesh's interception for the block."""
+        with _disable_current_modes():
+            yield
+
+    def __repr__(self) -> str:
+        return "no_mesh"
+
+
+no_mesh = _NoMesh()
+
+
+def get_active_mesh() -> Any:
+    """The proc mesh of the innermost ``activate()`` block, or ``None``."""
+    view = active_view()
+    return view.mesh if view is not None else None
+
+
+def rank_tensor(mesh: Any, dims: str | Sequence[str]) -> MeshTensor:
+    """A mesh tensor whose shard on each proc is its coordinate along ``dims`` (a scalar for one
+    dimension name, a vector for a list)."""
+    view = View(mesh)
+    names = [dims] if isinstance(dims, str) else list(dims)
+    extent = view.shape.extent
+    for dim in names:
+        if dim not in extent:
+            raise KeyError(f"unknown mesh dimension {dim!r}; the mesh has {list(extent)}")
+    coords = {
+        base: tuple(Point(i, extent)[d] for d in names) for i, base in enumerate(view.shape.ranks())
+    }
+    shape: tuple[int, ...] = () if isinstance(dims, str) else (len(names),)
+    stride = torch.empty(shape, device="meta").stride()
+    out = new_ref()
+    view.send(c.RankTensor(coords, out))
+    return MeshTensor._make(TensorMeta(shape, stride, torch.int64, torch.device("cpu")), out, view)
+
+
+def rank_tensors(mesh: Any) -> dict[str, MeshTensor]:
+    """``{dim: rank_tensor(dim)}`` for every dimension of ``mesh``."""
+    return {dim: rank_tensor(mesh, dim) for dim in mesh._shape.labels}
+
+
+def process_group(mesh: Any, dims: str | Sequence[str]) -> RemoteProcessGroup:
+    """The process group of ``mesh`` along ``dims``."""
+    return RemoteProcessGroup(mesh, [dims] if isinstance(dims, str) else dims)
+
+
+def reduce(
+    tree: Any, dims: str | Sequence[str], reduction: str = "sum", scatter: bool = False
+) -> Any:
+    """``t.reduce(...)`` on every mesh tensor of the pytree ``tree``."""
+    return pytree.tree_map_only(
+        MeshTensor,
+        lambda t: t.reduce(list(dims) if not isinstance(dims, str) else dims, reduction, scatter),
+        tree,
+    )
+
+
+def reduce_(
+    tree: Any, dims: str | Sequence[str], reduction: str = "sum", scatter: bool = False
+) -> Any:
+    """``t.reduce_(...)`` on every mesh tensor of the pytree ``tree``."""
+    return pytree.tree_map_only(
+        MeshTensor,
+        lambda t: t.reduce_(list(dims) if not isinstance(dims, str) else dims, reduction, scatter),
+        tree,
+    )

@@ -1,0 +1,91 @@
+"""The commands the controller sends to tensor workers, batched in order.
+
+Every command names the refs it reads (``Ref`` leaves inside its arguments) and the refs it
+defines (``outs``) or mutates (``mutates``), so a worker that fails one can poison exactly the
+values that depend on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A mesh tensor in a command's arguments: the worker substitutes its local tensor."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRef:
+    """A process group in a remote function's arguments: the worker passes its real
+    ``torch.distributed`` group (the one of ``groups`` it is a member of)."""
+
+    groups: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CallOp:
+    """Run one aten operator (by its qualified name, e.g. ``aten::add.Tensor``)."""
+
+    op: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    outs: tuple[int, ...]
+    mutates: tuple[int, ...]
+    site: int
+
+
+@dataclass(frozen=True, slots=True)
+class CallFunction:
+    """Run a remote function; ``outs`` name its tensor results in pytree order."""
+
+    fn: Any  # a FunctionRef (import path or cloudpickled callable)
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    outs: tuple[int, ...]
+    mutates: tuple[int, ...]
+    site: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankTensor:
+    """Define ``out`` as this worker's coordinate(s) along ``dims`` of the view it is sent to."""
+
+    coords: dict[int, tuple[int, ...]]  # world rank -> coordinates
+    out: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Forget refs the controller no longer holds."""
+
+    refs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InitWorld:
+    """Join the root mesh's ``torch.distributed`` world (idempotent)."""
+
+    host: str
+    port: int
+    world_size: int
+    backend: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce:
+    """A collective over ``group`` (world ranks of this worker's group) on ``src``."""
+
+    src: int
+    out: int
+    reduction: str
+    scatter: bool
+    inplace: bool
+    groups: tuple[tuple[int, ...], ...]
+    site: int
+
+
+Command = CallOp | CallFunction | RankTensor | Delete | InitWorld | Reduce

@@ -1,0 +1,190 @@
+"""Controller state: one ``Root`` per proc mesh (its workers and command buffer) and the views
+of it that tensors live on.
+
+Commands are appended to the root's buffer and sent as one fire-and-forget broadcast when a
+fetch is issued, ``activate()`` exits, the buffer is full, or the target view changes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, cast
+
+from regency._tensor import commands as c
+from regency._tensor.table import Poisoned
+from regency._tensor.worker import TensorWorker
+from regency.actor import Channel
+from regency.shape import Shape, Slice
+
+if TYPE_CHECKING:
+    from regency.actor import ActorMesh, ProcMesh
+
+FLUSH_AT = 256
+"""Buffered commands that trigger a send (unless inside ``coalescing()``)."""
+
+_next_ref = itertools.count(1)
+_roots: dict[int, Root] = {}
+_coalescing: list[bool] = []
+
+
+def new_ref() -> int:
+    """A fresh ref id (unique across every root of this controller)."""
+    return next(_next_ref)
+
+
+class Root:
+    """The tensor workers of one proc mesh (one per proc) and its pending commands."""
+
+    def __init__(self, mesh: ProcMesh) -> None:
+        procs = mesh._procs
+        self.procs = procs
+        self.size = len(procs)
+        whole = mesh._new_with_shape(Shape(["ranks"], Slice(0, [self.size], [1])))
+        per_host: dict[str, int] = defaultdict(int)
+        for info in procs:
+            per_host[info.agent] += 1
+        envs = {
+            rank: {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(info.local_rank),
+                "WORLD_SIZE": str(self.size),
+                "LOCAL_WORLD_SIZE": str(per_host[info.agent]),
+            }
+            for rank, info in enumerate(procs)
+        }
+        # Workers push each failure that starts with them; activate() exit raises unfetched ones.
+        port, self._errors = Channel[Poisoned].open()
+        self._next_error = self._errors.recv()
+        self.workers = cast(
+            "ActorMesh[TensorWorker]",
+            whole.spawn("tensor_worker", TensorWorker, envs, port),
+        )
+        self._views: dict[Shape, ActorMesh[TensorWorker]] = {}
+        self.buffer: list[c.Command] = []
+        self.buffer_shape: Shape | None = None
+        self.deletes: dict[Shape, list[int]] = defaultdict(list)
+        self.flushes = 0
+        self.world: tuple[str, int] | None = None
+
+    def arrived_errors(self) -> list[Poisoned]:
+        """Failures the workers reported so far (without waiting for more)."""
+        found = []
+        while self._next_error.done():
+            found.append(self._next_error.get())
+            self._next_error = self._errors.recv()
+        return found
+
+    def workers_of(self, shape: Shape) -> ActorMesh[TensorWorker]:
+        """The worker actors of the procs in ``shape`` (a view of this root)."""
+        view = self._views.get(shape)
+        if view is None:
+            view = self.workers._new_with_shape(shape)
+            self._views[shape] = view
+        return view
+
+    def worker_at(self, rank: int) -> ActorMesh[TensorWorker]:
+        """The worker actor of root rank ``rank``."""
+        return self.workers_of(Shape([], Slice(rank, [], [])))
+
+    def append(self, shape: Shape, cmd: c.Command) -> None:
+        """Queue ``cmd`` for the procs of ``shape``."""
+        if self.buffer and self.buffer_shape != shape:
+            self.flush()
+        self.buffer.append(cmd)
+        self.buffer_shape = shape
+        if len(self.buffer) >= FLUSH_AT and not _coalescing:
+            self.flush()
+
+    def dropped(self, shape: Shape, ref: int) -> None:
+        """A mesh tensor was freed: delete it with the next batch to its procs."""
+        self.deletes[shape].append(ref)
+
+    def flush(self) -> None:
+        """Send the buffered commands (with the deletes for the same procs) as one message."""
+        shape = self.buffer_shape
+        if shape is None:
+            return
+        batch = self.buffer
+        self.buffer = []
+        self.buffer_shape = None
+        deletes = self.deletes.pop(shape, None)
+        if deletes:
+            batch.append(c.Delete(tuple(deletes)))
+        self.flushes += 1
+        self.workers_of(shape).execute.broadcast(batch)
+
+    def flush_all(self) -> None:
+        """Send everything pending, deletes for any view included."""
+        self.flush()
+        for shape in list(self.deletes):
+            refs = self.deletes.pop(shape, None)
+            if refs:
+                self.flushes += 1
+                self.workers_of(shape).execute.broadcast([c.Delete(tuple(refs))])
+
+
+def root_of(mesh: ProcMesh) -> Root:
+    """The ``Root`` of ``mesh`` (or of the mesh it is a view of), spawning workers once."""
+    key = id(mesh._procs)
+    root = _roots.get(key)
+    if root is None:
+        root = Root(mesh)
+        _roots[key] = root
+    return root
+
+
+def known_root(mesh: ProcMesh) -> Root | None:
+    """The ``Root`` of ``mesh`` if it was ever activated."""
+    return _roots.get(id(mesh._procs))
+
+
+class View:
+    """A proc mesh (or a view of one) that mesh tensors live on."""
+
+    __slots__ = ("mesh", "root", "shape")
+
+    def __init__(self, mesh: ProcMesh) -> None:
+        self.mesh = mesh
+        self.root = root_of(mesh)
+        self.shape: Shape = mesh._shape
+
+    def same(self, other: View) -> bool:
+        """Whether two views cover the same procs in the same layout."""
+        return self is other or (self.root is other.root and self.shape == other.shape)
+
+    def send(self, cmd: c.Command) -> None:
+        """Queue ``cmd`` for this view's procs."""
+        self.root.append(self.shape, cmd)
+
+
+_active: list[View] = []
+
+
+def active_view() -> View | None:
+    """The innermost active mesh view, if any."""
+    return _active[-1] if _active else None
+
+
+@contextmanager
+def pushed(view: View) -> Iterator[View]:
+    """Make ``view`` the active mesh for the block."""
+    _active.append(view)
+    try:
+        yield view
+    finally:
+        _active.pop()
+
+
+@contextmanager
+def coalescing() -> Iterator[None]:
+    """Group the commands of the block into one message per proc (no size-triggered sends)."""
+    _coalescing.append(True)
+    try:
+        yield
+    finally:
+        _coalescing.pop()
+        for root in list(_roots.values()):
+            root.flush()

@@ -1,0 +1,289 @@
+"""The controller's mesh tensor: a wrapper tensor subclass holding a ref id, its mesh view.
+
+Any aten op on a mesh tensor becomes a command (``__torch_dispatch__``), also outside
+``activate()``; inside ``activate()`` the ``Interceptor`` mode also catches factories. Output
+metadata comes from fake-tensor propagation (``meta.propagate``), so shapes are known here and
+shape errors raise here, before anything is sent.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, ClassVar, NoReturn
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from regency._tensor import commands as c
+from regency._tensor import sites
+from regency._tensor.engine import View, new_ref
+from regency._tensor.errors import data_dependent, misuse
+from regency._tensor.meta import OpSignature, TensorMeta, fake_of, propagate
+from regency._tensor.process_group import RemoteProcessGroup
+from regency._tensor.reducing import plan_reduce
+
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+_CONSTANT_OPS = frozenset(
+    {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
+)
+_names: dict[Any, tuple[str, tuple[str, ...]]] = {}
+
+
+class MeshTensor(torch.Tensor):
+    """A tensor with one shard on every proc of a mesh; its data lives on the workers.
+
+    Shape, dtype and strides are known on the controller (the same for every shard). Read values
+    with ``regency.inspect(t, **coords)`` / ``regency.fetch_shard``. Autograd, ``nn.Module`` and
+    ``torch.optim`` work on mesh tensors as on local ones.
+    """
+
+    _ref: int
+    _view: View
+    _meta: TensorMeta
+    _dropped: bool
+    _finalizer: weakref.finalize[Any, Any]
+    __torch_function__: ClassVar[Any] = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def _make(meta: TensorMeta, ref: int, view: View) -> MeshTensor:
+        t: MeshTensor = torch.Tensor._make_wrapper_subclass(
+            MeshTensor, meta.shape, strides=meta.stride, dtype=meta.dtype, device=meta.device
+        )
+        t._ref = ref
+        t._view = view
+        t._meta = meta
+        t._dropped = False
+        t._finalizer = weakref.finalize(t, view.root.dropped, view.shape, ref)
+        return t
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]  # torch declares it a plain function
+        cls,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return dispatch(func, args, kwargs or {}, None)
+
+    @property
+    def mesh(self) -> Any:
+        """The proc mesh (view) this tensor lives on."""
+        return self._view.mesh
+
+    def drop(self) -> None:
+        """Free this tensor on the workers now; any later use raises ``TypeError(DROPPED)``."""
+        self._dropped = True
+        self._finalizer()
+
+    @property
+    def dropped(self) -> bool:
+        """Whether ``drop()`` was called."""
+        return self._dropped
+
+    def reduce(
+        self,
+        dims: str | list[str] | tuple[str, ...],
+        reduction: str = "sum",
+        scatter: bool = False,
+        mesh: Any = None,
+    ) -> MeshTensor:
+        """Reduce across the mesh dims ``dims`` (``stack`` = all-gather, ``scatter=True`` =
+        reduce-scatter); a new mesh tensor."""
+        return self._reduce((dims, reduction, scatter, mesh), inplace=False)
+
+    def reduce_(
+        self,
+        dims: str | list[str] | tuple[str, ...],
+        reduction: str = "sum",
+        scatter: bool = False,
+        mesh: Any = None,
+    ) -> MeshTensor:
+        """``reduce`` in place; returns ``self``."""
+        return self._reduce((dims, reduction, scatter, mesh), inplace=True)
+
+    def _reduce(self, spec: tuple[Any, str, bool, Any], inplace: bool) -> MeshTensor:
+        if self._dropped:
+            raise misuse("DROPPED", f"{self!r} was dropped and cannot be used")
+        meta, out, view = plan_reduce(
+            self._view, self._ref, self.shape, self.dtype, self.device, spec, inplace
+        )
+        return self if inplace else MeshTensor._make(meta, out, view)
+
+    def tolist(self) -> NoReturn:
+        """Raises: the data is on the workers."""
+        raise data_dependent(".tolist()")
+
+    def numpy(self, *, force: bool = False) -> NoReturn:
+        """Raises: the data is on the workers."""
+        raise data_dependent(".numpy()")
+
+    def __array__(self, dtype: Any = None) -> NoReturn:
+        raise data_dependent("converting to a numpy array")
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        return (
+            f"regency.Tensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
+            f"mesh={self._view.mesh!r}, ref={self._ref})"
+        )
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        # Handing a shard to an actor in the same process (Monarch's rref path) is not built:
+        # refuse clearly rather than pickling a wrapper that has no data.
+        raise TypeError(
+            "a mesh tensor cannot be pickled (e.g. passed to an actor endpoint) yet; pass "
+            "regency.inspect(t, **coords) for one shard's value"
+        )
+
+
+class Interceptor(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's base is untyped
+    """Active inside ``activate()``: every op, factories included, runs on ``view``."""
+
+    def __init__(self, view: View) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.view = view
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return dispatch(func, args, kwargs or {}, self.view)
+
+
+class _Walk:
+    """One pass over an op's arguments: refs for the command, a key for the cache."""
+
+    __slots__ = ("constants", "names", "tensors")
+
+    def __init__(self, constants: bool) -> None:
+        self.tensors: list[MeshTensor] = []
+        self.names: list[str | None] = []
+        self.constants = constants
+
+    def encode(self, obj: Any, name: str | None) -> tuple[Any, Any]:
+        if isinstance(obj, MeshTensor):
+            if obj._dropped:
+                raise misuse("DROPPED", f"{obj!r} was dropped and cannot be used")
+            self.tensors.append(obj)
+            self.names.append(name)
+            return c.Ref(obj._ref), obj._meta
+        if isinstance(obj, torch.Tensor):
+            if obj.dim() == 0 or self.constants:
+                return obj, ("constant", TensorMeta.of(obj))
+            raise misuse(
+                "LOCAL_TENSOR",
+                f"a local torch.Tensor of shape {tuple(obj.shape)} is used with mesh tensors; "
+                "create it inside `with mesh.activate():` so it lives on the workers",
+            )
+        if isinstance(obj, RemoteProcessGroup):
+            ref = obj._group_ref()
+            return ref, ref
+        if isinstance(obj, (list, tuple)):
+            pairs = [self.encode(x, name) for x in obj]
+            return type(obj)(p[0] for p in pairs), tuple(p[1] for p in pairs)
+        if isinstance(obj, dict):
+            pairs2 = {k: self.encode(v, k) for k, v in obj.items()}
+            return {k: p[0] for k, p in pairs2.items()}, tuple((k, p[1]) for k, p in pairs2.items())
+        return obj, obj
+
+
+def fake_args(obj: Any, metas: dict[int, TensorMeta]) -> Any:
+    """Arguments for propagation: each ``Ref`` replaced by a fake tensor (under fake mode)."""
+    if isinstance(obj, c.Ref):
+        return fake_of(metas[obj.id])
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(fake_args(x, metas) for x in obj)
+    if isinstance(obj, dict):
+        return {k: fake_args(v, metas) for k, v in obj.items()}
+    return obj
+
+
+def common_view(tensors: list[MeshTensor], active: View | None) -> View:
+    """The one view all ``tensors`` live on (the active one for factories)."""
+    view = tensors[0]._view if tensors else active
+    if view is None:
+        raise RuntimeError("no mesh is active: use `with procs.activate():`")
+    for t in tensors:
+        if not t._view.same(view):
+            raise misuse(
+                "WRONG_MESH",
+                f"{t!r} lives on mesh {t._view.mesh!r}, but this op runs on {view.mesh!r}; "
+                "move it with .to_mesh() or compute on one mesh",
+            )
+    return view
+
+
+def _op_names(func: Any) -> tuple[str, tuple[str, ...]]:
+    found = _names.get(func)
+    if found is None:
+        found = (func.name(), tuple(a.name for a in func._schema.arguments))
+        _names[func] = found
+    return found
+
+
+def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: View | None) -> Any:
+    """Issue ``func`` as a command on the workers and return mesh tensors with its metadata."""
+    if func is _LOCAL_SCALAR:
+        raise data_dependent(".item() (or bool(t), or a Python number from a tensor)")
+    if func.namespace == "profiler":  # record_function markers (torch.optim): controller-local
+        return func(*args, **kwargs)
+    name, arg_names = _op_names(func)
+    walk = _Walk(constants=func in _CONSTANT_OPS)
+    enc_args, key_args, enc_kwargs, key_kwargs = [], [], {}, []
+    for i, arg in enumerate(args):
+        enc, key = walk.encode(arg, arg_names[i] if i < len(arg_names) else None)
+        enc_args.append(enc)
+        key_args.append(key)
+    for k, arg in kwargs.items():
+        enc, key = walk.encode(arg, k)
+        enc_kwargs[k] = enc
+        key_kwargs.append((k, key))
+    view = common_view(walk.tensors, active)
+    metas = {t._ref: t._meta for t in walk.tensors}
+    fargs, fkwargs = tuple(enc_args), enc_kwargs
+    described, signature = propagate(
+        func,
+        (func, tuple(key_args), tuple(key_kwargs)),
+        lambda: func(*fake_args(fargs, metas), **fake_args(fkwargs, metas)),
+        lambda: walk.names,
+    )
+    outs: list[int] = []
+    result = build(described, signature, walk.tensors, view, outs)
+    mutates = tuple(walk.tensors[i]._ref for i in signature.mutates)
+    view.send(c.CallOp(name, fargs, fkwargs, tuple(outs), mutates, sites.capture()))
+    return result
+
+
+def build(
+    described: Any,
+    signature: OpSignature | None,
+    inputs: list[MeshTensor],
+    view: View,
+    outs: list[int],
+) -> Any:
+    """Mesh tensors for the ``TensorMeta`` leaves of ``described`` (refs appended to ``outs``);
+    a result the schema says is a written input is that input object itself."""
+    returns = signature.returns if signature is not None else ()
+
+    def leaf(obj: Any, index: int | None) -> Any:
+        if isinstance(obj, TensorMeta):
+            alias = returns[index] if index is not None and index < len(returns) else None
+            if alias is not None:
+                same = inputs[alias]
+                outs.append(same._ref)
+                return same
+            ref = new_ref()
+            outs.append(ref)
+            return MeshTensor._make(obj, ref, view)
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(leaf(x, None) for x in obj)
+        if isinstance(obj, dict):
+            return {k: leaf(v, None) for k, v in obj.items()}
+        return obj
+
+    if isinstance(described, tuple) and signature is not None:
+        return tuple(leaf(x, i) for i, x in enumerate(described))
+    return leaf(described, 0)

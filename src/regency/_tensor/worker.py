@@ -1,0 +1,161 @@
+"""The tensor-worker actor: one per proc (per stream), executing command batches in order."""
+
+from __future__ import annotations
+
+import functools
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from regency._tensor import commands as c
+from regency._tensor.reduce_worker import init_world, run_reduce
+from regency._tensor.table import (
+    IDENTITY,
+    TABLE,
+    Poisoned,
+    PoisonedInputError,
+    poison,
+    resolve,
+    tensor_leaves,
+)
+from regency.actor import Actor, Port, current_rank, endpoint
+
+_ops: dict[str, Any] = {}
+
+
+def resolve_op(name: str) -> Any:
+    """``aten::add.Tensor`` -> ``torch.ops.aten.add.Tensor`` (cached)."""
+    op = _ops.get(name)
+    if op is None:
+        namespace, _, rest = name.partition("::")
+        base, _, overload = rest.partition(".")
+        op = getattr(getattr(getattr(torch.ops, namespace), base), overload or "default")
+        _ops[name] = op
+    return op
+
+
+class TensorWorker(Actor):
+    """Holds this process's shards; runs what the controller sends, never replies per op."""
+
+    def __init__(self, envs: dict[int, dict[str, str]], errors: Port[Poisoned]) -> None:
+        self._rank = current_rank().rank
+        self._errors = errors
+        os.environ.update(envs[self._rank])
+        IDENTITY["rank"] = self._rank
+
+    @endpoint
+    def execute(self, batch: list[c.Command]) -> None:
+        """Run ``batch`` in order; a failing command poisons its outputs and nothing else."""
+        for cmd in batch:
+            if isinstance(cmd, c.CallOp):
+                self._call(
+                    cmd.site, cmd.outs, cmd.mutates, functools.partial(resolve_op, cmd.op), cmd
+                )
+            elif isinstance(cmd, c.CallFunction):
+                self._call(cmd.site, cmd.outs, cmd.mutates, cmd.fn.resolve, cmd)
+            elif isinstance(cmd, c.Delete):
+                for ref in cmd.refs:
+                    TABLE.pop(ref, None)
+            elif isinstance(cmd, c.RankTensor):
+                coords = cmd.coords[self._rank]
+                TABLE[cmd.out] = torch.tensor(coords[0] if len(coords) == 1 else coords)
+            elif isinstance(cmd, c.InitWorld):
+                init_world(cmd, self._rank)
+            else:
+                run_reduce(cmd, self._rank)
+
+    def _call(
+        self,
+        site: int,
+        outs: tuple[int, ...],
+        mutates: tuple[int, ...],
+        lookup: Callable[[], Any],
+        cmd: c.CallOp | c.CallFunction,
+    ) -> None:
+        try:
+            args, kwargs = resolve((cmd.args, cmd.kwargs))
+        except PoisonedInputError as bad:
+            poison(outs + mutates, bad.poison)
+            return
+        try:
+            result = lookup()(*args, **kwargs)
+        except Exception:
+            failure = Poisoned(site, self._rank, traceback.format_exc())
+            self._errors.send(failure)
+            poison(outs + mutates, failure)
+            return
+        for ref, tensor in zip(outs, tensor_leaves(result), strict=False):
+            TABLE[ref] = tensor
+
+    @endpoint
+    def fetch(self, tree: Any) -> tuple[bool, Any]:
+        """``(True, tree with local copies)``, or ``(False, Poisoned)`` for a failed value."""
+        try:
+            value = resolve(tree)
+        except PoisonedInputError as bad:
+            return False, bad.poison
+        except KeyError as gone:
+            return False, Poisoned(-1, self._rank, f"ref {gone} is not defined on this worker")
+        return True, _copies(value)
+
+    @endpoint
+    def probe(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """Run a remote function once here and describe its results (for propagation)."""
+        from regency._tensor.meta import TensorMeta
+
+        ok, value = self.fetch((args, kwargs))
+        if not ok:
+            return ok, value
+        try:
+            result = fn.resolve()(*value[0], **value[1])
+        except Exception:
+            return False, Poisoned(-1, self._rank, traceback.format_exc())
+        return True, _describe(result, TensorMeta.of)
+
+    @endpoint
+    def run(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run a remote function here and return its result (``Remote.call``)."""
+        ok, value = self.fetch((args, kwargs))
+        if not ok:
+            raise ValueError(f"an argument failed to compute:\n{value.text}")
+        return _copies(fn.resolve()(*value[0], **value[1]))
+
+    @endpoint
+    def open_store(self) -> tuple[str, int]:
+        """Start the world's rendezvous store here (world rank 0)."""
+        from regency._tensor.collectives import WorldGroups
+
+        store: tuple[str, int] = WorldGroups.open_store()
+        return store
+
+    @endpoint
+    def ref_count(self) -> int:
+        """How many refs this process holds (tests check that deletes arrive)."""
+        return len(TABLE)
+
+
+def _copies(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, tuple):
+        return tuple(_copies(x) for x in obj)
+    if isinstance(obj, list):
+        return [_copies(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _copies(v) for k, v in obj.items()}
+    return obj
+
+
+def _describe(obj: Any, meta: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return meta(obj)
+    if isinstance(obj, tuple):
+        return tuple(_describe(x, meta) for x in obj)
+    if isinstance(obj, list):
+        return [_describe(x, meta) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _describe(v, meta) for k, v in obj.items()}
+    return obj

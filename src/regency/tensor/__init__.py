@@ -1,0 +1,43 @@
+"""Regency's tensor engine: Monarch's distributed tensors, driven from the controller.
+
+Inside ``with procs.activate():`` every torch op runs on the mesh's processes, one shard per
+process; the controller holds mesh tensors whose shapes are known locally::
+
+    import torch, regency
+    from regency.actor import this_host
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    with procs.activate():
+        x = torch.rand(3, 4)
+        y = (x @ torch.ones(4, 5)).relu()   # shape (3, 5), no round trip
+    print(regency.inspect(y, gpus=1))       # rank 1's shard, a local torch.Tensor
+
+The names here are also re-exported from :mod:`regency` (loaded on first use).
+"""
+
+from __future__ import annotations
+
+from regency._tensor.api import get_active_mesh, no_mesh, reduce, reduce_
+from regency._tensor.engine import coalescing
+from regency._tensor.errors import DataDependentError, RemoteException
+from regency._tensor.fetching import fetch_shard, inspect
+from regency._tensor.mesh_tensor import MeshTensor as Tensor
+from regency._tensor.process_group import RemoteProcessGroup
+from regency._tensor.remote import Remote, call_on_shard_and_fetch, remote
+
+__all__ = [
+    "DataDependentError",
+    "Remote",
+    "RemoteException",
+    "RemoteProcessGroup",
+    "Tensor",
+    "call_on_shard_and_fetch",
+    "coalescing",
+    "fetch_shard",
+    "get_active_mesh",
+    "inspect",
+    "no_mesh",
+    "reduce",
+    "reduce_",
+    "remote",
+]

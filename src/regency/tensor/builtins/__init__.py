@@ -1,0 +1,1 @@
+"""Remote functions that ship with regency (Monarch's ``monarch.builtins``)."""
