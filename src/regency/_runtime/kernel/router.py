@@ -14,7 +14,7 @@ import logging
 import pickle
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from regency import config
@@ -23,10 +23,11 @@ from regency._runtime.kernel.bulk import Bulk
 from regency._runtime.kernel.mailbox import Mailbox
 from regency._runtime.kernel.port_handlers import ExitReports, PeerWatch, PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.seam import FrameSink, FrameSource, FrameTransport, LossSink, Timers
 from regency._runtime.kernel.service import Service
 from regency._transport import frames
 from regency._transport.bounded import BoundedDict
-from regency._transport.connection import Connection
+from regency._transport.io_loop import IOLoop
 from regency._transport.transport import PeerUnreachableError, Transport
 
 log = logging.getLogger("regency.proc")
@@ -42,35 +43,27 @@ def buffers_size(buffers: Sequence[Part]) -> int:
     return sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers)
 
 
-class ProcRuntime:
-    """Routing state of one process."""
+class FrameRouter:
+    """Routing state of one process, over any :class:`~.seam.FrameTransport` (the send seam).
+
+    :class:`ProcRuntime` runs it over the real transport; :mod:`.loopback` over memory.
+    """
 
     def __init__(
         self,
-        listen_address: str,
-        secret: bytes,
         job_id: str,
-        handoff: socket.socket | None = None,
-        gateway: str | None = None,
+        secret: bytes,
+        transport: Callable[[FrameSink, LossSink], FrameTransport],
+        timers: Timers,
+        frame_limit: int,
     ) -> None:
         self.job_id = job_id
         self.secret = secret
-        # The IPs other hosts reach the controller's machine on (set at a proc's start there).
-        self.gateway_ips: list[str] = []
-        self.frame_limit = int(config.get("max_frame_bytes"))
-        self.transport = Transport(
-            listen_address,
-            secret,
-            self._on_frame,
-            self._on_peer_lost,
-            frame_limit=self.frame_limit,
-            connect_timeout=config.get_seconds("connect_timeout"),
-            heartbeat=_heartbeat_settings,
-            handoff=handoff,
-        )
-        self.transport.gateway = gateway
-        self.address = self.transport.address
-        self.loop = self.transport.loop
+        self.frame_limit = frame_limit
+        # Made by ``transport``, which is given where received frames and losses go.
+        self._link = transport(self._on_frame, self._on_peer_lost)
+        self._timers = timers
+        self.address = self._link.address
         self._lock = threading.Lock()
         self._mailboxes: dict[int, Mailbox] = {}
         self._ports: dict[int, PortHandler] = {}
@@ -110,7 +103,7 @@ class ProcRuntime:
     def known_as(self, address: str) -> None:
         """Take ``address`` as this process's address from now on (a worker takes the address
         its controller dials it by: its listener may be bound to a wildcard or another name)."""
-        self.address = self.transport.address = address
+        self.address = self._link.address = address
 
     # -- ports ---------------------------------------------------------------------------------
 
@@ -226,19 +219,19 @@ class ProcRuntime:
                     seq=seq,
                     limit=self.frame_limit,
                 )
-                self.transport.send(addr, buffers)
+                self._link.send(addr, buffers)
                 continue
             buffers = frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
             if coalesce:
                 posts.append((addr, buffers))
             else:
-                self.transport.send(addr, buffers)
+                self._link.send(addr, buffers)
         if posts:
-            self.transport.post(posts, size)
+            self._link.post(posts, size)
 
     def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
         """The parts of a frame to ``addr``: large ones move to shared memory on this host."""
-        if self.transport.is_local(addr) and buffers_size(parts) >= bulk.BULK_MIN:
+        if self._link.is_local(addr) and buffers_size(parts) >= bulk.BULK_MIN:
             frames.Encoder(list(parts), self.frame_limit)  # the limit is on the whole message
             exported = self.bulk.export(addr, parts)
             if exported is not None:
@@ -248,7 +241,7 @@ class ProcRuntime:
 
     def _bulk_release(self, peer: str, offset: int) -> None:
         # Runs from a finalizer, on any thread and possibly inside a lock: only enqueue.
-        self.loop.call_soon(lambda: self._send_release(peer, offset))
+        self._timers.call_soon(lambda: self._send_release(peer, offset))
 
     def _send_release(self, peer: str, offset: int) -> None:
         if peer in self._dead:
@@ -258,11 +251,11 @@ class ProcRuntime:
             wire.KIND_CONTROL, wire.SERVICE_BULK, [body], limit=self.frame_limit
         )
         with contextlib.suppress(PeerUnreachableError):
-            self.transport.send(peer, buffers, wait=False)
+            self._link.send(peer, buffers, wait=False)
 
     def flush(self) -> None:
         """Send the frames waiting to be coalesced (call before blocking)."""
-        self.transport.flush()
+        self._link.flush()
 
     def send_cast(
         self,
@@ -298,7 +291,7 @@ class ProcRuntime:
             seq=head.seq,
             limit=self.frame_limit,
         )
-        self.transport.send(head.addr, buffers, wait)
+        self._link.send(head.addr, buffers, wait)
 
     def send_port(
         self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
@@ -318,9 +311,9 @@ class ProcRuntime:
             flags |= bulk_flags
         buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
         if wait and len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
-            self.transport.post([(ref.addr, buffers)], encoder.size)
+            self._link.post([(ref.addr, buffers)], encoder.size)
         else:
-            self.transport.send(ref.addr, buffers, wait)
+            self._link.send(ref.addr, buffers, wait)
 
     def send_control(self, addr: str, service: int, request: Any, wait: bool = True) -> None:
         """Send a control request to a service of the process at ``addr`` (without ``wait``,
@@ -332,7 +325,7 @@ class ProcRuntime:
         self.check_alive(addr)
         assert body is not None
         buffers = frames.encode(wire.KIND_CONTROL, service, [body], limit=self.frame_limit)
-        self.transport.send(addr, buffers, wait)
+        self._link.send(addr, buffers, wait)
 
     # -- services ------------------------------------------------------------------------------
 
@@ -383,7 +376,7 @@ class ProcRuntime:
     ) -> None:
         self.mailbox(mesh_id).post(sender, seq, (parts, rank, reply))
 
-    def _on_frame(self, conn: Connection, frame: frames.Frame) -> None:
+    def _on_frame(self, conn: FrameSource, frame: frames.Frame) -> None:
         if frame.flags & wire.FLAG_BULK:
             if not frame.parts:
                 raise frames.FrameError("bulk frame without its descriptor part")
@@ -463,7 +456,7 @@ class ProcRuntime:
         self._notify_dead(addr, reason)
 
     def _notify_dead(self, addr: str, reason: str) -> None:
-        self.transport.mark_lost(addr, reason)
+        self._link.mark_lost(addr, reason)
         self.bulk.peer_lost(addr)
         self._fail_watchers(addr, reason)
 
@@ -475,7 +468,7 @@ class ProcRuntime:
         if addr in self._local_children:
             # Our host agent will report how the process ended in a moment (it watches the
             # pid); only if the process lives on is the lost connection itself the news.
-            self.loop.call_later(
+            self._timers.call_later(
                 _EXIT_REPORT_GRACE, lambda: self.mark_dead(addr, self._stopping.get(addr, reason))
             )
             return
@@ -490,10 +483,50 @@ class ProcRuntime:
                 handler.peer_lost(addr, reason)
 
     def close(self) -> None:
-        """Close every connection and stop the I/O thread."""
+        """Stop the services and close every connection."""
         for service in self._services.values():
             service.stop()
-        self.transport.close()
+        self._link.close()
+
+
+class ProcRuntime(FrameRouter):
+    """The router of a real process: over the socket :class:`Transport` and its I/O loop."""
+
+    def __init__(
+        self,
+        listen_address: str,
+        secret: bytes,
+        job_id: str,
+        handoff: socket.socket | None = None,
+        gateway: str | None = None,
+    ) -> None:
+        # The IPs other hosts reach the controller's machine on (set at a proc's start there).
+        self.gateway_ips: list[str] = []
+        frame_limit = int(config.get("max_frame_bytes"))
+        self.loop = IOLoop()
+
+        def connect(on_frame: FrameSink, on_peer_lost: LossSink) -> Transport:
+            transport = Transport(
+                listen_address,
+                secret,
+                on_frame,
+                on_peer_lost,
+                frame_limit=frame_limit,
+                connect_timeout=config.get_seconds("connect_timeout"),
+                loop=self.loop,
+                heartbeat=_heartbeat_settings,
+                handoff=handoff,
+            )
+            transport.gateway = gateway
+            # The seam's transport; the host layer also uses its socket-only parts.
+            self.transport: Transport = transport
+            return transport
+
+        super().__init__(job_id, secret, connect, self.loop, frame_limit)
+
+    def close(self) -> None:
+        """Close every connection and stop the I/O thread."""
+        super().close()
         self.loop.stop()
 
 

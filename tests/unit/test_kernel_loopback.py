@@ -1,0 +1,203 @@
+"""Routers over the in-memory loopback: real frames, one process, no sockets (issue 16 part 8).
+
+Ordering per sender, the casting tree's fan-out as the routers forward it, gather relays merging
+replies per hop, and lost peers failing their watchers, all in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from regency import config
+from regency._runtime.kernel import casting, wire
+from regency._runtime.kernel.loopback import Loopback
+from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.router import FrameRouter
+from regency._transport import frames
+from regency._transport.transport import PeerUnreachableError
+
+pytestmark = pytest.mark.timeout(30)
+
+MESH = 9  # the mailbox id of the test's actor mesh
+SENDER = 5  # the sending actor's uid
+
+
+class Inbox:
+    """A port handler that keeps every reply it gets, unpacked."""
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.entries: list[tuple[int, int, list[bytes]]] = []
+        self.lost: list[tuple[str, str]] = []
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        self.messages += 1
+        for r, f, ps in casting.unpack_entries(rank, flags, parts):
+            self.entries.append((r, f, [bytes(p) for p in ps]))
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        self.lost.append((addr, reason))
+
+
+def _actors(routers: dict[str, FrameRouter], reply: bool = False) -> dict[str, list[Any]]:
+    """Attach a sink to each router's mailbox of MESH: it records ``(rank, body)`` and, with
+    ``reply``, answers each message with its rank to the reply port it came with."""
+    got: dict[str, list[Any]] = {}
+    for addr, router in routers.items():
+        seen = got[addr] = []
+
+        def sink(delivery: Any, router: FrameRouter = router, seen: list[Any] = seen) -> None:
+            parts, rank, reply_to = delivery
+            seen.append((rank, pickle.loads(parts[0])))
+            if reply and reply_to is not None:
+                router.send_port(reply_to, rank, 0, [pickle.dumps(rank)], wait=False)
+
+        router.mailbox(MESH).attach(sink)
+    return got
+
+
+def _mesh(n: int) -> tuple[Loopback, FrameRouter, dict[str, FrameRouter]]:
+    net = Loopback()
+    root = net.router("unix:@root")
+    procs = {f"unix:@p{r}": net.router(f"unix:@p{r}") for r in range(n)}
+    return net, root, procs
+
+
+def _body(value: Any) -> frames.Encoder:
+    return frames.Encoder([pickle.dumps(value)], 1 << 20)
+
+
+def test_direct_messages_arrive_in_each_senders_order() -> None:
+    net = Loopback()
+    a, c, b = net.router("unix:@a"), net.router("unix:@c"), net.router("unix:@b")
+    got = _actors({"unix:@b": b})["unix:@b"]
+    for seq in range(1, 51):
+        a.send_actor([("unix:@b", seq, 0)], MESH, 1, _body(("a", seq)))
+        c.send_actor([("unix:@b", seq, 0)], MESH, 2, _body(("c", seq)))
+    assert got == []  # nothing moves until the loopback delivers
+    assert net.pump() == 100
+    assert [s for _, (who, s) in got if who == "a"] == list(range(1, 51))
+    assert [s for _, (who, s) in got if who == "c"] == list(range(1, 51))
+
+
+def test_direct_message_overtaking_a_cast_waits_for_it() -> None:
+    net = Loopback()
+    a, b, c = (net.router(f"unix:@{x}") for x in "abc")
+    got = _actors({"unix:@b": b, "unix:@c": c})
+    # Message 1 reaches c through b (the head of its subtree), message 2 goes to c directly.
+    tree = casting.Group(casting.Dest("unix:@b", 1, 0), (casting.Dest("unix:@c", 1, 1),))
+    a.send_cast(tree, MESH, SENDER, None, False, [pickle.dumps("first")])
+    a.send_actor([("unix:@c", 2, 1)], MESH, SENDER, _body("second"))
+    net.pump()
+    arrivals = [(s.src, s.frame.seq) for s in net.sent if s.dst == "unix:@c"]
+    assert arrivals == [("unix:@a", 2), ("unix:@b", 1)]  # the overtaking did happen
+    assert got["unix:@c"] == [(1, "first"), (1, "second")]
+    assert got["unix:@b"] == [(0, "first")]
+
+
+def _cast(root: FrameRouter, procs: Sequence[str], fanout: int, reply: PortRef | None) -> None:
+    dests = [casting.Dest(addr, 1, rank) for rank, addr in enumerate(procs)]
+    for group in casting.plan(dests, fanout):
+        root.send_cast(group, MESH, SENDER, reply, reply is not None, [pickle.dumps("hi")])
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 64, 200, 256])
+@pytest.mark.parametrize("fanout", [2, 4, 16])
+def test_cast_reaches_every_rank_once_through_a_bounded_tree(n: int, fanout: int) -> None:
+    net, root, procs = _mesh(n)
+    got = _actors(procs)
+    with config.configured(cast_fanout=fanout):
+        _cast(root, list(procs), fanout, None)
+        net.pump()
+    assert [got[f"unix:@p{r}"] for r in range(n)] == [[(r, "hi")] for r in range(n)]
+    casts = [s for s in net.sent if s.frame.kind == wire.KIND_CAST]
+    assert len(casts) == n  # one frame per destination, none twice
+    assert max(Counter(s.src for s in casts).values()) <= fanout
+    parent = {s.dst: s.src for s in casts}
+    depth = 0
+    for addr in procs:
+        node, hops = addr, 1
+        while parent[node] != "unix:@root":
+            node, hops = parent[node], hops + 1
+        depth = max(depth, hops)
+    assert depth <= max(1, math.ceil(math.log(n, fanout)))
+
+
+@pytest.mark.parametrize("n", [1, 3, 16, 17, 100, 256])
+def test_gathered_replies_merge_per_hop(n: int) -> None:
+    fanout = 4
+    net, root, procs = _mesh(n)
+    _actors(procs, reply=True)
+    inbox = Inbox()
+    reply = root.open_port(inbox)
+    with config.configured(cast_fanout=fanout):
+        _cast(root, list(procs), fanout, reply)
+        net.pump()
+    assert sorted(r for r, _, _ in inbox.entries) == list(range(n))
+    assert all(pickle.loads(ps[0]) == r for r, _, ps in inbox.entries)
+    # The root hears once per subtree it sent to, whatever the mesh's size.
+    assert inbox.messages == min(n, fanout)
+    ports = [s for s in net.sent if s.frame.kind == wire.KIND_PORT]
+    assert Counter(s.src for s in ports) == Counter({addr: 1 for addr in procs})
+    # Every relay closed its port once it had sent up.
+    assert all(r.port_handler(p) is None for r in procs.values() for p in range(16, 32))
+
+
+def test_a_lost_peer_fails_its_watchers_and_refuses_sends() -> None:
+    net = Loopback()
+    a, _ = net.router("unix:@a"), net.router("unix:@b")
+    inbox = Inbox()
+    port = a.open_port(inbox, watch=["unix:@b"])
+    a.send_port(PortRef("unix:@b", 16), 0, 0, [b"x"], wait=False)
+    net.kill("unix:@b", "crashed")
+    assert net.in_flight == 0  # what was on its way there is gone with it
+    assert inbox.lost == [("unix:@b", "crashed")]
+    assert a.dead == {"unix:@b": "crashed"}
+    with pytest.raises(PeerUnreachableError):
+        a.send_port(PortRef("unix:@b", 16), 0, 0, [b"x"])
+    with pytest.raises(PeerUnreachableError):
+        a.send_actor([("unix:@b", 1, 0)], MESH, SENDER, _body("late"))
+    # A port opened later that watches the dead peer hears of it at once.
+    late = Inbox()
+    a.open_port(late, watch=["unix:@b"])
+    assert late.lost == [("unix:@b", "crashed")]
+    a.close_port(port.port, ["unix:@b"])
+
+
+def test_a_relay_whose_subtree_head_dies_closes_its_port() -> None:
+    net, root, procs = _mesh(3)
+    _actors(procs)  # nobody replies
+    inbox = Inbox()
+    reply = root.open_port(inbox)
+    # p0 heads a subtree of p1 and p2 and opens a relay watching them.
+    tree = casting.Group(
+        casting.Dest("unix:@p0", 1, 0),
+        (casting.Dest("unix:@p1", 1, 1), casting.Dest("unix:@p2", 1, 2)),
+    )
+    with config.configured(cast_fanout=2):
+        root.send_cast(tree, MESH, SENDER, reply, True, [pickle.dumps("hi")])
+        net.pump()
+    head = procs["unix:@p0"]
+    relays = [p for p in range(16, 32) if head.port_handler(p) is not None]
+    assert len(relays) == 1
+    net.kill("unix:@p2", "crashed")
+    assert head.port_handler(relays[0]) is None
+    assert inbox.messages == 0
+
+
+def test_an_exit_report_grace_runs_on_the_loopbacks_clock() -> None:
+    net = Loopback()
+    a, _ = net.router("unix:@a"), net.router("unix:@b")
+    a.add_child("unix:@b")  # a child: its lost connection waits for the host agent's report
+    net.kill("unix:@b", "connection reset")
+    assert "unix:@b" not in a.dead
+    net.timers.advance(0.5)
+    assert "unix:@b" not in a.dead
+    net.timers.advance(1.0)
+    assert a.dead == {"unix:@b": "connection reset"}
