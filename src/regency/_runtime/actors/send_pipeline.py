@@ -170,11 +170,11 @@ class SendPipeline:
         """
         route = self.route()
         addrs, ranks = route.addrs, route.ranks
-        if selection == "choose":
+        if selection != "all":  # one comparison on the broadcast path
+            if selection != "choose":
+                raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
             pick = random.randrange(len(addrs))
             addrs, ranks = [addrs[pick]], [pick]
-        elif selection != "all":
-            raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
         self._send(endpoint, method, args, kwargs, reply, addrs, ranks, False)
 
     # -- mechanics -------------------------------------------------------------------------------
