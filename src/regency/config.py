@@ -107,6 +107,8 @@ _URL_SCHEMES = ("tcp://", "ipc://", "unix:", "metatls://", "tls://", "inproc://"
 
 _runtime: dict[str, Any] = {}  # in the order configured, the latest last
 _fed: dict[str, Any] = {}  # regency keys' values from _runtime, after their Monarch sources
+_change_numbers = itertools.count(1)  # next() on it is atomic: concurrent changes stay distinct
+_changes = 0  # the number of the latest change to _runtime
 
 
 class _BadValueError(Exception):
@@ -264,6 +266,7 @@ def _seconds_of(key: str, value: Any) -> Any:
 
 def _refeed() -> None:
     """Recompute the regency keys' configured values from ``_runtime``, the latest winning."""
+    global _changes
     _fed.clear()
     for key, value in _runtime.items():
         if key in _DEFAULTS:
@@ -275,6 +278,18 @@ def _refeed() -> None:
         fed = _seconds_of(key, value)
         if fed > 0:
             _fed[target] = type(_DEFAULTS[target])(fed)
+    _changes = next(_change_numbers)
+
+
+def changes() -> int:
+    """A number that moves whenever the configured values change in this process.
+
+    :func:`configure`, the end of a :func:`configured` block (its undo) and
+    :func:`clear_runtime_config` move it. A hot path that caches a value (the casting tree's
+    fan-out on every forwarding process) reads this first and :func:`get` again only when it
+    moved. Environment variables are not watched: a process reads them as it starts.
+    """
+    return _changes
 
 
 def configure(**kw: Any) -> None:
@@ -347,7 +362,7 @@ def get_runtime_config() -> dict[str, Any]:
 def clear_runtime_config() -> None:
     """Forget every value set with :func:`configure`."""
     _runtime.clear()
-    _fed.clear()
+    _refeed()
 
 
 __all__ = [

@@ -14,7 +14,6 @@ from regency._runtime.actors.control import ProcInfo, SpawnActor, StopActor
 from regency._runtime.actors.endpoint import (
     Endpoint,
     NotAnEndpoint,
-    Route,
     YieldsToEndpoint,
 )
 from regency._runtime.actors.endpoint_def import (
@@ -37,6 +36,7 @@ from regency._runtime.actors.proc_control import (
     stop_procs,
     unique,
 )
+from regency._runtime.actors.send_pipeline import SendPipeline
 from regency._runtime.kernel import state, wire
 from regency._runtime.kernel.refs import PortRef
 from regency._transport.transport import PeerUnreachableError
@@ -141,36 +141,22 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._proc_mesh = proc_mesh
         self._owned = owned
         self._status: Future[None] = Future._resolved(None)
+        # How this view's endpoints send: the one object they talk to.
+        self._pipeline = SendPipeline(cls, name, shape, self._procs, mesh_id)
         self._endpoint_specs = _endpoint_table(cls)
-        # Set on the owner's mesh and its views: per-rank health and restarts.
-        self._supervisor: MeshSupervisor | None = None
         for attr in _YIELDING:
             if attr in self._endpoint_specs:
                 spec, checker = self._endpoint_specs[attr]
-                self.__dict__[attr] = Endpoint(self, attr, spec, checker)
+                self.__dict__[attr] = Endpoint(self._pipeline, attr, spec, checker)
 
-    def _route(self) -> Route:
-        """Where this view's messages go (computed once per view, again after a restart)."""
-        route: Route | None = self.__dict__.get("_cached_route")
-        supervisor = self._supervisor
-        generation = supervisor.generation if supervisor is not None else 0
-        if route is None or route.generation != generation:
-            bases = self._shape.ranks()
-            addrs = [self._procs[b].addr for b in bases]
-            extent = self._shape.extent
-            route = Route(
-                bases,
-                addrs,
-                list(range(len(addrs))),
-                unique(addrs),
-                tuple(extent.labels),
-                tuple(extent.sizes),
-                int(config.get("cast_fanout")),
-                {},
-                generation,
-            )
-            self.__dict__["_cached_route"] = route
-        return route
+    @property
+    def _supervisor(self) -> MeshSupervisor | None:
+        """Per-rank health and restarts: set on the owner's mesh and its views."""
+        return self._pipeline.supervisor
+
+    @_supervisor.setter
+    def _supervisor(self, supervisor: MeshSupervisor | None) -> None:
+        self._pipeline.supervisor = supervisor
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
         mesh = ActorMesh[T](
@@ -184,10 +170,10 @@ class ActorMesh(MeshTrait, Generic[T]):
         specs = self.__dict__.get("_endpoint_specs")
         if specs is not None and name in specs:
             spec, checker = specs[name]
-            return Endpoint(self, name, spec, checker)
+            return Endpoint(self._pipeline, name, spec, checker)
         cls = self.__dict__.get("_class")
         if cls is not None and callable(getattr(cls, name, None)) and not name.startswith("_"):
-            return NotAnEndpoint(self, name)
+            return NotAnEndpoint(self._pipeline, name)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     @property

@@ -21,9 +21,6 @@ from regency._runtime.actors import context
 from regency._runtime.actors.actor_mesh import ActorMesh, ActorSpawn, NotOwnedError
 from regency._runtime.actors.bootstrap_command import BootstrapCommand, launches_for
 from regency._runtime.actors.control import PingProc, ProcInfo
-from regency._runtime.actors.endpoint import (
-    current_instance,
-)
 from regency._runtime.actors.endpoint_def import (
     Actor,
     actor_is_async,
@@ -48,6 +45,7 @@ from regency._runtime.actors.proc_control import (
     stop_procs,
     unique,
 )
+from regency._runtime.actors.send_pipeline import current_instance
 from regency._runtime.actors.supervision import RestartPolicy
 from regency._runtime.kernel import state, wire
 from regency._runtime.kernel.pending import Pending
@@ -82,12 +80,11 @@ _RESERVED = frozenset(
         "_proc_mesh",
         "_shape",
         # regency's
-        "_cached_route",
         "_endpoint_specs",
         "_mesh_id",
         "_owned",
+        "_pipeline",
         "_procs",
-        "_route",
         "_status",
         "_supervisor",
     }

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
+from regency import config
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.refs import Part, PortRef
 
@@ -30,6 +31,24 @@ class Group(NamedTuple):
 
     head: Dest
     rest: tuple[Dest, ...]
+
+
+_fanout = (-1, 0)  # (config.changes() when read, cast_fanout then); -1: not read yet
+
+
+def fanout() -> int:
+    """``cast_fanout``, read from :mod:`regency.config` again only after a change there.
+
+    A forwarding process plans every cast frame it relays with it: one comparison instead of a
+    lookup that ends in the environment.
+    """
+    global _fanout
+    seen, value = _fanout
+    now = config.changes()
+    if seen != now:
+        value = int(config.get("cast_fanout"))
+        _fanout = (now, value)
+    return value
 
 
 def plan(dests: Sequence[Dest], fanout: int) -> list[Group]:

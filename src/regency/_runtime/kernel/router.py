@@ -424,7 +424,7 @@ class FrameRouter:
     ) -> None:
         rest, reply, gather = pickle.loads(routing_part)
         # Most procs are leaves of the tree (``rest`` empty): they need not read the fan-out.
-        groups = casting.plan(rest, int(config.get("cast_fanout"))) if rest else []
+        groups = casting.plan(rest, casting.fanout()) if rest else []
         local_reply = reply
         if gather and groups:
             acc = casting.GatherRelay(self, reply, expected=1 + len(groups))

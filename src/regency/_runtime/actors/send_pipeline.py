@@ -1,0 +1,345 @@
+"""The send pipeline: how an endpoint's message reaches the ranks of an actor mesh view.
+
+Each adverb of an :class:`~regency._runtime.actors.endpoint.Endpoint` makes one call here (as
+Ray's actor handle makes one ``submit_actor_task`` call): :meth:`SendPipeline.gather`,
+:meth:`~SendPipeline.stream`, :meth:`~SendPipeline.one` or :meth:`~SendPipeline.post`. The
+pipeline opens the reply port, refuses what supervision knows cannot be delivered, pickles the
+envelope, takes the sender's sequence numbers and sends directly or down the casting tree.
+:class:`~regency._runtime.actors.actor_mesh.ActorMesh` owns one per view.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from regency import config
+from regency._runtime.actors import context
+from regency._runtime.actors.errors import (
+    SupervisionError,
+    failed_text,
+    process_failed,
+    stopped_text,
+)
+from regency._runtime.actors.ports import (
+    GatherReply,
+    LostDescriber,
+    OnceReply,
+    StreamReply,
+    fail_handler,
+)
+from regency._runtime.actors.proc_control import unique
+from regency._runtime.actors.supervision import UndeliverableMessageEnvelope, is_stop_reason
+from regency._runtime.kernel import casting, codec, state
+from regency._runtime.kernel.refs import PortRef
+from regency._transport import frames
+from regency._transport.transport import PeerUnreachableError
+
+if TYPE_CHECKING:
+    from regency._runtime.actors.control import ProcInfo
+    from regency._runtime.actors.identity import InstanceBase
+    from regency._runtime.actors.mesh_supervisor import MeshSupervisor
+    from regency.shape import Shape
+
+
+class Route(NamedTuple):
+    """A mesh view's destinations: base ranks, proc addresses, and the cast extent."""
+
+    bases: list[int]
+    addrs: list[str]
+    ranks: list[int]
+    unique: list[str]
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    fanout: int
+    envelopes: dict[str, bytes]  # pickled envelopes of messages without a reply port
+    generation: int  # the supervisor's generation it was computed for
+
+
+def current_instance() -> InstanceBase:
+    """The instance sending from this thread or task (the client outside actors)."""
+    ctx = context.current_or_none()
+    return ctx.actor_instance if ctx is not None else context.client()
+
+
+class SendPipeline:
+    """One actor mesh view's destinations and the steps that send an endpoint's message there.
+
+    ``endpoint`` in the methods below is the endpoint's name on the mesh (errors name it),
+    ``method`` the name its message carries (``EndpointSpec.name``).
+    """
+
+    __slots__ = ("_procs", "_route", "actor_class", "mesh_id", "mesh_name", "shape", "supervisor")
+
+    def __init__(
+        self,
+        actor_class: type,
+        mesh_name: str,
+        shape: Shape,
+        procs: list[ProcInfo],
+        mesh_id: int,
+    ) -> None:
+        self.actor_class = actor_class
+        self.mesh_name = mesh_name
+        self.shape = shape
+        self.mesh_id = mesh_id
+        # Per-rank health and restarts: set on the owner's mesh and its views.
+        self.supervisor: MeshSupervisor | None = None
+        self._procs = procs  # shared with the mesh's views and its supervisor
+        self._route: Route | None = None
+
+    def route(self) -> Route:
+        """Where this view's messages go (computed once per view, again after a restart)."""
+        route = self._route
+        supervisor = self.supervisor
+        generation = supervisor.generation if supervisor is not None else 0
+        if route is None or route.generation != generation:
+            bases = self.shape.ranks()
+            addrs = [self._procs[b].addr for b in bases]
+            extent = self.shape.extent
+            route = Route(
+                bases,
+                addrs,
+                list(range(len(addrs))),
+                unique(addrs),
+                tuple(extent.labels),
+                tuple(extent.sizes),
+                int(config.get("cast_fanout")),
+                {},
+                generation,
+            )
+            self._route = route
+        return route
+
+    # -- the adverbs' entries: one per kind of reply --------------------------------------------
+
+    def gather(
+        self, endpoint: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> GatherReply:
+        """Send to every rank; the handler gathers one reply per rank (``call``)."""
+        route = self.route()
+        handler = GatherReply(len(route.bases), route.unique, self._describer(endpoint))
+        reply = self._open(handler)
+        self._send(
+            endpoint, method, args, kwargs, reply, route.addrs, route.ranks, True, route.unique
+        )
+        return handler
+
+    def stream(
+        self, endpoint: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> StreamReply:
+        """Send to every rank; the handler holds one pending reply per rank (``stream``)."""
+        route = self.route()
+        handler = StreamReply(len(route.bases), route.unique, self._describer(endpoint))
+        reply = self._open(handler)
+        self._send(
+            endpoint, method, args, kwargs, reply, route.addrs, route.ranks, False, route.unique
+        )
+        return handler
+
+    def one(
+        self,
+        index: int,
+        endpoint: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> OnceReply:
+        """Send to rank ``index`` of this view; the handler takes its reply (``call_one``)."""
+        addr = self.route().addrs[index]
+        handler = OnceReply((addr,), self._describer(endpoint))
+        reply = self._open(handler)
+        self._send(endpoint, method, args, kwargs, reply, (addr,), (index,), False, (addr,))
+        return handler
+
+    def post(
+        self,
+        endpoint: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        reply: PortRef | None,
+        selection: Literal["all", "choose"] = "all",
+    ) -> None:
+        """Send without a reply of ours: each reply to ``reply`` (dropped if ``None``).
+
+        ``selection="choose"`` sends to one rank picked at random (``broadcast``, ``send``).
+        """
+        route = self.route()
+        addrs, ranks = route.addrs, route.ranks
+        if selection != "all":  # one comparison on the broadcast path
+            if selection != "choose":
+                raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
+            pick = random.randrange(len(addrs))
+            addrs, ranks = [addrs[pick]], [pick]
+        self._send(endpoint, method, args, kwargs, reply, addrs, ranks, False)
+
+    # -- mechanics -------------------------------------------------------------------------------
+
+    def _describer(self, endpoint: str) -> LostDescriber:
+        return functools.partial(self.describe_loss, endpoint)
+
+    @staticmethod
+    def _open(handler: OnceReply | GatherReply | StreamReply) -> PortRef:
+        # The port watches its destinations only once the message is sent (see _send): a call
+        # refused before sending must fail with the owner's account of the rank, not a watch's.
+        ref = state.runtime().open_port(handler)
+        handler.port = ref.port
+        return ref
+
+    def describe_loss(self, endpoint: str, addr: str, reason: str) -> SupervisionError:
+        """The error of a call to ``endpoint`` whose process at ``addr`` was lost for ``reason``."""
+        route = self.route()
+        dead = state.runtime().dead
+        # Procs lost together (a lost host) share the reason: name all of their ranks.
+        ranks = [i for i, a in enumerate(route.addrs) if a == addr or dead.get(a) == reason]
+        supervisor = self.supervisor
+        if supervisor is not None:
+            # Name the rank in the whole mesh, not its index in this slice.
+            ranks = [supervisor.bases.index(route.bases[i]) for i in ranks]
+        name = self.mesh_name
+        actor = (
+            supervisor.actor_name(ranks[0])
+            if supervisor is not None and ranks
+            else f"<{self.actor_class.__qualname__} {name}>"
+        )
+        if is_stop_reason(reason):
+            what = stopped_text(
+                actor, reason, f"actor mesh {name} is stopped due to proc mesh shutdown"
+            )
+        else:
+            at = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks or '?'}"
+            what = failed_text(
+                actor,
+                f"the process this actor was running on {process_failed(reason)}",
+                f"failure on mesh {name} at {at} with event: "
+                f"the process {addr} hosting it failed: {reason}",
+            )
+        return SupervisionError(
+            f"Endpoint call {name}.{endpoint}() failed, {what}", f"{name}.{endpoint}"
+        )
+
+    def _refuse(self, endpoint: str, reply: PortRef | None, error: SupervisionError) -> None:
+        """Fail a call that cannot be delivered: its future, or the sender if there is none."""
+        rt = state.runtime()
+        if reply is not None and reply.addr == rt.address:
+            handler = rt.port_handler(reply.port)
+            if isinstance(handler, (OnceReply, GatherReply, StreamReply)):
+                rt.close_port(reply.port)
+                fail_handler(handler, error)
+                return
+        # No future of ours to fail (broadcast, or a user's port): the sender hears of it.
+        sender = current_instance()
+        undeliverable = getattr(sender, "undeliverable", None)
+        if undeliverable is not None:
+            envelope = UndeliverableMessageEnvelope(
+                str(sender), f"{self.mesh_name}.{endpoint}", str(error)
+            )
+            if undeliverable(envelope):
+                return
+        raise error
+
+    def _healthy(
+        self,
+        supervisor: MeshSupervisor,
+        endpoint: str,
+        reply: PortRef | None,
+        ranks: Sequence[int],
+    ) -> bool:
+        """Whether the chosen ranks are healthy as far as the owner knows (else refuse)."""
+        route = self.route()
+        for rank in ranks:
+            why = supervisor.bad.get(route.bases[rank])
+            if why is not None:
+                name = self.mesh_name
+                self._refuse(
+                    endpoint,
+                    reply,
+                    SupervisionError(
+                        f"Endpoint call {name}.{endpoint}() failed, {why}", f"{name}.{endpoint}"
+                    ),
+                )
+                return False
+        return True
+
+    def _send(
+        self,
+        endpoint: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        reply: PortRef | None,
+        addrs: Sequence[str],
+        ranks: Sequence[int],
+        gather: bool,
+        watch: Sequence[str] = (),
+    ) -> None:
+        rt = state.runtime()
+        supervisor = self.supervisor
+        if (
+            supervisor is not None
+            and supervisor.bad
+            and not self._healthy(supervisor, endpoint, reply, ranks)
+        ):
+            return
+        dead = rt.dead
+        if dead:
+            for addr in addrs:
+                reason = dead.get(addr)
+                if reason is not None:
+                    self._refuse(endpoint, reply, self.describe_loss(endpoint, addr, reason))
+                    return
+        route = self.route()
+        if reply is None:
+            envelope = route.envelopes.get(endpoint)
+            if envelope is None:
+                envelope = route.envelopes[endpoint] = pickle.dumps(
+                    (method, None, route.labels, route.sizes), protocol=5
+                )
+        else:
+            # The reply port travels as a plain tuple: pickling a NamedTuple runs Python code.
+            envelope = pickle.dumps((method, tuple(reply), route.labels, route.sizes), protocol=5)
+        parts = [envelope, *codec.dumps_call(args, kwargs)]
+        # Refuse oversize messages before taking sequence numbers: a gap would stall the
+        # receiver's ordering of every later message from this sender.
+        encoder = frames.Encoder(parts, rt.frame_limit)
+        sender = current_instance()
+        mesh_id = self.mesh_id
+        uid = sender.uid
+        next_seq = sender.next_seq
+        try:
+            if len(addrs) <= route.fanout:
+                targets = [
+                    (addr, next_seq(addr, mesh_id), rank)
+                    for addr, rank in zip(addrs, ranks, strict=True)
+                ]
+                rt.send_actor(targets, mesh_id, uid, encoder)
+            else:
+                dests = [
+                    casting.Dest(addr, next_seq(addr, mesh_id), rank)
+                    for addr, rank in zip(addrs, ranks, strict=True)
+                ]
+                for group in casting.plan(dests, route.fanout):
+                    rt.send_cast(group, mesh_id, uid, reply, gather, parts)
+        except PeerUnreachableError as exc:
+            name = self.mesh_name
+            self._refuse(
+                endpoint,
+                reply,
+                SupervisionError(
+                    f"Endpoint call {name}.{endpoint}() failed: {exc}", f"{name}.{endpoint}"
+                ),
+            )
+            return
+        if reply is not None:
+            rt.watch(reply.port, watch)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # As a mesh received in a message: a reference that sends, without the owner's supervisor.
+        return (
+            SendPipeline,
+            (self.actor_class, self.mesh_name, self.shape, self._procs, self.mesh_id),
+        )
