@@ -13,6 +13,7 @@ import sys
 
 from regency import config
 from regency._runtime.actors import context, supervision
+from regency._runtime.actors.control import WarmZygote
 from regency._runtime.actors.instance import ClientInstance
 from regency._runtime.actors.proc_agent import ProcAgent
 from regency._runtime.actors.singletons import SingletonRegistry
@@ -42,7 +43,7 @@ def bootstrap_controller() -> None:
     runtime.add_service(
         wire.SERVICE_SINGLETONS, Service("regency-singletons", SingletonRegistry().handle)
     )
-    runtime.post_service(wire.SERVICE_HOST, "warm")
+    runtime.post_service(wire.SERVICE_HOST, WarmZygote())
     supervision.install_exit_path()
     atexit.register(_exit_code_after_fatal_failure)
     atexit.register(shutdown)
