@@ -19,7 +19,7 @@ from regency._runtime.actors.proc_agent import ProcAgent
 from regency._runtime.actors.singletons import SingletonRegistry
 from regency._runtime.host.host_agent import HostAgent, HostSession
 from regency._runtime.kernel import gateways, state, wire
-from regency._runtime.kernel.router import ProcRuntime
+from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.service import Service
 
 _host_agent: HostAgent | None = None

@@ -34,8 +34,8 @@ from regency._runtime.actors.supervision import stop_reason
 from regency._runtime.host.launcher import Launcher
 from regency._runtime.kernel import gateways, wire
 from regency._runtime.kernel.port_handlers import PeerWatch
+from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import PortRef
-from regency._runtime.kernel.router import ProcRuntime
 from regency._transport import tls
 from regency._transport.address import route_key
 from regency._transport.routing import Switchboard, handoff_pair
