@@ -54,8 +54,8 @@ from regency._runtime.host.worker_daemon import start as start_worker
 from regency._runtime.kernel.gateways import gateway_ips, gateway_toward
 from regency._runtime.kernel.pending import Pending
 from regency._runtime.kernel.port_handlers import PortHandler
+from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import Part, PortRef
-from regency._runtime.kernel.router import ProcRuntime
 from regency._runtime.kernel.state import runtime
 from regency._runtime.kernel.wire import SERVICE_HOST
 

@@ -311,3 +311,36 @@ def test_a_closed_launcher_starts_no_zygote_and_no_proc() -> None:
         theirs.close()
         loop.stop()
     assert exits == []
+
+
+@pytest.mark.timeout(60)
+def test_the_controller_warms_its_zygote_at_boot_before_any_spawn() -> None:
+    # The controller's boot posts WarmZygote to its own host agent, so the template process is
+    # starting before the first spawn_procs needs it.
+    script = textwrap.dedent(
+        """
+        import os, sys, time
+        import regency.actor
+        regency.actor.context()  # boots the controller's runtime, spawns nothing
+        me = str(os.getpid())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        ppid = f.read().rsplit(")", 1)[1].split()[1]
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read()
+                except OSError:
+                    continue
+                if ppid == me and b"regency._runtime.host.zygote" in cmd:
+                    print("ZYGOTE", flush=True)
+                    sys.exit(0)
+            time.sleep(0.02)
+        print("NO ZYGOTE", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=50, check=False
+    )
+    assert done.stdout.strip() == "ZYGOTE", done.stdout + done.stderr

@@ -27,7 +27,8 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 
 from regency.actor import Actor, endpoint  # noqa: E402
 from regency.job import ImageSpec, KubernetesJob, worker_command, worker_env  # noqa: E402
-from regency.job._kubernetes import JOB_LABEL, JOB_RANK_LABEL, _ready  # noqa: E402
+from regency.job._kubernetes import JOB_LABEL, JOB_RANK_LABEL  # noqa: E402
+from regency.job._kubernetes_pods import pod_ready  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -190,7 +191,7 @@ def pod(
 def make_ready(server: FakeKubernetesApiServer, ips: dict[str, str] | None = None) -> None:
     """Every pod not yet ready becomes Running and Ready (given IPs, else 10.1.0.<n>)."""
     for n, found in enumerate(server.pods(NS)):
-        if _ready(found):
+        if pod_ready(found):
             continue
         found.status = k8s.V1PodStatus(
             phase="Running",

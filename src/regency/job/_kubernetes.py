@@ -42,6 +42,7 @@ from typing import Any
 
 from regency._transport.auth import SECRET_ENV
 from regency.job._errors import JobError
+from regency.job._kubernetes_pods import job_finished, rank_pods
 from regency.job._trait import JobTrait
 from regency.job._worker import worker_command
 
@@ -406,9 +407,9 @@ class KubernetesJob(JobTrait):
                     if _not_found(exc):
                         return False
                     raise
-                if _job_finished(job):
+                if job_finished(job):
                     return False
-            elif isinstance(_rank_pods(self._pods(core, mesh), mesh), str):
+            elif isinstance(rank_pods(self._pods(core, mesh), mesh), str):
                 return False  # attach mode: running means its pods are ready now
         return True
 
@@ -461,7 +462,7 @@ class KubernetesJob(JobTrait):
     def _wait_for_pods(self, core: Any, mesh: _Mesh) -> list[str]:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
-            ranked = _rank_pods(self._pods(core, mesh), mesh)
+            ranked = rank_pods(self._pods(core, mesh), mesh)
             if not isinstance(ranked, str):
                 return [f"tcp://{pod.status.pod_ip}:{mesh.port}" for pod in ranked]
             if deadline is not None and time.monotonic() >= deadline:
@@ -471,82 +472,6 @@ class KubernetesJob(JobTrait):
                     f"{ranked}"
                 )
             time.sleep(self.poll_interval)  # polling the API server, at poll_interval
-
-
-def _job_finished(job: Any) -> bool:
-    for condition in (job.status.conditions if job.status else None) or []:
-        if condition.type in ("Complete", "Failed") and condition.status == "True":
-            return True
-    return False
-
-
-def _ready(pod: Any) -> bool:
-    status = pod.status
-    if status is None or status.phase != "Running" or not status.pod_ip:
-        return False
-    return any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
-
-
-def _rank_pods(pods: list[Any], mesh: _Mesh) -> list[Any] | str:
-    """The mesh's pods in rank order when all are ready, else why not (a description).
-
-    Pods being deleted or finished are ignored. A live pod without a valid rank label, two live
-    pods with one rank, or a rank outside ``0..num_replicas-1`` raise ``ValueError``.
-    """
-    by_rank: dict[int, Any] = {}
-    for pod in pods:
-        meta = pod.metadata
-        phase = pod.status.phase if pod.status else None
-        if meta.deletion_timestamp is not None or phase in ("Succeeded", "Failed"):
-            continue
-        value = (meta.labels or {}).get(mesh.pod_rank_label)
-        if value is None or not str(value).isdigit():
-            raise ValueError(
-                f"mesh {mesh.name!r}: pod {meta.name} has no valid rank label "
-                f"{mesh.pod_rank_label!r} (value {value!r})"
-            )
-        rank = int(value)
-        if rank >= mesh.num_replicas:
-            raise ValueError(
-                f"mesh {mesh.name!r}: pod {meta.name} has rank {rank}, but num_replicas="
-                f"{mesh.num_replicas} (does the selector match more pods than the mesh?)"
-            )
-        if rank in by_rank:
-            raise ValueError(
-                f"mesh {mesh.name!r}: pods {by_rank[rank].metadata.name} and {meta.name} "
-                f"both have rank {rank} ({mesh.pod_rank_label})"
-            )
-        by_rank[rank] = pod
-    problems = []
-    missing = [r for r in range(mesh.num_replicas) if r not in by_rank]
-    if missing:
-        problems.append(f"no pod for ranks {missing}")
-    not_ready = [
-        f"{pod.metadata.name} (rank {rank}, {_describe(pod)})"
-        for rank, pod in sorted(by_rank.items())
-        if not _ready(pod)
-    ]
-    if not_ready:
-        problems.append("pods not ready: " + ", ".join(not_ready))
-    if problems:
-        return "; ".join(problems)
-    return [by_rank[rank] for rank in range(mesh.num_replicas)]
-
-
-def _describe(pod: Any) -> str:
-    status = pod.status
-    if status is None:
-        return "no status"
-    parts = [status.phase or "Unknown"]
-    for container in status.container_statuses or []:
-        waiting = container.state.waiting if container.state else None
-        if waiting is not None and waiting.reason:
-            parts.append(waiting.reason)
-    if status.phase == "Running" and not status.pod_ip:
-        parts.append("no pod IP")
-    elif status.phase == "Running":
-        parts.append("not Ready")
-    return ", ".join(parts)
 
 
 def _api_client(kubeconfig: str | None) -> Any:

@@ -110,3 +110,11 @@ class ShutdownHost:
 
     controller: str
     done: PortRef
+
+
+@dataclass(frozen=True, slots=True)
+class WarmZygote:
+    """Ask this process's host agent to start its zygote now, before the first spawn needs it.
+
+    The controller posts it at boot; there is no answer.
+    """

@@ -21,7 +21,7 @@ from regency._runtime.actors.mesh_trait import ProcMeshBase
 from regency._runtime.actors.supervision import MeshFailure, run_fault_hook
 from regency._runtime.actors.sync_executor import SyncExecutor
 from regency._runtime.kernel import codec
-from regency._runtime.kernel.router import ProcRuntime
+from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.service import Service
 
 _FORCE_MARGIN = 0.5  # extra seconds a running __cleanup__ gets before a stop goes on without it

@@ -29,8 +29,8 @@ from regency._runtime.actors.supervision import (
 )
 from regency._runtime.kernel import codec, wire
 from regency._runtime.kernel.mailbox import Delivery
+from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import Part, PortRef
-from regency._runtime.kernel.router import ProcRuntime
 from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Point
 

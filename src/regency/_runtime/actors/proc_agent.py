@@ -16,8 +16,8 @@ from regency._runtime.actors.instance import ActorInstance
 from regency._runtime.actors.unbooted import UnbootedInstance
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.port_handlers import PeerWatch
+from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import PortRef
-from regency._runtime.kernel.router import ProcRuntime
 from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.proc")

@@ -12,7 +12,7 @@ from typing import Any
 from regency._runtime.actors.control import SpawnActor
 from regency._runtime.actors.errors import ActorError
 from regency._runtime.actors.instance import ActorInstance
-from regency._runtime.kernel.router import ProcRuntime
+from regency._runtime.kernel.proc_runtime import ProcRuntime
 
 
 class UnbootedInstance(ActorInstance):

@@ -84,7 +84,7 @@ def serve(settings: dict[str, Any]) -> None:
     from regency._runtime.actors.instance import ClientInstance
     from regency._runtime.actors.proc_agent import ProcAgent
     from regency._runtime.kernel import state, wire
-    from regency._runtime.kernel.router import ProcRuntime
+    from regency._runtime.kernel.proc_runtime import ProcRuntime
     from regency._runtime.kernel.service import Service
 
     handoff = settings.get("handoff_fd")

@@ -13,12 +13,13 @@ import sys
 
 from regency import config
 from regency._runtime.actors import context, supervision
+from regency._runtime.actors.control import WarmZygote
 from regency._runtime.actors.instance import ClientInstance
 from regency._runtime.actors.proc_agent import ProcAgent
 from regency._runtime.actors.singletons import SingletonRegistry
 from regency._runtime.host.host_agent import HostAgent, HostSession
 from regency._runtime.kernel import gateways, state, wire
-from regency._runtime.kernel.router import ProcRuntime
+from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.service import Service
 
 _host_agent: HostAgent | None = None
@@ -42,7 +43,7 @@ def bootstrap_controller() -> None:
     runtime.add_service(
         wire.SERVICE_SINGLETONS, Service("regency-singletons", SingletonRegistry().handle)
     )
-    runtime.post_service(wire.SERVICE_HOST, "warm")
+    runtime.post_service(wire.SERVICE_HOST, WarmZygote())
     supervision.install_exit_path()
     atexit.register(_exit_code_after_fatal_failure)
     atexit.register(shutdown)

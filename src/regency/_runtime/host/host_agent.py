@@ -23,13 +23,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regency import config
-from regency._runtime.actors.control import ProcInfo, SpawnProcs, StopProc, StopProcs
+from regency._runtime.actors.control import (
+    ProcInfo,
+    SpawnProcs,
+    StopProc,
+    StopProcs,
+    WarmZygote,
+)
 from regency._runtime.actors.supervision import stop_reason
 from regency._runtime.host.launcher import Launcher
 from regency._runtime.kernel import gateways, wire
 from regency._runtime.kernel.port_handlers import PeerWatch
+from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import PortRef
-from regency._runtime.kernel.router import ProcRuntime
 from regency._transport import tls
 from regency._transport.address import route_key
 from regency._transport.routing import Switchboard, handoff_pair
@@ -102,7 +108,7 @@ class HostAgent:
             threading.Thread(
                 target=self._stop, args=(request,), name="regency-stop", daemon=True
             ).start()
-        elif request == "warm":
+        elif isinstance(request, WarmZygote):
             self.launcher.start_zygote()
         else:
             log.warning("host agent got an unknown request %r", type(request).__name__)

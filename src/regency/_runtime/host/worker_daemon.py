@@ -27,8 +27,8 @@ from regency._runtime.actors.control import ShutdownHost
 from regency._runtime.host.host_agent import HostAgent, HostSession
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.port_handlers import PeerWatch
+from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import PortRef
-from regency._runtime.kernel.router import ProcRuntime
 from regency._runtime.kernel.service import Service
 from regency._transport import address
 from regency._transport.auth import AuthenticationError, unwrap_secret

@@ -1,6 +1,8 @@
 """The per-process router: frames in, frames out, local mailboxes, ports and services.
 
-Every regency process (the controller and each spawned proc) has exactly one :class:`ProcRuntime`.
+Every regency process (the controller and each spawned proc) has exactly one router, a
+:class:`~regency._runtime.kernel.proc_runtime.ProcRuntime` over real sockets (an in-memory
+loopback in unit tests).
 Frames arrive on the I/O thread and are routed without unpickling user data: actor messages to
 mailboxes, port messages to port handlers (which only store the raw parts), control requests to
 service threads, and cast frames are delivered locally and forwarded down the casting tree.
@@ -12,7 +14,6 @@ import contextlib
 import itertools
 import logging
 import pickle
-import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -27,8 +28,7 @@ from regency._runtime.kernel.seam import FrameSink, FrameSource, FrameTransport,
 from regency._runtime.kernel.service import Service
 from regency._transport import frames
 from regency._transport.bounded import BoundedDict
-from regency._transport.io_loop import IOLoop
-from regency._transport.transport import PeerUnreachableError, Transport
+from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.proc")
 
@@ -487,51 +487,6 @@ class FrameRouter:
         for service in self._services.values():
             service.stop()
         self._link.close()
-
-
-class ProcRuntime(FrameRouter):
-    """The router of a real process: over the socket :class:`Transport` and its I/O loop."""
-
-    def __init__(
-        self,
-        listen_address: str,
-        secret: bytes,
-        job_id: str,
-        handoff: socket.socket | None = None,
-        gateway: str | None = None,
-    ) -> None:
-        # The IPs other hosts reach the controller's machine on (set at a proc's start there).
-        self.gateway_ips: list[str] = []
-        frame_limit = int(config.get("max_frame_bytes"))
-        self.loop = IOLoop()
-
-        def connect(on_frame: FrameSink, on_peer_lost: LossSink) -> Transport:
-            transport = Transport(
-                listen_address,
-                secret,
-                on_frame,
-                on_peer_lost,
-                frame_limit=frame_limit,
-                connect_timeout=config.get_seconds("connect_timeout"),
-                loop=self.loop,
-                heartbeat=_heartbeat_settings,
-                handoff=handoff,
-            )
-            transport.gateway = gateway
-            # The seam's transport; the host layer also uses its socket-only parts.
-            self.transport: Transport = transport
-            return transport
-
-        super().__init__(job_id, secret, connect, self.loop, frame_limit)
-
-    def close(self) -> None:
-        """Close every connection and stop the I/O thread."""
-        super().close()
-        self.loop.stop()
-
-
-def _heartbeat_settings() -> tuple[float, float]:
-    return config.get_seconds("heartbeat_interval"), config.get_seconds("heartbeat_timeout")
 
 
 def _own(parts: Sequence[Part]) -> list[Part]:

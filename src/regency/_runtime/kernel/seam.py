@@ -2,7 +2,7 @@
 
 :class:`~.router.FrameRouter` sends through a :class:`FrameTransport` and schedules its few
 deferred steps on a :class:`Timers`. A real process plugs in :class:`regency._transport.transport.
-Transport` and its I/O loop (:class:`~.router.ProcRuntime` does); unit tests plug in the
+Transport` and its I/O loop (:class:`~.proc_runtime.ProcRuntime` does); unit tests plug in the
 in-memory :mod:`.loopback`, so that several routers exchange real frames in one process.
 """
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from regency._runtime.kernel.router import ProcRuntime
+    from regency._runtime.kernel.proc_runtime import ProcRuntime
 
 _lock = threading.RLock()
 _runtime: ProcRuntime | None = None

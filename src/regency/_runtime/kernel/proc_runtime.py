@@ -1,0 +1,60 @@
+"""The router of a real process: :class:`FrameRouter` over the socket transport and its I/O loop.
+
+Every regency process (the controller and each spawned proc) has exactly one. Unit tests run the
+same router over :mod:`regency._runtime.kernel.loopback` instead.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from regency import config
+from regency._runtime.kernel.router import FrameRouter
+from regency._runtime.kernel.seam import FrameSink, LossSink
+from regency._transport.io_loop import IOLoop
+from regency._transport.transport import Transport
+
+
+class ProcRuntime(FrameRouter):
+    """The router of a real process: over the socket :class:`Transport` and its I/O loop."""
+
+    def __init__(
+        self,
+        listen_address: str,
+        secret: bytes,
+        job_id: str,
+        handoff: socket.socket | None = None,
+        gateway: str | None = None,
+    ) -> None:
+        # The IPs other hosts reach the controller's machine on (set at a proc's start there).
+        self.gateway_ips: list[str] = []
+        frame_limit = int(config.get("max_frame_bytes"))
+        self.loop = IOLoop()
+
+        def connect(on_frame: FrameSink, on_peer_lost: LossSink) -> Transport:
+            transport = Transport(
+                listen_address,
+                secret,
+                on_frame,
+                on_peer_lost,
+                frame_limit=frame_limit,
+                connect_timeout=config.get_seconds("connect_timeout"),
+                loop=self.loop,
+                heartbeat=_heartbeat_settings,
+                handoff=handoff,
+            )
+            transport.gateway = gateway
+            # The seam's transport; the host layer also uses its socket-only parts.
+            self.transport: Transport = transport
+            return transport
+
+        super().__init__(job_id, secret, connect, self.loop, frame_limit)
+
+    def close(self) -> None:
+        """Close every connection and stop the I/O thread."""
+        super().close()
+        self.loop.stop()
+
+
+def _heartbeat_settings() -> tuple[float, float]:
+    return config.get_seconds("heartbeat_interval"), config.get_seconds("heartbeat_timeout")
