@@ -113,6 +113,9 @@ def test_type_errors(procs: ProcMesh) -> None:
             torch.mul(s, 2)
         with pytest.raises(TypeError, match="WRONG_STREAM: one fetch reads tensors of"):
             regency.fetch_shard((x, s))
+        with Stream("checks").activate():  # a second stream of the same name is another stream
+            with pytest.raises(TypeError, match="WRONG_STREAM"):
+                torch.add(s, 1)
         # Immutable borrow: nobody may write, both may read.
         r, borrow = side.borrow(x)
         with pytest.raises(TypeError, match=r"MUTATING_BORROW: .*read-only while it is borrowed"):

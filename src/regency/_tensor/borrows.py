@@ -157,7 +157,7 @@ def fetch_stream(tensors: Sequence[MeshTensor]) -> str:
                 f"{t!r} cannot be fetched: it is borrowed mutably by another stream"
                 f"{_borrow_sites(storage)}",
             )
-    return stream.name
+    return stream.key
 
 
 class Borrow:
@@ -199,11 +199,11 @@ class Borrow:
             alias.drop()
         root, shape = self._view.root, self._view.shape
         event = new_ref()
-        root.append(shape, c.Signal(event), self._to.name)
+        root.append(shape, c.Signal(event), self._to.key)
         origin = self._origin
         origin.borrows.discard(self)
         if self._mutable:
-            root.append(shape, c.Wait(event), self._from.name)
+            root.append(shape, c.Wait(event), self._from.key)
         else:
             origin.pending.append(event)
         if not origin.borrows:
@@ -252,9 +252,9 @@ def borrow(stream: Stream, t: Any, mutable: bool) -> tuple[MeshTensor, Borrow]:
     view = t._view
     root, shape = view.root, view.shape
     out, event = new_ref(), new_ref()
-    root.append(shape, c.Alias(t._ref, out), t._stream.name)
-    root.append(shape, c.Signal(event), t._stream.name)
-    root.append(shape, c.Wait(event), stream.name)
+    root.append(shape, c.Alias(t._ref, out), t._stream.key)
+    root.append(shape, c.Signal(event), t._stream.key)
+    root.append(shape, c.Wait(event), stream.key)
     lent = Storage("rw" if mutable else "r", origin)
     origin.access = "" if mutable else "r"
     r = MeshTensor._make(t._meta, out, view, stream)

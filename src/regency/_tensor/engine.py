@@ -178,7 +178,7 @@ class View:
 
     def send(self, cmd: c.Command) -> None:
         """Queue ``cmd`` for this view's procs, on the active stream."""
-        self.root.append(self.shape, cmd, get_active_stream().name)
+        self.root.append(self.shape, cmd, get_active_stream().key)
 
 
 _active: list[View] = []

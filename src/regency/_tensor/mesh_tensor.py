@@ -61,7 +61,7 @@ class MeshTensor(torch.Tensor):
         t._dropped = False
         t._stream = stream = stream or get_active_stream()
         t._storage = None
-        t._finalizer = weakref.finalize(t, view.root.dropped, view.shape, ref, stream.name)
+        t._finalizer = weakref.finalize(t, view.root.dropped, view.shape, ref, stream.key)
         return t
 
     @classmethod

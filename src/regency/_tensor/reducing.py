@@ -27,7 +27,7 @@ def ensure_world(root: Root, device: torch.device) -> None:
     """Set up the root mesh's ``torch.distributed`` world once: a store on rank 0, then every
     worker joins (gloo on CPU, NCCL on CUDA). Each stream's workers are sent the (idempotent)
     setup before their first reduction, so none reduces before its process joined."""
-    stream = get_active_stream().name
+    stream = get_active_stream().key
     if stream in root.world_streams:
         return
     if root.world is None:

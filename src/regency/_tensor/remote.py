@@ -81,7 +81,7 @@ class Remote(Generic[P, R]):
         # Monarch's cached propagation: run once on the first shard, keep the result pattern.
         view.root.flush_all()
         first = view.shape.ranks()[0]
-        worker = view.root.worker_at(first, get_active_stream().name)
+        worker = view.root.worker_at(first, get_active_stream().key)
         ok, found = worker.probe.call_one(self._ref, enc_args, enc_kwargs).get()
         if not ok:
             raise remote_exception(found)
@@ -98,19 +98,19 @@ class Remote(Generic[P, R]):
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Run on every proc of the active mesh; a ``ValueMesh`` of the results."""
         enc_args, enc_kwargs, view = self._target(args, kwargs)
-        workers = view.root.workers_of(view.shape, get_active_stream().name)
+        workers = view.root.workers_of(view.shape, get_active_stream().key)
         return mapped(workers.run.call(self._ref, enc_args, enc_kwargs))
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Run on the one proc of the active mesh (a mesh of another size raises)."""
         enc_args, enc_kwargs, view = self._target(args, kwargs)
-        workers = view.root.workers_of(view.shape, get_active_stream().name)
+        workers = view.root.workers_of(view.shape, get_active_stream().key)
         return mapped(workers.run.call_one(self._ref, enc_args, enc_kwargs))
 
     def call_on_shard(self, shard: dict[str, int] | None, *args: Any, **kwargs: Any) -> Future[R]:
         """Run on one shard of the mesh (``call_on_shard_and_fetch``)."""
         enc_args, enc_kwargs, view = self._target(args, kwargs)
-        worker = view.root.worker_at(rank_at(view.shape, shard, {}), get_active_stream().name)
+        worker = view.root.worker_at(rank_at(view.shape, shard, {}), get_active_stream().key)
         return mapped(worker.run.call_one(self._ref, enc_args, enc_kwargs))
 
     def __repr__(self) -> str:

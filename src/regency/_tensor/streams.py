@@ -8,6 +8,7 @@ Each stream has its own tensor-worker actor per proc, so different streams run c
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -16,8 +17,10 @@ if TYPE_CHECKING:
     from regency._tensor.borrows import Borrow
 
 DEFAULT_NAME = "main"
-"""The name of the default stream (Monarch's too)."""
+"""The name of the default stream (Monarch's too), and the key of its workers."""
 
+_ids: list[Iterator[int]] = []
+"""The numbers of the streams after the default one (empty until the default is made)."""
 IN_USE: list[bool] = []
 """Non-empty once a stream other than the default exists: the access checks run from then on."""
 
@@ -32,8 +35,12 @@ class Stream:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        if name != DEFAULT_NAME:
+        self.key = DEFAULT_NAME if not _ids else f"s{next(_ids[0])}"
+        """What the workers know this stream by (unique: two streams may share a name)."""
+        if _ids:
             IN_USE[:] = [True]
+        else:
+            _ids.append(itertools.count(1))
 
     def __repr__(self) -> str:
         return f"<Stream({self.name!r}) at {hex(id(self))}>"
