@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from regency._tensor import commands as c
 from regency._tensor import sites
-from regency._tensor.borrows import fetch_stream
+from regency._tensor.access import fetch_stream
 from regency._tensor.engine import View
 from regency._tensor.errors import RemoteException
 from regency._tensor.mesh_tensor import MeshTensor, common_view

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from regency._tensor import borrows, sites
+from regency._tensor import access, sites
 from regency._tensor import commands as c
 from regency._tensor.engine import View, new_ref
 from regency._tensor.errors import data_dependent, misuse
@@ -46,7 +46,7 @@ class MeshTensor(torch.Tensor):
     _meta: TensorMeta
     _dropped: bool
     _stream: Stream
-    _storage: borrows.Storage | None
+    _storage: access.Storage | None
     _finalizer: weakref.finalize[Any, Any]
     __torch_function__: ClassVar[Any] = torch._C._disabled_torch_function_impl
 
@@ -118,7 +118,7 @@ class MeshTensor(torch.Tensor):
     def _reduce(self, spec: tuple[Any, str, bool, Any], inplace: bool) -> MeshTensor:
         if self._dropped:
             raise misuse("DROPPED", f"{self!r} was dropped and cannot be used")
-        borrows.check_access((self,), (self,) if inplace else ())
+        access.check_access((self,), (self,) if inplace else ())
         meta, out, view = plan_reduce(
             self._view, self._ref, self.shape, self.dtype, self.device, spec, inplace
         )
@@ -264,10 +264,10 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: V
         lambda: func(*fake_args(fargs, metas), **fake_args(fkwargs, metas)),
         lambda: walk.names,
     )
-    borrows.check_access(walk.tensors, [walk.tensors[i] for i in signature.mutates])
+    access.check_access(walk.tensors, [walk.tensors[i] for i in signature.mutates])
     outs: list[int] = []
     result = build(described, signature, walk.tensors, view, outs)
-    borrows.track_views(borrows.view_sources(func, walk.names), walk.tensors, result)
+    access.track_views(access.view_sources(func, walk.names), walk.tensors, result)
     mutates = tuple(walk.tensors[i]._ref for i in signature.mutates)
     view.send(c.CallOp(name, fargs, fkwargs, tuple(outs), mutates, sites.capture()))
     return result

@@ -7,7 +7,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from regency._tensor import commands as c
 from regency._tensor import sites
-from regency._tensor.borrows import check_access
+from regency._tensor.access import check_access
 from regency._tensor.engine import View, active_view
 from regency._tensor.fetching import mapped, rank_at, remote_exception
 from regency._tensor.functions import FunctionRef

@@ -9,12 +9,9 @@ Each stream has its own tensor-worker actor per proc, so different streams run c
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from regency._tensor.borrows import Borrow
+from typing import Any
 
 DEFAULT_NAME = "main"
 """The name of the default stream (Monarch's too), and the key of its workers."""
@@ -22,6 +19,9 @@ DEFAULT_NAME = "main"
 _ids: list[Iterator[int]] = []
 """The numbers of the streams after the default one (empty until the default is made)."""
 IN_USE: list[bool] = []
+BORROW: list[Callable[[Stream, Any, bool], tuple[Any, Any]]] = []
+"""``borrows.borrow``, registered by that module (which builds on this one), returning
+``(t2, Borrow)``."""
 """Non-empty once a stream other than the default exists: the access checks run from then on."""
 
 
@@ -54,7 +54,7 @@ class Stream:
         finally:
             _active.pop()
 
-    def borrow(self, t: Any, mutable: bool = False) -> tuple[Any, Borrow]:
+    def borrow(self, t: Any, mutable: bool = False) -> tuple[Any, Any]:
         """``(t2, borrow)``: ``t2`` is ``t``'s value, usable on this stream until
         ``borrow.drop()`` (or the end of ``with borrow:``).
 
@@ -64,9 +64,7 @@ class Stream:
         all. ``t``'s stream waits for the drop before its next mutation of ``t`` (before its
         next use of any kind after a mutable borrow).
         """
-        from regency._tensor.borrows import borrow
-
-        return borrow(self, t, mutable)
+        return BORROW[0](self, t, mutable)
 
 
 _default = Stream(DEFAULT_NAME)
