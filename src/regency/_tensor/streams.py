@@ -19,10 +19,10 @@ DEFAULT_NAME = "main"
 _ids: list[Iterator[int]] = []
 """The numbers of the streams after the default one (empty until the default is made)."""
 IN_USE: list[bool] = []
+"""Non-empty once a stream other than the default exists: the access checks run from then on."""
 BORROW: list[Callable[[Stream, Any, bool], tuple[Any, Any]]] = []
 """``borrows.borrow``, registered by that module (which builds on this one), returning
 ``(t2, Borrow)``."""
-"""Non-empty once a stream other than the default exists: the access checks run from then on."""
 
 
 class Stream:
