@@ -88,4 +88,26 @@ class Reduce:
     site: int
 
 
-Command = CallOp | CallFunction | RankTensor | Delete | InitWorld | Reduce
+@dataclass(frozen=True, slots=True)
+class Alias:
+    """Define ``out`` as the very value of ``src`` (a borrow: shared, not copied)."""
+
+    src: int
+    out: int
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """Mark point ``event`` of this stream as reached (another stream may wait for it)."""
+
+    event: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Block this stream until another stream of the same process signals ``event``."""
+
+    event: int
+
+
+Command = CallOp | CallFunction | RankTensor | Delete | InitWorld | Reduce | Alias | Signal | Wait

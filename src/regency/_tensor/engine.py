@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, cast
 
 from regency._tensor import commands as c
+from regency._tensor.streams import DEFAULT_NAME, get_active_stream
 from regency._tensor.table import Poisoned
 from regency._tensor.worker import TensorWorker
 from regency.actor import Channel
@@ -62,12 +63,18 @@ class Root:
             "ActorMesh[TensorWorker]",
             whole.spawn("tensor_worker", TensorWorker, envs, port),
         )
-        self._views: dict[Shape, ActorMesh[TensorWorker]] = {}
+        # Another stream's workers are spawned on its first command: (name, envs, errors).
+        self._spawn_args = (whole, envs, port)
+        self._streams: dict[str, ActorMesh[TensorWorker]] = {DEFAULT_NAME: self.workers}
+        self._views: dict[tuple[Shape, str], ActorMesh[TensorWorker]] = {}
         self.buffer: list[c.Command] = []
         self.buffer_shape: Shape | None = None
-        self.deletes: dict[Shape, list[int]] = defaultdict(list)
+        self.buffer_stream = DEFAULT_NAME
+        self.deletes: dict[tuple[Shape, str], list[int]] = defaultdict(list)
         self.flushes = 0
         self.world: tuple[str, int] | None = None
+        self.world_streams: set[str] = set()
+        """Streams whose workers were sent the world setup (each joins it before reducing)."""
 
     def arrived_errors(self) -> list[Poisoned]:
         """Failures the workers reported so far (without waiting for more)."""
@@ -77,53 +84,67 @@ class Root:
             self._next_error = self._errors.recv()
         return found
 
-    def workers_of(self, shape: Shape) -> ActorMesh[TensorWorker]:
-        """The worker actors of the procs in ``shape`` (a view of this root)."""
-        view = self._views.get(shape)
+    def stream_workers(self, stream: str) -> ActorMesh[TensorWorker]:
+        """The worker actors (one per proc) of ``stream``, spawned on first use."""
+        workers = self._streams.get(stream)
+        if workers is None:
+            whole, envs, port = self._spawn_args
+            workers = cast(
+                "ActorMesh[TensorWorker]",
+                whole.spawn(f"tensor_worker_{stream}", TensorWorker, envs, port, stream),
+            )
+            self._streams[stream] = workers
+        return workers
+
+    def workers_of(self, shape: Shape, stream: str = DEFAULT_NAME) -> ActorMesh[TensorWorker]:
+        """The worker actors of ``stream`` on the procs in ``shape`` (a view of this root)."""
+        view = self._views.get((shape, stream))
         if view is None:
-            view = self.workers._new_with_shape(shape)
-            self._views[shape] = view
+            view = self.stream_workers(stream)._new_with_shape(shape)
+            self._views[(shape, stream)] = view
         return view
 
-    def worker_at(self, rank: int) -> ActorMesh[TensorWorker]:
-        """The worker actor of root rank ``rank``."""
-        return self.workers_of(Shape([], Slice(rank, [], [])))
+    def worker_at(self, rank: int, stream: str = DEFAULT_NAME) -> ActorMesh[TensorWorker]:
+        """The worker actor of ``stream`` on root rank ``rank``."""
+        return self.workers_of(Shape([], Slice(rank, [], [])), stream)
 
-    def append(self, shape: Shape, cmd: c.Command) -> None:
-        """Queue ``cmd`` for the procs of ``shape``."""
-        if self.buffer and self.buffer_shape != shape:
+    def append(self, shape: Shape, cmd: c.Command, stream: str = DEFAULT_NAME) -> None:
+        """Queue ``cmd`` for ``stream`` on the procs of ``shape``."""
+        if self.buffer and (self.buffer_shape != shape or self.buffer_stream != stream):
             self.flush()
         self.buffer.append(cmd)
         self.buffer_shape = shape
+        self.buffer_stream = stream
         if len(self.buffer) >= FLUSH_AT and not _coalescing:
             self.flush()
 
-    def dropped(self, shape: Shape, ref: int) -> None:
-        """A mesh tensor was freed: delete it with the next batch to its procs."""
-        self.deletes[shape].append(ref)
+    def dropped(self, shape: Shape, ref: int, stream: str = DEFAULT_NAME) -> None:
+        """A mesh tensor was freed: delete it with the next batch to its procs' ``stream``."""
+        self.deletes[(shape, stream)].append(ref)
 
     def flush(self) -> None:
         """Send the buffered commands (with the deletes for the same procs) as one message."""
         shape = self.buffer_shape
         if shape is None:
             return
+        stream = self.buffer_stream
         batch = self.buffer
         self.buffer = []
         self.buffer_shape = None
-        deletes = self.deletes.pop(shape, None)
+        deletes = self.deletes.pop((shape, stream), None)
         if deletes:
             batch.append(c.Delete(tuple(deletes)))
         self.flushes += 1
-        self.workers_of(shape).execute.broadcast(batch)
+        self.workers_of(shape, stream).execute.broadcast(batch)
 
     def flush_all(self) -> None:
         """Send everything pending, deletes for any view included."""
         self.flush()
-        for shape in list(self.deletes):
-            refs = self.deletes.pop(shape, None)
+        for shape, stream in list(self.deletes):
+            refs = self.deletes.pop((shape, stream), None)
             if refs:
                 self.flushes += 1
-                self.workers_of(shape).execute.broadcast([c.Delete(tuple(refs))])
+                self.workers_of(shape, stream).execute.broadcast([c.Delete(tuple(refs))])
 
 
 def root_of(mesh: ProcMesh) -> Root:
@@ -156,8 +177,8 @@ class View:
         return self is other or (self.root is other.root and self.shape == other.shape)
 
     def send(self, cmd: c.Command) -> None:
-        """Queue ``cmd`` for this view's procs."""
-        self.root.append(self.shape, cmd)
+        """Queue ``cmd`` for this view's procs, on the active stream."""
+        self.root.append(self.shape, cmd, get_active_stream().key)
 
 
 _active: list[View] = []

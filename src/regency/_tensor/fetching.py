@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from regency._tensor import commands as c
 from regency._tensor import sites
+from regency._tensor.access import fetch_stream
 from regency._tensor.engine import View
 from regency._tensor.errors import RemoteException
 from regency._tensor.mesh_tensor import MeshTensor, common_view
@@ -90,10 +91,11 @@ def fetch_shard(obj: Any, shard: Mapping[str, int] | None = None, **coords: int)
     for t in tensors:
         if t.dropped:
             raise TypeError(f"DROPPED: {t!r} was dropped and cannot be fetched")
+    stream = fetch_stream(tensors)
     rank = rank_at(view.shape, shard, coords)
     view.root.flush_all()
     refs = [c.Ref(t._ref) for t in tensors]
-    inner = view.root.worker_at(rank).fetch.call_one(refs)
+    inner = view.root.worker_at(rank, stream).fetch.call_one(refs)
 
     def unpack(reply: tuple[bool, Any]) -> Any:
         ok, value = reply

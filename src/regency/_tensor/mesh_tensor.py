@@ -9,18 +9,22 @@ shape errors raise here, before anything is sent.
 from __future__ import annotations
 
 import weakref
-from typing import Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from regency._tensor import access, sites
 from regency._tensor import commands as c
-from regency._tensor import sites
 from regency._tensor.engine import View, new_ref
 from regency._tensor.errors import data_dependent, misuse
 from regency._tensor.meta import OpSignature, TensorMeta, fake_of, propagate
 from regency._tensor.process_group import RemoteProcessGroup
 from regency._tensor.reducing import plan_reduce
+from regency._tensor.streams import get_active_stream
+
+if TYPE_CHECKING:
+    from regency._tensor.streams import Stream
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _CONSTANT_OPS = frozenset(
@@ -41,11 +45,13 @@ class MeshTensor(torch.Tensor):
     _view: View
     _meta: TensorMeta
     _dropped: bool
+    _stream: Stream
+    _storage: access.Storage | None
     _finalizer: weakref.finalize[Any, Any]
     __torch_function__: ClassVar[Any] = torch._C._disabled_torch_function_impl
 
     @staticmethod
-    def _make(meta: TensorMeta, ref: int, view: View) -> MeshTensor:
+    def _make(meta: TensorMeta, ref: int, view: View, stream: Stream | None = None) -> MeshTensor:
         t: MeshTensor = torch.Tensor._make_wrapper_subclass(
             MeshTensor, meta.shape, strides=meta.stride, dtype=meta.dtype, device=meta.device
         )
@@ -53,7 +59,9 @@ class MeshTensor(torch.Tensor):
         t._view = view
         t._meta = meta
         t._dropped = False
-        t._finalizer = weakref.finalize(t, view.root.dropped, view.shape, ref)
+        t._stream = stream = stream or get_active_stream()
+        t._storage = None
+        t._finalizer = weakref.finalize(t, view.root.dropped, view.shape, ref, stream.key)
         return t
 
     @classmethod
@@ -81,6 +89,11 @@ class MeshTensor(torch.Tensor):
         """Whether ``drop()`` was called."""
         return self._dropped
 
+    @property
+    def stream(self) -> Stream:
+        """The stream this tensor is used on (the one active when it was made)."""
+        return self._stream
+
     def reduce(
         self,
         dims: str | list[str] | tuple[str, ...],
@@ -105,6 +118,7 @@ class MeshTensor(torch.Tensor):
     def _reduce(self, spec: tuple[Any, str, bool, Any], inplace: bool) -> MeshTensor:
         if self._dropped:
             raise misuse("DROPPED", f"{self!r} was dropped and cannot be used")
+        access.check_access((self,), (self,) if inplace else ())
         meta, out, view = plan_reduce(
             self._view, self._ref, self.shape, self.dtype, self.device, spec, inplace
         )
@@ -124,7 +138,7 @@ class MeshTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return (
             f"regency.Tensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
-            f"mesh={self._view.mesh!r}, ref={self._ref})"
+            f"mesh={self._view.mesh!r}, stream={self._stream.name!r}, ref={self._ref})"
         )
 
     def __reduce_ex__(self, protocol: Any) -> NoReturn:
@@ -250,8 +264,10 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: V
         lambda: func(*fake_args(fargs, metas), **fake_args(fkwargs, metas)),
         lambda: walk.names,
     )
+    access.check_access(walk.tensors, [walk.tensors[i] for i in signature.mutates])
     outs: list[int] = []
     result = build(described, signature, walk.tensors, view, outs)
+    access.track_views(access.view_sources(func, walk.names), walk.tensors, result)
     mutates = tuple(walk.tensors[i]._ref for i in signature.mutates)
     view.send(c.CallOp(name, fargs, fkwargs, tuple(outs), mutates, sites.capture()))
     return result

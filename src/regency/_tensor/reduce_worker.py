@@ -35,8 +35,9 @@ def init_world(cmd: c.InitWorld, rank: int) -> None:
     world().init_world(cmd.host, cmd.port, rank, cmd.world_size, cmd.backend)
 
 
-def run_reduce(cmd: c.Reduce, rank: int) -> None:
-    """Reduce ``cmd.src`` over this rank's group; a failure poisons the output."""
+def run_reduce(cmd: c.Reduce, rank: int, tag: str = "") -> None:
+    """Reduce ``cmd.src`` over this rank's group (the groups of stream ``tag``, so streams'
+    collectives never interleave); a failure poisons the output."""
     from regency._tensor import collectives
 
     try:
@@ -45,16 +46,16 @@ def run_reduce(cmd: c.Reduce, rank: int) -> None:
         poison((cmd.out,), bad.poison)
         return
     try:
-        group = group_for(cmd.groups, rank)
+        group = group_for(cmd.groups, rank, tag)
         run = collectives.reduce_ if cmd.inplace else collectives.reduce
         TABLE[cmd.out] = run(tensor, cmd.reduction, group, cmd.scatter)
     except Exception:
         poison((cmd.out,), Poisoned(cmd.site, rank, traceback.format_exc()))
 
 
-def group_for(groups: tuple[tuple[int, ...], ...], rank: int) -> ProcessGroup:
-    """The process group of the one of ``groups`` that has ``rank``."""
-    group: ProcessGroup = world().group(next(g for g in groups if rank in g))
+def group_for(groups: tuple[tuple[int, ...], ...], rank: int, tag: str = "") -> ProcessGroup:
+    """The process group (of stream ``tag``) of the one of ``groups`` that has ``rank``."""
+    group: ProcessGroup = world().group(next(g for g in groups if rank in g), tag)
     return group
 
 

@@ -15,6 +15,7 @@ from regency._tensor import commands as c
 from regency._tensor import sites
 from regency._tensor.engine import Root, View, new_ref
 from regency._tensor.meta import TensorMeta
+from regency._tensor.streams import get_active_stream
 from regency.shape import Shape, Slice
 
 
@@ -24,15 +25,19 @@ def _dims(dims: str | Sequence[str]) -> tuple[str, ...]:
 
 def ensure_world(root: Root, device: torch.device) -> None:
     """Set up the root mesh's ``torch.distributed`` world once: a store on rank 0, then every
-    worker joins (gloo on CPU, NCCL on CUDA)."""
-    if root.world is not None:
+    worker joins (gloo on CPU, NCCL on CUDA). Each stream's workers are sent the (idempotent)
+    setup before their first reduction, so none reduces before its process joined."""
+    stream = get_active_stream().key
+    if stream in root.world_streams:
         return
-    root.flush_all()
-    host, port = root.worker_at(0).open_store.call_one().get()
-    root.world = (host, port)
+    if root.world is None:
+        root.flush_all()
+        root.world = root.worker_at(0).open_store.call_one().get()
+    root.world_streams.add(stream)
+    host, port = root.world
     backend = "nccl" if device.type == "cuda" else "gloo"
     whole = Shape(["ranks"], Slice(0, [root.size], [1]))
-    root.append(whole, c.InitWorld(host, port, root.size, backend))
+    root.append(whole, c.InitWorld(host, port, root.size, backend), stream)
 
 
 def group_ref(view: View, dims: str | Sequence[str], device: torch.device) -> c.GroupRef:

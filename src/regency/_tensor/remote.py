@@ -7,11 +7,13 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from regency._tensor import commands as c
 from regency._tensor import sites
+from regency._tensor.access import check_access
 from regency._tensor.engine import View, active_view
 from regency._tensor.fetching import mapped, rank_at, remote_exception
 from regency._tensor.functions import FunctionRef
 from regency._tensor.mesh_tensor import _Walk, build, common_view, fake_args
 from regency._tensor.meta import describe, fake_mode
+from regency._tensor.streams import get_active_stream
 from regency.actor import Future, ValueMesh
 
 P = ParamSpec("P")
@@ -55,6 +57,7 @@ class Remote(Generic[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         walk, enc_args, enc_kwargs, key, view = self._encode(args, kwargs)
+        check_access(walk.tensors, ())
         described = self._outputs(walk, enc_args, enc_kwargs, key, view)
         outs: list[int] = []
         result = build(described, None, walk.tensors, view, outs)
@@ -78,7 +81,8 @@ class Remote(Generic[P, R]):
         # Monarch's cached propagation: run once on the first shard, keep the result pattern.
         view.root.flush_all()
         first = view.shape.ranks()[0]
-        ok, found = view.root.worker_at(first).probe.call_one(self._ref, enc_args, enc_kwargs).get()
+        worker = view.root.worker_at(first, get_active_stream().key)
+        ok, found = worker.probe.call_one(self._ref, enc_args, enc_kwargs).get()
         if not ok:
             raise remote_exception(found)
         if key is not None:
@@ -86,26 +90,27 @@ class Remote(Generic[P, R]):
         return found
 
     def _target(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, View]:
-        _, enc_args, enc_kwargs, _, view = self._encode(args, kwargs)
+        walk, enc_args, enc_kwargs, _, view = self._encode(args, kwargs)
+        check_access(walk.tensors, ())
         view.root.flush_all()
         return enc_args, enc_kwargs, view
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Run on every proc of the active mesh; a ``ValueMesh`` of the results."""
         enc_args, enc_kwargs, view = self._target(args, kwargs)
-        workers = view.root.workers_of(view.shape)
+        workers = view.root.workers_of(view.shape, get_active_stream().key)
         return mapped(workers.run.call(self._ref, enc_args, enc_kwargs))
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Run on the one proc of the active mesh (a mesh of another size raises)."""
         enc_args, enc_kwargs, view = self._target(args, kwargs)
-        workers = view.root.workers_of(view.shape)
+        workers = view.root.workers_of(view.shape, get_active_stream().key)
         return mapped(workers.run.call_one(self._ref, enc_args, enc_kwargs))
 
     def call_on_shard(self, shard: dict[str, int] | None, *args: Any, **kwargs: Any) -> Future[R]:
         """Run on one shard of the mesh (``call_on_shard_and_fetch``)."""
         enc_args, enc_kwargs, view = self._target(args, kwargs)
-        worker = view.root.worker_at(rank_at(view.shape, shard, {}))
+        worker = view.root.worker_at(rank_at(view.shape, shard, {}), get_active_stream().key)
         return mapped(worker.run.call_one(self._ref, enc_args, enc_kwargs))
 
     def __repr__(self) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from regency._tensor import commands as c
+from regency._tensor import events
 from regency._tensor.reduce_worker import init_world, run_reduce
 from regency._tensor.table import (
     IDENTITY,
@@ -40,8 +41,11 @@ def resolve_op(name: str) -> Any:
 class TensorWorker(Actor):
     """Holds this process's shards; runs what the controller sends, never replies per op."""
 
-    def __init__(self, envs: dict[int, dict[str, str]], errors: Port[Poisoned]) -> None:
+    def __init__(
+        self, envs: dict[int, dict[str, str]], errors: Port[Poisoned], stream: str = ""
+    ) -> None:
         self._rank = current_rank().rank
+        self._stream = stream  # the process-group tag of this stream's reductions
         self._errors = errors
         os.environ.update(envs[self._rank])
         IDENTITY["rank"] = self._rank
@@ -64,8 +68,14 @@ class TensorWorker(Actor):
                 TABLE[cmd.out] = torch.tensor(coords[0] if len(coords) == 1 else coords)
             elif isinstance(cmd, c.InitWorld):
                 init_world(cmd, self._rank)
+            elif isinstance(cmd, c.Alias):
+                events.alias(cmd.src, cmd.out)
+            elif isinstance(cmd, c.Signal):
+                events.signal(cmd.event)
+            elif isinstance(cmd, c.Wait):
+                events.wait(cmd.event)
             else:
-                run_reduce(cmd, self._rank)
+                run_reduce(cmd, self._rank, self._stream)
 
     def _call(
         self,

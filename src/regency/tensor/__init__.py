@@ -18,23 +18,28 @@ The names here are also re-exported from :mod:`regency` (loaded on first use).
 from __future__ import annotations
 
 from regency._tensor.api import get_active_mesh, no_mesh, reduce, reduce_
+from regency._tensor.borrows import Borrow
 from regency._tensor.engine import coalescing
 from regency._tensor.errors import DataDependentError, RemoteException
 from regency._tensor.fetching import fetch_shard, inspect
 from regency._tensor.mesh_tensor import MeshTensor as Tensor
 from regency._tensor.process_group import RemoteProcessGroup
 from regency._tensor.remote import Remote, call_on_shard_and_fetch, remote
+from regency._tensor.streams import Stream, get_active_stream
 
 __all__ = [
+    "Borrow",
     "DataDependentError",
     "Remote",
     "RemoteException",
     "RemoteProcessGroup",
+    "Stream",
     "Tensor",
     "call_on_shard_and_fetch",
     "coalescing",
     "fetch_shard",
     "get_active_mesh",
+    "get_active_stream",
     "inspect",
     "no_mesh",
     "reduce",
