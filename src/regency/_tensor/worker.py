@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import traceback
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from regency._tensor.table import (
 from regency.actor import Actor, Port, current_rank, endpoint
 
 _ops: dict[str, Any] = {}
+_frozen: list[bool] = []
 
 
 def resolve_op(name: str) -> Any:
@@ -37,6 +39,16 @@ def resolve_op(name: str) -> Any:
     return op
 
 
+def _freeze_startup_objects() -> None:
+    """Move the objects alive now (torch's modules, a few million) out of the collector's view,
+    once per process: the first full collection over them otherwise stalls the first large
+    batch by a few hundred milliseconds (issue 15's fetch-after-1000-ops figure)."""
+    if not _frozen:
+        _frozen.append(True)
+        gc.collect()
+        gc.freeze()
+
+
 class TensorWorker(Actor):
     """Holds this process's shards; runs what the controller sends, never replies per op."""
 
@@ -45,6 +57,7 @@ class TensorWorker(Actor):
         self._errors = errors
         os.environ.update(envs[self._rank])
         IDENTITY["rank"] = self._rank
+        _freeze_startup_objects()
 
     @endpoint
     def execute(self, batch: list[c.Command]) -> None:
