@@ -8,6 +8,7 @@ shape errors raise here, before anything is sent.
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any, ClassVar, NoReturn
 
@@ -16,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from regency._tensor import commands as c
 from regency._tensor import sites
-from regency._tensor.engine import View, new_ref
+from regency._tensor.engine import BIG_DELETE, View, new_ref
 from regency._tensor.errors import data_dependent, misuse
 from regency._tensor.meta import OpSignature, TensorMeta, fake_of, propagate
 from regency._tensor.process_group import RemoteProcessGroup
@@ -53,7 +54,8 @@ class MeshTensor(torch.Tensor):
         t._view = view
         t._meta = meta
         t._dropped = False
-        t._finalizer = weakref.finalize(t, view.root.dropped, view.shape, ref)
+        big = math.prod(meta.shape) >= BIG_DELETE
+        t._finalizer = weakref.finalize(t, view.root.dropped, view.shape, ref, big)
         return t
 
     @classmethod
