@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from regency._tensor import commands as c
-
     from regency._tensor.collectives import WorldGroups
 
 _world: list[WorldGroups] = []
