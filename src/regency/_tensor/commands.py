@@ -7,10 +7,25 @@ values that depend on it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+_C = TypeVar("_C", bound=type)
 
 
+def _pickled_by_fields(cls: _C) -> _C:
+    """Pickle as ``(cls, field values)``: a slots dataclass's own state methods walk
+    ``dataclasses.fields()`` per object, most of a batch's encode and decode time."""
+    names = tuple(f.name for f in fields(cls))
+
+    def by_fields(self: Any) -> tuple[Any, tuple[Any, ...]]:
+        return cls, tuple([getattr(self, name) for name in names])
+
+    cls.__reduce__ = by_fields  # type: ignore[method-assign,assignment]
+    return cls
+
+
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class Ref:
     """A mesh tensor in a command's arguments: the worker substitutes its local tensor."""
@@ -18,6 +33,7 @@ class Ref:
     id: int
 
 
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class GroupRef:
     """A process group in a remote function's arguments: the worker passes its real
@@ -26,6 +42,7 @@ class GroupRef:
     groups: tuple[tuple[int, ...], ...]
 
 
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class CallOp:
     """Run one aten operator (by its qualified name, e.g. ``aten::add.Tensor``)."""
@@ -38,6 +55,7 @@ class CallOp:
     site: int
 
 
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class CallFunction:
     """Run a remote function; ``outs`` name its tensor results in pytree order."""
@@ -50,6 +68,7 @@ class CallFunction:
     site: int
 
 
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class RankTensor:
     """Define ``out`` as this worker's coordinate(s) along ``dims`` of the view it is sent to."""
@@ -58,6 +77,7 @@ class RankTensor:
     out: int
 
 
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class Delete:
     """Forget refs the controller no longer holds."""
@@ -65,6 +85,7 @@ class Delete:
     refs: tuple[int, ...]
 
 
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class InitWorld:
     """Join the root mesh's ``torch.distributed`` world (idempotent)."""
@@ -75,6 +96,7 @@ class InitWorld:
     backend: str
 
 
+@_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class Reduce:
     """A collective over ``group`` (world ranks of this worker's group) on ``src``."""

@@ -84,5 +84,13 @@ def plan_reduce(
     ensure_world(view.root, device)
     out = src if inplace else new_ref()
     view.send(c.Reduce(src, out, reduction, scatter, inplace, groups, sites.capture()))
-    stride = torch.empty(out_size, device="meta").stride()
-    return TensorMeta(tuple(out_size), tuple(stride), dtype, device), out, view
+    return TensorMeta(tuple(out_size), _contiguous_stride(out_size), dtype, device), out, view
+
+
+def _contiguous_stride(size: Sequence[int]) -> tuple[int, ...]:
+    # Computed here: a meta tensor made inside activate() would itself become a command.
+    stride, step = [], 1
+    for n in reversed(size):
+        stride.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(stride))
