@@ -26,7 +26,9 @@ first)::
           │    └── RDMATimeoutError  +DeadlineError  it did not finish within its timeout
           ├── DeadlineError         +TimeoutError   an operation's deadline passed
           ├── ConnectionClosedError +ConnectionError  a connection closed under an exchange
-          ├── PeerUnreachableError  +ConnectionError  a peer process cannot be reached
+          ├── PeerUnreachableError  +ConnectionError  internal: the transport cannot reach a peer
+          ├── PeerLostError         +ConnectionError  a peer process is gone: the transport's
+          │                                           error, translated by the router
           ├── AuthenticationError   +ConnectionError  a peer failed the handshake
           ├── RouteError            +ConnectionError  internal: a bad route preamble
           ├── AddressError          +ValueError     an address regency cannot listen on or dial

@@ -13,6 +13,8 @@ The kernel, for messages that are not actor calls:
   :class:`PortHandler` that takes raw replies on the I/O thread; ``send_port`` (pre-encoded
   :class:`Part` s to a :class:`PortRef` anywhere) and ``send_control`` (a request to a service
   of the process at an address, e.g. :data:`SERVICE_HOST`).
+- :class:`PeerLostError` -- what a send to a process that is gone raises (the transport's
+  error, translated by the router).
 - :class:`Pending` -- a reply not yet there, which a :class:`Future` wraps
   (``Future._from_pending``).
 - :func:`gateway_toward` / :func:`gateway_ips` -- the controller's listeners that other hosts
@@ -51,6 +53,7 @@ from regency._runtime.host.worker_daemon import Attach
 from regency._runtime.host.worker_daemon import serve as serve_worker
 from regency._runtime.host.worker_daemon import serve_until_shutdown as serve_worker_until_shutdown
 from regency._runtime.host.worker_daemon import start as start_worker
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.gateways import gateway_ips, gateway_toward
 from regency._runtime.kernel.pending import Pending
 from regency._runtime.kernel.port_handlers import PortHandler
@@ -69,6 +72,7 @@ __all__ = [
     "HostInfo",
     "HostMesh",
     "Part",
+    "PeerLostError",
     "Pending",
     "Port",
     "PortHandler",

@@ -11,6 +11,7 @@ from regency._errors import RegencyError
 from regency._runtime.actors.actor_mesh import NotOwnedError
 from regency._runtime.actors.endpoint import NotAnEndpointError
 from regency._runtime.actors.mesh_trait import EmptySliceError
+from regency._runtime.kernel.errors import PeerLostError
 from regency._transport.address import AddressError
 from regency._transport.auth import AuthenticationError
 from regency._transport.certs import TLSSetupError
@@ -51,6 +52,7 @@ OLD_BASES: list[tuple[type[BaseException], tuple[type[BaseException], ...]]] = [
     (DeadlineError, (TimeoutError,)),
     (ConnectionClosedError, (ConnectionError,)),
     (PeerUnreachableError, (ConnectionError,)),
+    (PeerLostError, (ConnectionError,)),
     (AuthenticationError, (ConnectionError,)),
     (RouteError, (ConnectionError,)),
     (AddressError, (ValueError,)),

@@ -16,11 +16,11 @@ import pytest
 
 from regency import config
 from regency._runtime.kernel import casting, wire
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.loopback import Loopback
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._runtime.kernel.router import FrameRouter
 from regency._transport import frames
-from regency._transport.transport import PeerUnreachableError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -159,9 +159,10 @@ def test_a_lost_peer_fails_its_watchers_and_refuses_sends() -> None:
     assert net.in_flight == 0  # what was on its way there is gone with it
     assert inbox.lost == [("unix:@b", "crashed")]
     assert a.dead == {"unix:@b": "crashed"}
-    with pytest.raises(PeerUnreachableError):
+    # The router translates the transport's error at the kernel's edge.
+    with pytest.raises(PeerLostError, match="crashed"):
         a.send_port(PortRef("unix:@b", 16), 0, 0, [b"x"])
-    with pytest.raises(PeerUnreachableError):
+    with pytest.raises(PeerLostError, match="crashed"):
         a.send_actor([("unix:@b", 1, 0)], MESH, SENDER, _body("late"))
     # A port opened later that watches the dead peer hears of it at once.
     late = Inbox()

@@ -18,6 +18,7 @@ from regency._lowlevel import (
     HostInfo,
     HostMesh,
     Part,
+    PeerLostError,
     Pending,
     PortRef,
     WorkerLease,
@@ -26,7 +27,6 @@ from regency._lowlevel import (
 )
 from regency._transport import address, tls
 from regency._transport.auth import SECRET_ENV, check_secret, wrap_secret
-from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Shape
 
 TRUST_ALL = "trust_all_connections"
@@ -93,7 +93,7 @@ def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
     )
     try:
         rt.send_control(worker, SERVICE_HOST, request, wait=False)
-    except PeerUnreachableError as exc:
+    except PeerLostError as exc:
         handler.peer_lost(worker, str(exc))
         return handler
     rt.watch(ref.port, [worker])

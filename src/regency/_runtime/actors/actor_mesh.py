@@ -38,8 +38,8 @@ from regency._runtime.actors.proc_control import (
 )
 from regency._runtime.actors.send_pipeline import SendPipeline
 from regency._runtime.kernel import state, wire
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.refs import PortRef
-from regency._transport.transport import PeerUnreachableError
 from regency.shape import Shape
 
 T = TypeVar("T")
@@ -92,7 +92,7 @@ class ActorSpawn:
                 supervisor.replacements.remove(old)
                 retired.append(old)
             elif old.addr not in rt.dead:
-                with contextlib.suppress(PeerUnreachableError):
+                with contextlib.suppress(PeerLostError):
                     rt.send_control(
                         old.addr,
                         wire.SERVICE_PROC,

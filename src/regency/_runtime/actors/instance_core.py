@@ -28,10 +28,10 @@ from regency._runtime.actors.supervision import (
     UndeliverableMessageEnvelope,
 )
 from regency._runtime.kernel import codec, wire
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.mailbox import Delivery
 from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import Part, PortRef
-from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class ActorCore(InstanceBase):
         self._fail(f"__init__ raised {type(exc).__name__}: {exc}", exc)
 
     def _send_status(self, error: str | None) -> None:
-        with contextlib.suppress(PeerUnreachableError):
+        with contextlib.suppress(PeerLostError):
             self.runtime.send_port(
                 self.request.status, self.request.rank, 0, [pickle.dumps(error, protocol=5)]
             )
@@ -227,7 +227,7 @@ class ActorCore(InstanceBase):
         owner = self.request.owner
         if owner is None:
             return
-        with contextlib.suppress(PeerUnreachableError):
+        with contextlib.suppress(PeerLostError):
             self.runtime.send_port(owner, self.request.rank, 0, [pickle.dumps(event, protocol=5)])
 
     def undeliverable(self, envelope: UndeliverableMessageEnvelope) -> bool:
@@ -373,7 +373,7 @@ class ActorCore(InstanceBase):
             return exc
         try:
             self.runtime.send_port(reply, rank, 0, parts)
-        except PeerUnreachableError:
+        except PeerLostError:
             log.debug("reply to %s dropped: the caller is gone", reply.addr)
         except ValueError as exc:  # frame over the size limit
             self._reply_error(
@@ -384,7 +384,7 @@ class ActorCore(InstanceBase):
     def _reply_error(self, reply: PortRef, rank: int, error: BaseException) -> None:
         try:
             self.runtime.send_port(reply, rank, wire.FLAG_ERROR, codec.dumps(error))
-        except PeerUnreachableError:
+        except PeerLostError:
             log.debug("error reply to %s dropped: the caller is gone", reply.addr)
 
     def _on_error(

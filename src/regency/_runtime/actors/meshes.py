@@ -48,8 +48,8 @@ from regency._runtime.actors.proc_control import (
 from regency._runtime.actors.send_pipeline import current_instance
 from regency._runtime.actors.supervision import RestartPolicy
 from regency._runtime.kernel import state, wire
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending
-from regency._transport.transport import PeerUnreachableError
 from regency.shape import Extent, Point, Shape
 
 T = TypeVar("T")
@@ -368,7 +368,7 @@ class ProcMesh(ProcMeshBase):
         tracker, status = open_countdown(len(addrs), unique(addrs), f"spawning {name}")
         for rank, addr in enumerate(addrs):
             # A dead proc cannot host the rank: its watch fails it (and `initialized`).
-            with contextlib.suppress(PeerUnreachableError):
+            with contextlib.suppress(PeerLostError):
                 spawn.send(addr, rank, status, supervisor.port)
         mesh: ActorMesh[Any] = ActorMesh(
             cls, name, self._shape, procs, spawn.mesh_id, self, owned=True

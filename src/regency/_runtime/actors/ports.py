@@ -11,9 +11,9 @@ from typing import Any, Generic, TypeVar
 from regency._runtime.actors.errors import SupervisionError
 from regency._runtime.actors.future import Future
 from regency._runtime.kernel import casting, codec, state, wire
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending
 from regency._runtime.kernel.refs import Part, PortRef
-from regency._transport.transport import PeerUnreachableError
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ class Port(Generic[T]):
             self._used = True
         try:
             state.runtime().send_port(self._ref, self._rank, flags, parts)
-        except PeerUnreachableError:
+        except PeerLostError:
             if self.return_undeliverable:
                 raise
 

@@ -15,10 +15,10 @@ from regency._runtime.actors.control import PingProc, SpawnActor, StopActor, Sto
 from regency._runtime.actors.instance import ActorInstance
 from regency._runtime.actors.unbooted import UnbootedInstance
 from regency._runtime.kernel import wire
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.port_handlers import PeerWatch
 from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import PortRef
-from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.proc")
 
@@ -119,7 +119,7 @@ class ProcAgent:
             self._stop_actor(mesh_id, f"its owner {owner} is gone: {reason}", lambda: None)
 
     def _answer(self, port: PortRef, rank: int, value: Any) -> None:
-        with contextlib.suppress(PeerUnreachableError):
+        with contextlib.suppress(PeerLostError):
             self.runtime.send_port(port, rank, 0, [pickle.dumps(value, protocol=5)])
 
     def _stop_actor(self, mesh_id: int, reason: str, done: Callable[[], None]) -> None:

@@ -15,10 +15,10 @@ from regency._runtime.actors.errors import ActorError
 from regency._runtime.actors.future import Future
 from regency._runtime.actors.supervision import stop_reason
 from regency._runtime.kernel import state, wire
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._transport import address
-from regency._transport.transport import PeerUnreachableError
 
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -144,7 +144,7 @@ def shutdown_hosts(agents: Sequence[str]) -> Future[None]:
     for agent in agents:
         try:
             rt.send_control(agent, wire.SERVICE_HOST, ShutdownHost(rt.address, ref))
-        except PeerUnreachableError:
+        except PeerLostError:
             handler.peer_lost(agent, "unreachable")
     rt.watch(ref.port, agents)
     return Future._from_pending(handler.pending)
@@ -161,7 +161,7 @@ def stop_procs(infos: Sequence[ProcInfo], reason: str) -> Future[None]:
     for agent, addrs in by_agent.items():
         try:
             rt.send_control(agent, wire.SERVICE_HOST, StopProcs(tuple(addrs), reason, port))
-        except PeerUnreachableError:
+        except PeerLostError:
             tracker.deliver(0, 0, [])  # a lost host's procs are gone with it
     return Future._from_pending(tracker.pending)
 

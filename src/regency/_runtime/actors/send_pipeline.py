@@ -34,9 +34,9 @@ from regency._runtime.actors.ports import (
 from regency._runtime.actors.proc_control import unique
 from regency._runtime.actors.supervision import UndeliverableMessageEnvelope, is_stop_reason
 from regency._runtime.kernel import casting, codec, state
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.refs import PortRef
 from regency._transport import frames
-from regency._transport.transport import PeerUnreachableError
 
 if TYPE_CHECKING:
     from regency._runtime.actors.control import ProcInfo
@@ -324,7 +324,7 @@ class SendPipeline:
                 ]
                 for group in casting.plan(dests, route.fanout):
                     rt.send_cast(group, mesh_id, uid, reply, gather, parts)
-        except PeerUnreachableError as exc:
+        except PeerLostError as exc:
             name = self.mesh_name
             self._refuse(
                 endpoint,

@@ -17,9 +17,9 @@ from regency._runtime.actors.identity import InstanceBase, new_uid
 from regency._runtime.actors.meshes import ProcMesh, this_proc_mesh
 from regency._runtime.actors.supervision import MeshFailure
 from regency._runtime.kernel import codec, state, wire
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending
 from regency._runtime.kernel.refs import Part, PortRef
-from regency._transport.transport import PeerUnreachableError
 
 
 class _Reply:
@@ -91,7 +91,7 @@ class SingletonRegistry(InstanceBase):
         except Exception as exc:
             parts = codec.dumps(exc)
             flags = wire.FLAG_ERROR
-        with contextlib.suppress(PeerUnreachableError):
+        with contextlib.suppress(PeerLostError):
             runtime.send_port(reply, 0, flags, parts)
 
 
@@ -110,6 +110,6 @@ def get_or_spawn_controller(name: str, Class: type, *args: Any, **kwargs: Any) -
         runtime.send_control(
             state.root_address(), wire.SERVICE_SINGLETONS, GetSingleton(name, payload, ref)
         )
-    except PeerUnreachableError as exc:
+    except PeerLostError as exc:
         handler.peer_lost(state.root_address(), str(exc))
     return Future._from_pending(handler.pending)

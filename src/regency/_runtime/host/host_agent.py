@@ -33,13 +33,13 @@ from regency._runtime.actors.control import (
 from regency._runtime.actors.supervision import stop_reason
 from regency._runtime.host.launcher import Launcher
 from regency._runtime.kernel import gateways, wire
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.port_handlers import PeerWatch
 from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import PortRef
 from regency._transport import tls
 from regency._transport.address import route_key
 from regency._transport.routing import Switchboard, handoff_pair
-from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.host")
 
@@ -121,7 +121,7 @@ class HostAgent:
         )
         log.warning("refused to start %s: no controller is attached", info.addr)
         if request.events is not None:
-            with contextlib.suppress(PeerUnreachableError):
+            with contextlib.suppress(PeerLostError):
                 self.runtime.send_port(
                     request.events, 0, 0, [pickle.dumps((info.addr, reason), protocol=5)]
                 )
@@ -187,7 +187,7 @@ class HostAgent:
         self.runtime.mark_dead(child.info.addr, reason)
         self.runtime.forget_child(child.info.addr)
         if child.events is not None:
-            with contextlib.suppress(PeerUnreachableError):
+            with contextlib.suppress(PeerLostError):
                 self.runtime.send_port(
                     child.events, 0, 0, [pickle.dumps((child.info.addr, reason), protocol=5)]
                 )
@@ -221,7 +221,7 @@ class HostAgent:
             request.reason,
             config.get_seconds("stop_timeout"),
         )
-        with contextlib.suppress(PeerUnreachableError):
+        with contextlib.suppress(PeerLostError):
             self.runtime.send_port(request.done, 0, 0, [pickle.dumps(None, protocol=5)])
 
     def _stop_children(self, addrs: list[str], reason: str, timeout: float) -> None:
@@ -236,7 +236,7 @@ class HostAgent:
             self.runtime.expect_stop([addr], stop_reason(reason))
             try:
                 self.runtime.send_control(addr, wire.SERVICE_PROC, StopProc(reason))
-            except PeerUnreachableError:
+            except PeerLostError:
                 child.kill()
         deadline = time.monotonic() + timeout
         for child in waiting:

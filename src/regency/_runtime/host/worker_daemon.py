@@ -26,13 +26,13 @@ from regency import config
 from regency._runtime.actors.control import ShutdownHost
 from regency._runtime.host.host_agent import HostAgent, HostSession
 from regency._runtime.kernel import wire
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.port_handlers import PeerWatch
 from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import PortRef
 from regency._runtime.kernel.service import Service
 from regency._transport import address
 from regency._transport.auth import AuthenticationError, unwrap_secret
-from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.worker")
 
@@ -107,7 +107,7 @@ class WorkerAgent:
         session = self.agent.session
         if session is None or session.root != request.controller:
             served = "no controller" if session is None else f"controller {session.root}"
-            with contextlib.suppress(PeerUnreachableError):
+            with contextlib.suppress(PeerLostError):
                 self.runtime.send_port(
                     request.done,
                     0,
@@ -185,7 +185,7 @@ class WorkerAgent:
         return {"hostname": socket.gethostname(), "pid": os.getpid()}
 
     def _reply(self, port: PortRef, value: dict[str, Any]) -> None:
-        with contextlib.suppress(PeerUnreachableError):
+        with contextlib.suppress(PeerLostError):
             self.runtime.send_port(port, 0, 0, [pickle.dumps(value, protocol=5)])
 
     def _controller_gone(self, controller: str, reason: str) -> None:

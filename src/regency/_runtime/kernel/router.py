@@ -21,6 +21,7 @@ from typing import Any
 from regency import config
 from regency._runtime.kernel import bulk, casting, wire
 from regency._runtime.kernel.bulk import Bulk
+from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.mailbox import Mailbox
 from regency._runtime.kernel.port_handlers import ExitReports, PeerWatch, PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
@@ -182,10 +183,10 @@ class FrameRouter:
     # -- sending -------------------------------------------------------------------------------
 
     def check_alive(self, addr: str) -> None:
-        """Raise :class:`PeerUnreachableError` if ``addr`` is known to be gone."""
+        """Raise :class:`PeerLostError` if ``addr`` is known to be gone."""
         reason = self._dead.get(addr)
         if reason is not None:
-            raise PeerUnreachableError(f"{addr} is gone: {reason}")
+            raise PeerLostError(f"{addr} is gone: {reason}")
 
     def send_actor(
         self,
@@ -195,6 +196,18 @@ class FrameRouter:
         encoder: frames.Encoder,
     ) -> None:
         """Send one actor message directly to each ``(addr, seq, rank)`` in ``targets``."""
+        try:
+            self._send_actor(targets, mesh_id, sender, encoder)
+        except PeerUnreachableError as exc:
+            raise PeerLostError(str(exc)) from exc
+
+    def _send_actor(
+        self,
+        targets: Sequence[tuple[str, int, int]],
+        mesh_id: int,
+        sender: int,
+        encoder: frames.Encoder,
+    ) -> None:
         parts = encoder.parts
         size = encoder.size
         coalesce = len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX
@@ -202,7 +215,7 @@ class FrameRouter:
         frame = encoder.frame
         posts: list[tuple[str, list[Part]]] = []
         # Known-dead targets were refused by the caller; one that dies meanwhile makes the
-        # transport raise PeerUnreachableError.
+        # transport raise PeerUnreachableError (PeerLostError to the caller).
         for addr, seq, rank in targets:
             if addr == self.address:
                 self._deliver_local(mesh_id, sender, seq, rank, _own(parts), None)
@@ -255,6 +268,12 @@ class FrameRouter:
 
     def flush(self) -> None:
         """Send the frames waiting to be coalesced (call before blocking)."""
+        try:
+            self._flush()
+        except PeerUnreachableError as exc:
+            raise PeerLostError(str(exc)) from exc
+
+    def _flush(self) -> None:
         self._link.flush()
 
     def send_cast(
@@ -268,6 +287,21 @@ class FrameRouter:
         wait: bool = True,
     ) -> None:
         """Send a message to the head of a casting subtree, which forwards it further."""
+        try:
+            self._send_cast(group, mesh_id, sender, reply, gather, parts, wait)
+        except PeerUnreachableError as exc:
+            raise PeerLostError(str(exc)) from exc
+
+    def _send_cast(
+        self,
+        group: casting.Group,
+        mesh_id: int,
+        sender: int,
+        reply: PortRef | None,
+        gather: bool,
+        parts: list[Part],
+        wait: bool = True,
+    ) -> None:
         head = group.head
         if not group.rest:
             if head.addr == self.address:
@@ -297,6 +331,14 @@ class FrameRouter:
         self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
     ) -> None:
         """Send a value to a port (anywhere)."""
+        try:
+            self._send_port(ref, rank, flags, parts, wait)
+        except PeerUnreachableError as exc:
+            raise PeerLostError(str(exc)) from exc
+
+    def _send_port(
+        self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
+    ) -> None:
         if ref.addr == self.address:
             handler = self._ports.get(ref.port)
             if handler is not None:
@@ -318,6 +360,12 @@ class FrameRouter:
     def send_control(self, addr: str, service: int, request: Any, wait: bool = True) -> None:
         """Send a control request to a service of the process at ``addr`` (without ``wait``,
         return before a connection to it exists)."""
+        try:
+            self._send_control(addr, service, request, wait)
+        except PeerUnreachableError as exc:
+            raise PeerLostError(str(exc)) from exc
+
+    def _send_control(self, addr: str, service: int, request: Any, wait: bool = True) -> None:
         body = pickle.dumps(request, protocol=5) if addr != self.address else None
         if addr == self.address:
             self._post_control(service, request, addr)
@@ -435,7 +483,7 @@ class FrameRouter:
         for group in groups:
             try:
                 self.send_cast(group, mesh_id, sender, local_reply, gather, forwarded, wait=False)
-            except PeerUnreachableError as exc:
+            except PeerLostError as exc:
                 log.warning("cast could not reach %s: %s", group.head.addr, exc)
 
     # -- failures ------------------------------------------------------------------------------
