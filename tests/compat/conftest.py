@@ -69,11 +69,14 @@ if IMPL == "monarch":
 
 
 @pytest.fixture(autouse=True)
-def _record_root_failures() -> Iterator[list[Any]]:
+def _record_compat_root_failures() -> Iterator[list[Any]]:
     """Route root failures to ``compat_util.root_failures`` during each scenario.
 
     Function-scoped on purpose: under ``make test`` the other suites rely on the hook that
-    tests/conftest.py installs, so it is restored after every compat scenario.
+    tests/conftest.py installs, so it is restored after every compat scenario. Its name differs
+    from that session fixture's so it does not override it: with the override, the hook between
+    two scenarios was the default one, and a failure landing there (a dead proc's report after
+    its scenario ended) ended the whole test run.
     """
     previous = actor.unhandled_fault_hook
     actor.unhandled_fault_hook = root_failures.append
