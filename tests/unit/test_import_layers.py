@@ -13,10 +13,10 @@ The layers, lowest first (a module may import its own layer and those below it):
     host      _runtime/host/     controller, bootstrap, zygote, launcher, host agent, worker
     entry     regency._runtime and its ``python -m regency._runtime.bootstrap`` entry
     face      regency._lowlevel  the extension face over the three runtime layers
-    public    actor, job, rdma, spmd and the tensor engine (tensor over _tensor)
+    public    actor, job, rdma, spmd, observe and the tensor engine (tensor over _tensor)
     apps      cli, ``python -m regency``
 
-The packages built on the runtime (rdma, job, spmd, the tensor engine) import nothing of
+The packages built on the runtime (rdma, job, spmd, observe, the tensor engine) import nothing of
 ``regency._runtime`` but through ``regency._lowlevel``; ``regency.actor``, the runtime's public
 face, and the CLI may.
 """
@@ -180,6 +180,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "regency.tensor",
             "regency._tensor",
             "regency.mesh_controller",
+            "regency.observe",
         ),
     ),
     ("apps", ("regency.cli", "regency.__main__")),
@@ -187,7 +188,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # Packages whose name alone is listed: a new module directly in them must be given a layer.
 _EXACT = {"regency", "regency._runtime"}
 # Built on the runtime: they reach it only through the extension face.
-FACE_ONLY = ("regency.rdma", "regency.job", "regency.spmd", "regency.tensor", "regency._tensor")
+FACE_ONLY = (
+    "regency.rdma",
+    "regency.job",
+    "regency.spmd",
+    "regency.tensor",
+    "regency._tensor",
+    "regency.observe",
+)
 RUNTIME = "regency._runtime"
 # (importer, imported) pairs allowed against FACE_ONLY, each with its reason. None today.
 FACE_EXCEPTIONS: dict[tuple[str, str], str] = {}
