@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _worker_helpers import LISTENING, Probe, raw_worker, wait_gone
+from _worker_helpers import LISTENING, Failures, Probe, kill_group, raw_worker, wait_gone
 
 from regency.job import AttachError, attach_to_workers, worker_command, worker_env
 
@@ -149,4 +149,24 @@ def test_one_controller_at_a_time_and_the_next_after_a_disconnect() -> None:
         where = procs.spawn("probes", Probe).where.call_one().get(timeout=30)
         assert where["host"] == worker.address
         assert where["pid"] not in pids
+        procs.stop().get(timeout=30)
+
+
+def test_a_new_worker_on_a_lost_workers_port_is_attached_afresh(failures: Failures) -> None:
+    """Over a long run the kernel hands a new worker the TCP port of one this controller lost
+    earlier; attaching to the new one must dial it, not report the old one's loss."""
+    secret = os.urandom(32)
+    with raw_worker(secret) as first:
+        hosts = attach_to_workers([first.address], secret=secret, timeout=10)
+        procs = hosts.spawn_procs(per_host={"gpus": 1})
+        old = procs.spawn("probes", Probe).where.call_one().get(timeout=30)
+        kill_group(first.proc.pid)
+        failures.wait_for(1, timeout=30)  # the controller saw the host go
+    with raw_worker(secret, listen=first.address) as second:
+        assert second.address == first.address
+        hosts = attach_to_workers([second.address], secret=secret, timeout=10)
+        procs = hosts.spawn_procs(per_host={"gpus": 1})
+        where = procs.spawn("probes", Probe).where.call_one().get(timeout=30)
+        assert where["host"] == second.address
+        assert where["pid"] != old["pid"]
         procs.stop().get(timeout=30)

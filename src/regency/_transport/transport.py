@@ -5,7 +5,8 @@ first send dials in the background (retrying while the peer process starts) and 
 follow in order once the handshake succeeds. Every received frame is handed to ``on_frame`` on
 the I/O thread. A peer whose connection drops, or that cannot be reached before the deadline, is
 reported once through ``on_peer_lost`` (with a reason that starts "cannot connect" or
-"connection lost") and stays lost: a process never comes back at the same address.
+"connection lost") and stays lost: a process never comes back at the same address. Only
+:meth:`Transport.forget_lost` (a new process was attached there on purpose) undoes that.
 
 Over TCP, each connection starts with a route preamble (:mod:`regency._transport.routing`), so a
 host's single port reaches every process it started; a process whose peers are on another
@@ -253,6 +254,12 @@ class Transport:
             item = _Queued(kept, threading.Event() if wait else None)
             entry.queue.append(item)
             return None, item
+
+    def forget_lost(self, peer: str) -> None:
+        """A new process listens at ``peer`` (the kernel may give a fresh listener the TCP port
+        of a process lost earlier): the next send dials it instead of failing."""
+        with self._lock:
+            self._lost.pop(peer, None)
 
     def mark_lost(self, peer: str, reason: str) -> None:
         """Declare ``peer`` gone (e.g. its process exited): stop dialing it, fail queued sends."""

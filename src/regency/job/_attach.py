@@ -81,6 +81,7 @@ def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
     handler = _AttachReply(worker)
     ref: PortRef = rt.open_port(handler)
     handler.port = ref.port
+    rt.expect_new_process(worker)
     rt.transport.prepare_peer(worker, secret, timeout)
     request = Attach(
         rt.address,

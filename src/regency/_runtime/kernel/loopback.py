@@ -114,6 +114,10 @@ class Link:
         """``peer`` is gone for this link: later sends to it raise."""
         self._lost.setdefault(peer, reason)
 
+    def forget_lost(self, peer: str) -> None:
+        """A new router answers at ``peer``: sends to it go through again."""
+        self._lost.pop(peer, None)
+
     def close(self) -> None:
         """This router stops: every other router loses it."""
         self._hub.kill(self.address, "closed")

@@ -495,6 +495,15 @@ class FrameRouter:
             if addr not in self._dead:
                 self._stopping[addr] = reason
 
+    def expect_new_process(self, addr: str) -> None:
+        """A new process is about to be reached at ``addr`` where an earlier one may have
+        ended (a worker daemon attached afresh can hold a TCP port the kernel took back from a
+        lost one): forget that end, so the new process is dialed rather than reported lost."""
+        with self._lock:
+            self._dead.pop(addr, None)
+        self._stopping.pop(addr, None)
+        self._link.forget_lost(addr)
+
     def mark_dead(self, addr: str, reason: str) -> None:
         """Record that the process at ``addr`` is gone and fail everything waiting on it."""
         self._stopping.pop(addr, None)

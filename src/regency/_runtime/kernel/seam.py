@@ -50,6 +50,9 @@ class FrameTransport(Protocol):
     def mark_lost(self, peer: str, reason: str) -> None:
         """``peer`` is gone: later sends to it raise ``PeerUnreachableError``."""
 
+    def forget_lost(self, peer: str) -> None:
+        """A new process now answers at ``peer``, whose earlier one was lost: reach it again."""
+
     def close(self) -> None:
         """Close every connection."""
 
