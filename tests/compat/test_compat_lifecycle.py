@@ -217,6 +217,11 @@ def test_proc_mesh_stop_twice_is_harmless(make_procs):
     assert procs.stop().get(timeout=CALL_TIMEOUT) is None
 
 
+@pytest.mark.deviation(
+    "Monarch usually raises SupervisionError here, but in a CI run under load the call was never"
+    " answered (it hung past its timeout); regency always raises",
+    skip="monarch",
+)
 def test_call_after_proc_mesh_stop_is_supervision_error(make_procs):
     procs = make_procs(1)
     mesh = procs.spawn("orphan", Cleaner)
