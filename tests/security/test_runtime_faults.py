@@ -168,7 +168,7 @@ def test_bookkeeping_of_ended_procs_stays_bounded(
     agent = controller._host_agent
     assert agent is not None
     records = {
-        "dead": rt.dead,
+        "dead": rt.losses.dead,
         "transport lost": rt.transport._lost,
         "switchboard gone": agent.switchboard._gone,
     }

@@ -158,7 +158,7 @@ def test_a_lost_peer_fails_its_watchers_and_refuses_sends() -> None:
     net.kill("unix:@b", "crashed")
     assert net.in_flight == 0  # what was on its way there is gone with it
     assert inbox.lost == [("unix:@b", "crashed")]
-    assert a.dead == {"unix:@b": "crashed"}
+    assert a.losses.dead == {"unix:@b": "crashed"}
     # The router translates the transport's error at the kernel's edge.
     with pytest.raises(PeerLostError, match="crashed"):
         a.send_port(PortRef("unix:@b", 16), 0, 0, [b"x"])
@@ -195,10 +195,10 @@ def test_a_relay_whose_subtree_head_dies_closes_its_port() -> None:
 def test_an_exit_report_grace_runs_on_the_loopbacks_clock() -> None:
     net = Loopback()
     a, _ = net.router("unix:@a"), net.router("unix:@b")
-    a.add_child("unix:@b")  # a child: its lost connection waits for the host agent's report
+    a.losses.add_child("unix:@b")  # a child: its lost connection waits for the host agent's report
     net.kill("unix:@b", "connection reset")
-    assert "unix:@b" not in a.dead
+    assert "unix:@b" not in a.losses.dead
     net.timers.advance(0.5)
-    assert "unix:@b" not in a.dead
+    assert "unix:@b" not in a.losses.dead
     net.timers.advance(1.0)
-    assert a.dead == {"unix:@b": "connection reset"}
+    assert a.losses.dead == {"unix:@b": "connection reset"}

@@ -97,7 +97,7 @@ def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
     except PeerLostError as exc:
         handler.peer_lost(worker, str(exc))
         return handler
-    rt.watch(ref.port, [worker])
+    rt.losses.watch(ref.port, [worker])
     return handler
 
 

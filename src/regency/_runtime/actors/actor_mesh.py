@@ -91,7 +91,7 @@ class ActorSpawn:
             if old in supervisor.replacements:
                 supervisor.replacements.remove(old)
                 retired.append(old)
-            elif old.addr not in rt.dead:
+            elif old.addr not in rt.losses.dead:
                 with contextlib.suppress(PeerLostError):
                     rt.send_control(
                         old.addr,
@@ -192,7 +192,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         else:
             replacements = []
         addrs = [a for a in unique(self._procs[b].addr for b in self._shape.ranks())]
-        live = [a for a in addrs if a not in rt.dead]
+        live = [a for a in addrs if a not in rt.losses.dead]
         tracker, port = open_countdown(len(live), live, f"stopping {self._name}")
         for addr in live:
             rt.send_control(addr, wire.SERVICE_PROC, StopActor(self._mesh_id, reason, port))

@@ -81,7 +81,7 @@ class MeshSupervisor:
 
     def start_watching(self) -> None:
         """Watch the mesh's procs (once ``mesh`` is set: a proc may already be dead)."""
-        state.runtime().watch(self.port.port, self.addresses())
+        state.runtime().losses.watch(self.port.port, self.addresses())
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -202,7 +202,7 @@ class MeshSupervisor:
             self.replacements.append(info)
             self.generation += 1
             self.bad.pop(base, None)
-        state.runtime().watch(self.port.port, [info.addr])
+        state.runtime().losses.watch(self.port.port, [info.addr])
 
     def restarted(self, ranks: list[int]) -> None:
         """The restarted ranks' constructors all ran: count it and tell the owner."""

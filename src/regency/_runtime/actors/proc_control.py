@@ -146,7 +146,7 @@ def shutdown_hosts(agents: Sequence[str]) -> Future[None]:
             rt.send_control(agent, wire.SERVICE_HOST, ShutdownHost(rt.address, ref))
         except PeerLostError:
             handler.peer_lost(agent, "unreachable")
-    rt.watch(ref.port, agents)
+    rt.losses.watch(ref.port, agents)
     return Future._from_pending(handler.pending)
 
 
@@ -157,7 +157,7 @@ def stop_procs(infos: Sequence[ProcInfo], reason: str) -> Future[None]:
     for info in infos:
         by_agent.setdefault(info.agent, []).append(info.addr)
     tracker, port = open_countdown(len(by_agent), [], "stopping procs")
-    rt.expect_stop([info.addr for info in infos], stop_reason(reason))
+    rt.losses.expect_stop([info.addr for info in infos], stop_reason(reason))
     for agent, addrs in by_agent.items():
         try:
             rt.send_control(agent, wire.SERVICE_HOST, StopProcs(tuple(addrs), reason, port))

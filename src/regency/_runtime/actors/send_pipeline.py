@@ -193,7 +193,7 @@ class SendPipeline:
     def describe_loss(self, endpoint: str, addr: str, reason: str) -> SupervisionError:
         """The error of a call to ``endpoint`` whose process at ``addr`` was lost for ``reason``."""
         route = self.route()
-        dead = state.runtime().dead
+        dead = state.runtime().losses.dead
         # Procs lost together (a lost host) share the reason: name all of their ranks.
         ranks = [i for i, a in enumerate(route.addrs) if a == addr or dead.get(a) == reason]
         supervisor = self.supervisor
@@ -285,7 +285,7 @@ class SendPipeline:
             and not self._healthy(supervisor, endpoint, reply, ranks)
         ):
             return
-        dead = rt.dead
+        dead = rt.losses.dead
         if dead:
             for addr in addrs:
                 reason = dead.get(addr)
@@ -335,7 +335,7 @@ class SendPipeline:
             )
             return
         if reply is not None:
-            rt.watch(reply.port, watch)
+            rt.losses.watch(reply.port, watch)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # As a mesh received in a message: a reference that sends, without the owner's supervisor.

@@ -147,14 +147,14 @@ class HostAgent:
             # there too).
             "gateway_ips": gateways.gateway_ips() or list(self.runtime.gateway_ips),
         }
-        self.runtime.add_child(info.addr)
+        self.runtime.losses.add_child(info.addr)
         ours, theirs = handoff_pair()
         self.switchboard.register(route_key(info.addr), ours)
         try:
             pid = self.launcher.launch(settings, theirs, launch)
         except OSError as exc:
             self.switchboard.unregister(route_key(info.addr))
-            self.runtime.mark_dead(info.addr, f"could not start the process: {exc}")
+            self.runtime.losses.mark_dead(info.addr, f"could not start the process: {exc}")
             return
         finally:
             theirs.close()
@@ -184,8 +184,8 @@ class HostAgent:
             reason = describe_status(status)
         child.exited.set()
         self.switchboard.unregister(route_key(child.info.addr))
-        self.runtime.mark_dead(child.info.addr, reason)
-        self.runtime.forget_child(child.info.addr)
+        self.runtime.losses.mark_dead(child.info.addr, reason)
+        self.runtime.losses.forget_child(child.info.addr)
         if child.events is not None:
             with contextlib.suppress(PeerLostError):
                 self.runtime.send_port(
@@ -233,7 +233,7 @@ class HostAgent:
                 continue
             child.stopping = reason
             waiting.append(child)
-            self.runtime.expect_stop([addr], stop_reason(reason))
+            self.runtime.losses.expect_stop([addr], stop_reason(reason))
             try:
                 self.runtime.send_control(addr, wire.SERVICE_PROC, StopProc(reason))
             except PeerLostError:

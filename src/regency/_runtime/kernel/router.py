@@ -15,25 +15,24 @@ import itertools
 import logging
 import pickle
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from regency import config
 from regency._runtime.kernel import bulk, casting, wire
 from regency._runtime.kernel.bulk import Bulk
 from regency._runtime.kernel.errors import PeerLostError
+from regency._runtime.kernel.losses import Losses
 from regency._runtime.kernel.mailbox import Mailbox
 from regency._runtime.kernel.port_handlers import ExitReports, PeerWatch, PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._runtime.kernel.seam import FrameSink, FrameSource, FrameTransport, LossSink, Timers
 from regency._runtime.kernel.service import Service
 from regency._transport import frames
-from regency._transport.bounded import BoundedDict
 from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.proc")
 
-_EXIT_REPORT_GRACE = 1.0
 # Frames of at most this many parts are envelope + pickle body: our own bytes, safe to hold.
 _OWN_PARTS = 2
 _COALESCE_MAX = 16 * 1024
@@ -71,19 +70,10 @@ class FrameRouter:
         self._port_ids = itertools.count(16)
         self._services: dict[int, Service] = {}
         self._early_control: dict[int, list[Any]] = {}
-        self._local_children: set[str] = set()
         self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
-        self._watchers: dict[str, set[int]] = {}
-        # Ended procs and why; the oldest are forgotten beyond a bound (see bounded.py).
-        self._dead: dict[str, str] = BoundedDict()
-        self._stopping: dict[str, str] = {}  # proc -> its end's reason: it is stopped on purpose
+        # Who ended and why, who is stopped on purpose, and the ports waiting to hear of it.
+        self.losses = Losses(self._ports.get, self._forget_peer, timers)
         self._exit_port: PortRef | None = None
-        self._host_procs: dict[str, set[str]] = {}  # remote host agent -> procs started there
-
-    @property
-    def dead(self) -> Mapping[str, str]:
-        """Ended processes and why (read-only; the oldest are forgotten beyond a bound)."""
-        return self._dead
 
     def port_handler(self, port: int) -> PortHandler | None:
         """The handler of port ``port`` of this process, if it is open."""
@@ -92,14 +82,6 @@ class FrameRouter:
     def post_service(self, service_id: int, request: Any) -> None:
         """Queue ``request`` for this process's own service ``service_id`` (which exists)."""
         self._services[service_id].post(request)
-
-    def add_child(self, addr: str) -> None:
-        """A proc this process started: a lost connection to it waits for its exit report."""
-        self._local_children.add(addr)
-
-    def forget_child(self, addr: str) -> None:
-        """A proc this process started has ended."""
-        self._local_children.discard(addr)
 
     def known_as(self, address: str) -> None:
         """Take ``address`` as this process's address from now on (a worker takes the address
@@ -113,22 +95,8 @@ class FrameRouter:
         port = next(self._port_ids)
         self._ports[port] = handler
         if watch:
-            self.watch(port, watch)
+            self.losses.watch(port, watch)
         return PortRef(self.address, port)
-
-    def watch(self, port: int, addrs: Sequence[str]) -> None:
-        """Tell port ``port``'s handler when any of ``addrs`` is gone (at once if it already is)."""
-        with self._lock:
-            # A port closed meanwhile (its reply already came) must not linger as a watcher.
-            if port not in self._ports:
-                return
-            for addr in addrs:
-                self._watchers.setdefault(addr, set()).add(port)
-        handler = self._ports.get(port)
-        for addr in addrs:
-            reason = self._dead.get(addr)
-            if reason is not None and handler is not None:
-                handler.peer_lost(addr, reason)
 
     def exit_reports(self, agent: str, procs: Sequence[str]) -> PortRef:
         """The port where host agent ``agent`` reports how ``procs`` (spawned from here) ended.
@@ -137,56 +105,19 @@ class FrameRouter:
         report, which says how the process ended, follows within moments. If the host agent
         itself is lost, so are all of them, at once.
         """
-        self._local_children.update(procs)
-        with self._lock:
-            on_host = self._host_procs.get(agent)
-            first = on_host is None
-            if on_host is None:
-                on_host = self._host_procs[agent] = set()
-            on_host.update(procs)
-        if first:
-            self.open_port(PeerWatch(agent, self.host_lost), watch=[agent])
+        if self.losses.started_on(agent, procs):
+            self.open_port(PeerWatch(agent, self.losses.host_lost), watch=[agent])
         if self._exit_port is None:
-            self._exit_port = self.open_port(ExitReports(self._proc_ended))
+            self._exit_port = self.open_port(ExitReports(self.losses.proc_ended))
         return self._exit_port
-
-    def _proc_ended(self, addr: str, reason: str) -> None:
-        """A host agent reported that a proc started from here ended."""
-        self._local_children.discard(addr)
-        with self._lock:
-            for on_host in self._host_procs.values():
-                on_host.discard(addr)
-        self.mark_dead(addr, reason)
-
-    def host_lost(self, agent: str, reason: str) -> None:
-        """The host agent at ``agent`` is gone: every proc started there is lost with it."""
-        with self._lock:
-            procs = [p for p in self._host_procs.pop(agent, ()) if p not in self._dead]
-        why = f"its host {agent} was lost: {reason}"
-        # Procs being stopped went as asked, whatever became of their host.
-        ends = {proc: self._stopping.pop(proc, why) for proc in procs}
-        # Record every loss before telling anyone, so that each account names all the ranks.
-        self._dead.update(ends)
-        for proc, end in ends.items():
-            self._notify_dead(proc, end)
 
     def close_port(self, port: int, watch: Sequence[str] = ()) -> None:
         """Forget a port; later messages to it are dropped."""
         self._ports.pop(port, None)
         if watch:
-            with self._lock:
-                for addr in watch:
-                    waiting = self._watchers.get(addr)
-                    if waiting is not None:
-                        waiting.discard(port)
+            self.losses.unwatch(port, watch)
 
     # -- sending -------------------------------------------------------------------------------
-
-    def check_alive(self, addr: str) -> None:
-        """Raise :class:`PeerLostError` if ``addr`` is known to be gone."""
-        reason = self._dead.get(addr)
-        if reason is not None:
-            raise PeerLostError(f"{addr} is gone: {reason}")
 
     def send_actor(
         self,
@@ -257,7 +188,7 @@ class FrameRouter:
         self._timers.call_soon(lambda: self._send_release(peer, offset))
 
     def _send_release(self, peer: str, offset: int) -> None:
-        if peer in self._dead:
+        if peer in self.losses.dead:
             return
         body = pickle.dumps(wire.BulkRelease(offset), protocol=5)
         buffers = frames.encode(
@@ -313,7 +244,7 @@ class FrameRouter:
         if head.addr == self.address:
             self._on_cast(mesh_id, sender, head.seq, head.rank, routing, _own(parts))
             return
-        self.check_alive(head.addr)
+        self.losses.check_alive(head.addr)
         framed, flags = self._frame_parts(head.addr, [routing, *parts])
         buffers = frames.encode(
             wire.KIND_CAST,
@@ -344,7 +275,7 @@ class FrameRouter:
             if handler is not None:
                 handler.deliver(rank, flags, _own(parts))
             return
-        self.check_alive(ref.addr)
+        self.losses.check_alive(ref.addr)
         encoder = frames.Encoder(list(parts), self.frame_limit)
         size = encoder.size
         if size >= bulk.BULK_MIN:
@@ -370,7 +301,7 @@ class FrameRouter:
         if addr == self.address:
             self._post_control(service, request, addr)
             return
-        self.check_alive(addr)
+        self.losses.check_alive(addr)
         assert body is not None
         buffers = frames.encode(wire.KIND_CONTROL, service, [body], limit=self.frame_limit)
         self._link.send(addr, buffers, wait)
@@ -488,56 +419,19 @@ class FrameRouter:
 
     # -- failures ------------------------------------------------------------------------------
 
-    def expect_stop(self, addrs: Sequence[str], reason: str) -> None:
-        """The procs at ``addrs`` are being stopped on purpose: losing one of them is its stop
-        (recorded as ``reason``), not a failure, however long its process takes to exit."""
-        for addr in addrs:
-            if addr not in self._dead:
-                self._stopping[addr] = reason
-
     def expect_new_process(self, addr: str) -> None:
         """A new process is about to be reached at ``addr`` where an earlier one may have
         ended (a worker daemon attached afresh can hold a TCP port the kernel took back from a
         lost one): forget that end, so the new process is dialed rather than reported lost."""
-        with self._lock:
-            self._dead.pop(addr, None)
-        self._stopping.pop(addr, None)
+        self.losses.forget_end(addr)
         self._link.forget_lost(addr)
 
-    def mark_dead(self, addr: str, reason: str) -> None:
-        """Record that the process at ``addr`` is gone and fail everything waiting on it."""
-        self._stopping.pop(addr, None)
-        if addr in self._dead:
-            return
-        self._dead[addr] = reason
-        self._notify_dead(addr, reason)
-
-    def _notify_dead(self, addr: str, reason: str) -> None:
+    def _forget_peer(self, addr: str, reason: str) -> None:
         self._link.mark_lost(addr, reason)
         self.bulk.peer_lost(addr)
-        self._fail_watchers(addr, reason)
 
     def _on_peer_lost(self, addr: str, reason: str) -> None:
-        stop = self._stopping.get(addr)
-        if stop is not None:
-            self.mark_dead(addr, stop)
-            return
-        if addr in self._local_children:
-            # Our host agent will report how the process ended in a moment (it watches the
-            # pid); only if the process lives on is the lost connection itself the news.
-            self._timers.call_later(
-                _EXIT_REPORT_GRACE, lambda: self.mark_dead(addr, self._stopping.get(addr, reason))
-            )
-            return
-        self.mark_dead(addr, reason)
-
-    def _fail_watchers(self, addr: str, reason: str) -> None:
-        with self._lock:
-            waiting = self._watchers.pop(addr, set())
-        for port in waiting:
-            handler = self._ports.get(port)
-            if handler is not None:
-                handler.peer_lost(addr, reason)
+        self.losses.connection_lost(addr, reason)
 
     def close(self) -> None:
         """Stop the services and close every connection."""
