@@ -41,6 +41,16 @@ class PingProc:
 
 
 @dataclass(frozen=True, slots=True)
+class DumpStacks:
+    """Ask a proc for its threads' Python stacks, answered on ``port`` (as ``rank``) with text;
+    ``pyspy``: through py-spy where the proc's host has it."""
+
+    port: PortRef
+    rank: int
+    pyspy: bool
+
+
+@dataclass(frozen=True, slots=True)
 class StopActor:
     """Ask a proc to stop its actor of mesh ``mesh_id``; ``done`` (if any) hears when it has."""
 

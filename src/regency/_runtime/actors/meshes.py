@@ -46,7 +46,9 @@ from regency._runtime.actors.proc_control import (
     unique,
 )
 from regency._runtime.actors.send_pipeline import current_instance
+from regency._runtime.actors.stacks import gather_stacks
 from regency._runtime.actors.supervision import RestartPolicy
+from regency._runtime.actors.value_mesh import ValueMesh
 from regency._runtime.kernel import state, wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending
@@ -392,6 +394,14 @@ class ProcMesh(ProcMeshBase):
                 rt.send_control(addr, wire.SERVICE_PROC, PingProc(port, rank))
             self._ready = Future._from_pending(tracker.pending, lambda _: True)
         return self._ready
+
+    def stacks(self, *, pyspy: bool = True, timeout: float = 10.0) -> Future[ValueMesh[str]]:
+        """Every thread's Python stack in each process, as text per rank (all threads):
+        ``py-spy dump``'s with ``pyspy`` where installed, else ``sys._current_frames()``'s; a
+        rank that is gone or silent for ``timeout`` seconds gets a line saying so."""
+        if timeout <= 0:
+            raise ValueError(f"stacks(timeout=...) must be > 0 seconds, got {timeout!r}")
+        return gather_stacks(self._shape, self._addrs(), pyspy, timeout)
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every actor and end every process of this mesh (owner only)."""

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from regency import config
-from regency._runtime.actors.control import PingProc, SpawnActor, StopActor, StopProc
+from regency._runtime.actors.control import DumpStacks, PingProc, SpawnActor, StopActor, StopProc
 from regency._runtime.actors.instance import ActorInstance
+from regency._runtime.actors.stacks import local_stacks
 from regency._runtime.actors.unbooted import UnbootedInstance
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.errors import PeerLostError
@@ -49,6 +50,15 @@ class ProcAgent:
 
     def handle(self, request: Any) -> None:
         """Service entry point (runs on the proc agent's own thread)."""
+        if isinstance(request, DumpStacks):  # answered even while the bootstrap runs
+            threading.Thread(
+                target=lambda: self._answer(
+                    request.port, request.rank, local_stacks(request.pyspy)
+                ),
+                name="regency-stacks",
+                daemon=True,
+            ).start()
+            return
         if self._held is not None:
             if isinstance(request, _Booted):
                 held, self._held = self._held, None
