@@ -26,6 +26,9 @@ The actor layer:
 - The actor API's own classes (``Actor``, ``endpoint``, ``Future``, ``Port``, ``HostMesh``, ...):
   the same objects ``regency.actor`` exports; ``regency.job`` takes them from here because
   ``regency.actor`` imports it back (Monarch's names) and cannot be imported from it.
+- :func:`mesh_tree` / :func:`find` -- a snapshot of the hosts, procs and actors this controller
+  runs, with their states, and one node of it by ``ref``; :func:`stacks_of` -- the stacks of
+  procs by address (``regency.observe``'s admin API serves these).
 
 The host layer:
 
@@ -39,6 +42,7 @@ import regency._runtime.host.controller  # noqa: F401  (registers the controller
 from regency._runtime.actors.endpoint_def import Actor, concurrent_endpoint, endpoint
 from regency._runtime.actors.errors import ActorError, SupervisionError
 from regency._runtime.actors.future import Future
+from regency._runtime.actors.introspect import find, mesh_tree
 from regency._runtime.actors.meshes import (
     HostInfo,
     HostMesh,
@@ -48,6 +52,7 @@ from regency._runtime.actors.meshes import (
     this_host_mesh,
 )
 from regency._runtime.actors.ports import Channel, Port
+from regency._runtime.actors.stacks import stacks_of
 from regency._runtime.actors.value_mesh import ValueMesh
 from regency._runtime.host.worker_daemon import Attach
 from regency._runtime.host.worker_daemon import serve as serve_worker
@@ -85,11 +90,14 @@ __all__ = [
     "concurrent_endpoint",
     "current_context",
     "endpoint",
+    "find",
     "gateway_ips",
     "gateway_toward",
+    "mesh_tree",
     "runtime",
     "serve_worker",
     "serve_worker_until_shutdown",
+    "stacks_of",
     "start_worker",
     "this_host_mesh",
 ]

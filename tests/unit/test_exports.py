@@ -117,6 +117,11 @@ EXPORTS: dict[str, list[str]] = {
         "worker_command",
         "worker_env",
     ],
+    "regency.observe": [
+        "AdminServer",
+        "admin_token",
+        "start_admin",
+    ],
     "regency.rdma": [
         "RDMAAction",
         "RDMABackendError",

@@ -26,6 +26,7 @@ from regency.job._private import (
     read_private_file,
     write_private_file,
 )
+from regency.observe import AdminServer, start_admin
 
 DEFAULT_JOB_PATH = ".regency/job_state.pkl"
 _STOP_TIMEOUT = 10.0
@@ -51,10 +52,13 @@ class TelemetryConfig:
 class MeshAdminConfig:
     """Monarch's mesh-admin settings, accepted by :meth:`JobTrait.enable_admin`.
 
-    Recorded on the job (``job.admin_config``); regency starts no admin HTTP server.
+    ``admin_addr`` (``HOST:PORT``; default ``127.0.0.1:0``, any free loopback port) is where
+    ``state()`` serves the admin API (:func:`regency.observe.start_admin`); a non-loopback
+    address needs ``allow_remote=True``.
     """
 
     admin_addr: str | None = None
+    allow_remote: bool = False
 
 
 _J = TypeVar("_J", bound="JobTrait")
@@ -64,13 +68,16 @@ class JobState:
     """The host meshes of a running job, one attribute per mesh name (``state.trainers``).
 
     ``query_engine_client``, ``telemetry_url``, ``dashboard_url`` and ``admin_url`` are
-    Monarch's service handles; regency runs none of those services, so they are ``None``.
+    Monarch's service handles. ``admin_url`` is set when the job's admin API is enabled
+    (:meth:`JobTrait.enable_admin`), its bearer token being ``admin_token``; regency runs no
+    telemetry or dashboard service yet, so the others are ``None``.
     """
 
     query_engine_client: Any = None
     telemetry_url: str | None = None
     dashboard_url: str | None = None
     admin_url: str | None = None
+    admin_token: str | None = None
 
     def __init__(self, meshes: Mapping[str, HostMesh]) -> None:
         self._meshes = dict(meshes)
@@ -104,6 +111,7 @@ class JobTrait(abc.ABC):
         self.secret: bytes = os.urandom(32)
         self.apply_id: str | None = None
         self._state: JobState | None = None
+        self._admin: AdminServer | None = None  # serving once enable_admin() and state()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -148,6 +156,9 @@ class JobTrait(abc.ABC):
         Idempotent.
         """
         state, self._state = self._state, None
+        admin, self._admin = getattr(self, "_admin", None), None
+        if admin is not None:
+            admin.stop()
         if state is not None:
             for name, mesh in state._meshes.items():
                 if mesh._lease is not None and mesh._lease.shut_down:
@@ -182,7 +193,11 @@ class JobTrait(abc.ABC):
         return self
 
     def enable_admin(self: _J, config: MeshAdminConfig | None = None, **kwargs: Any) -> _J:
-        """Record Monarch's mesh-admin settings (no admin server runs). Returns ``self``."""
+        """Serve the admin API from ``state()`` on; returns ``self``.
+
+        ``state().admin_url`` is where, and ``state().admin_token`` (derived from the job
+        secret: :func:`regency.observe.admin_token`) its bearer token.
+        """
         self.admin_config = config if config is not None else MeshAdminConfig(**kwargs)
         return self
 
@@ -209,6 +224,7 @@ class JobTrait(abc.ABC):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_state"] = None  # meshes belong to the controller that attached them
+        state["_admin"] = None  # so does its admin server
         return state
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -225,12 +241,23 @@ class JobTrait(abc.ABC):
         """Attach to every mesh's workers."""
         from regency.job._attach import attach_to_workers
 
-        return JobState(
+        state = JobState(
             {
                 name: attach_to_workers(addresses, secret=self.secret, name=name)
                 for name, addresses in self._worker_addresses().items()
             }
         )
+        config = getattr(self, "admin_config", None)
+        if config is not None:
+            if getattr(self, "_admin", None) is None:  # a job cached before it had one
+                self._admin = start_admin(
+                    config.admin_addr or "127.0.0.1:0",
+                    secret=self.secret,
+                    allow_remote=config.allow_remote,
+                )
+            assert self._admin is not None
+            state.admin_url, state.admin_token = self._admin.url, self._admin.token
+        return state
 
     @abc.abstractmethod
     def _create(self) -> None:

@@ -1,6 +1,14 @@
-"""Seeing what the procs do: logs, stacks, the debugger, the admin API and telemetry.
+"""Seeing what the procs do: stacks, the admin API (logs, the debugger and telemetry to come).
 
-Internal (the public switches live on the mesh objects and the ``regency`` CLI, where Monarch has
-them). Built on the runtime's extension face, :mod:`regency._lowlevel`, like ``regency.rdma``:
-where the runtime must call into this package it does so through a hook this package registers.
+Built on the runtime's extension face, :mod:`regency._lowlevel`, like ``regency.rdma``. Its
+public names: :func:`start_admin` (the mesh-admin HTTP API of this controller, as a job's
+``enable_admin()`` starts it), :class:`AdminServer` and :func:`admin_token`. Stacks of a proc
+mesh are ``ProcMesh.stacks()``.
 """
+
+from regency._public import publish
+from regency.observe.admin import AdminServer, admin_token, start_admin
+
+__all__ = ["AdminServer", "admin_token", "start_admin"]
+
+publish(__name__, globals())

@@ -51,6 +51,15 @@ class DumpStacks:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcStats:
+    """Ask a proc what its actors are doing, answered on ``port`` (as ``rank``) with
+    ``{mesh_id: ActorInstance.stats()}``."""
+
+    port: PortRef
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
 class StopActor:
     """Ask a proc to stop its actor of mesh ``mesh_id``; ``done`` (if any) hears when it has."""
 

@@ -76,6 +76,7 @@ class ActorCore(InstanceBase):
         self._failure_error: BaseException | None = None
         self.stopped = False
         self.stop_reason = ""
+        self.handled = 0  # messages taken off the mailbox (introspection)
         self._endpoints: dict[str, tuple[Callable[..., Any], EndpointSpec]] = {}
         self._is_async = False
         self._proc_mesh: ProcMeshBase | None = None
@@ -90,6 +91,17 @@ class ActorCore(InstanceBase):
         self._cleanup_started: float | None = None
         self._stop_lock = threading.Lock()
         self._inbox: deque[Any] | None = None
+
+    def stats(self) -> dict[str, object]:
+        """What introspection shows of this actor: state, failure, messages handled, queued."""
+        state = "failed" if self.failed is not None else "stopped" if self.stopped else "running"
+        queued = self._queue.qsize() + (len(self._inbox) if self._inbox is not None else 0)
+        return {
+            "state": state,
+            "failure": self.failed,
+            "messages_handled": self.handled,
+            "mailbox_depth": queued,
+        }
 
     @property
     def proc_mesh(self) -> ProcMeshBase:
@@ -312,6 +324,7 @@ class ActorCore(InstanceBase):
 
     def _prepare(self, item: Delivery) -> tuple[Any, ...] | None:
         """Decode a message; returns None (after replying) when it cannot run."""
+        self.handled += 1
         if self.failed is not None:
             self._reject(item)
             return None

@@ -11,7 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 from regency import config
-from regency._runtime.actors.control import DumpStacks, PingProc, SpawnActor, StopActor, StopProc
+from regency._runtime.actors.control import (
+    DumpStacks,
+    PingProc,
+    ProcStats,
+    SpawnActor,
+    StopActor,
+    StopProc,
+)
 from regency._runtime.actors.instance import ActorInstance
 from regency._runtime.actors.stacks import local_stacks
 from regency._runtime.actors.unbooted import UnbootedInstance
@@ -58,6 +65,11 @@ class ProcAgent:
                 name="regency-stacks",
                 daemon=True,
             ).start()
+            return
+        if isinstance(request, ProcStats):
+            with self._lock:
+                stats = {mesh_id: i.stats() for mesh_id, i in self.instances.items()}
+            self._answer(request.port, request.rank, stats)
             return
         if self._held is not None:
             if isinstance(request, _Booted):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -24,13 +23,11 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from regency._runtime.actors.answers import Answers
 from regency._runtime.actors.control import DumpStacks
 from regency._runtime.actors.future import Future
 from regency._runtime.actors.value_mesh import ValueMesh
-from regency._runtime.kernel import state, wire
-from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending
-from regency._runtime.kernel.refs import Part
 from regency.shape import Shape
 
 _PR_SET_PTRACER = 0x59616D61  # Yama: let a process (and its descendants) trace the caller
@@ -95,59 +92,20 @@ def local_stacks(use_pyspy: bool) -> str:
     return f"(sys._current_frames)\n{thread_stacks()}"
 
 
-class StacksGather:
-    """Port handler collecting one stack dump per rank (by flat rank of the mesh)."""
-
-    def __init__(self, addrs: Sequence[str]) -> None:
-        self.pending = Pending()
-        self.port = -1
-        self._addrs = list(addrs)
-        self._texts: list[str | None] = [None] * len(addrs)
-        self._left = len(addrs)
-        self._lock = threading.Lock()
-        if not addrs:
-            self.pending.set_result([])
-
-    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
-        """One rank's dump (our own pickled ``str``)."""
-        self._fill([rank], pickle.loads(parts[0]))
-
-    def peer_lost(self, addr: str, reason: str) -> None:
-        """A proc is gone: its ranks get the reason instead of a dump."""
-        ranks = [r for r, a in enumerate(self._addrs) if a == addr]
-        self._fill(ranks, f"(no stacks: {addr} is gone: {reason})")
-
-    def expire(self, timeout: float) -> None:
-        """The wait is over: ranks still silent say so."""
-        silent = [r for r, text in enumerate(self._texts) if text is None]
-        self._fill(
-            silent,
-            f"(no answer within {timeout:g} s: the process could not run Python, e.g. a native "
-            "call holding the GIL or a stopped process)",
-        )
-
-    def _fill(self, ranks: Sequence[int], text: str) -> None:
-        with self._lock:
-            for rank in ranks:
-                if 0 <= rank < len(self._texts) and self._texts[rank] is None:
-                    self._texts[rank] = text
-                    self._left -= 1
-            finished = self._left == 0 and not self.pending.done
-        if finished:
-            state.runtime().close_port(self.port, self._addrs)
-            self.pending.set_result(list(self._texts))
+def stacks_of(addrs: Sequence[str], use_pyspy: bool, timeout: float) -> Pending:
+    """Ask each of ``addrs`` for its stacks; the pending completes with the texts by index."""
+    gather: Answers[str] = Answers(
+        addrs,
+        lost=lambda addr, reason: f"(no stacks: {addr} is gone: {reason})",
+        silent=f"(no answer within {timeout:g} s: the process could not run Python, e.g. a "
+        "native call holding the GIL or a stopped process)",
+    )
+    return gather.ask(lambda port, rank: DumpStacks(port, rank, use_pyspy), timeout)
 
 
 def gather_stacks(
     shape: Shape, addrs: Sequence[str], use_pyspy: bool, timeout: float
 ) -> Future[ValueMesh[str]]:
-    """Ask each of ``addrs`` (the mesh's procs, by rank) for its stacks."""
-    rt = state.runtime()
-    handler = StacksGather(addrs)
-    ref = rt.open_port(handler, watch=sorted(set(addrs)))
-    handler.port = ref.port
-    for rank, addr in enumerate(addrs):
-        with contextlib.suppress(PeerLostError):  # the watch fills in the reason
-            rt.send_control(addr, wire.SERVICE_PROC, DumpStacks(ref, rank, use_pyspy))
-    rt.loop.call_later(timeout, lambda: handler.expire(timeout))
-    return Future._from_pending(handler.pending, lambda texts: ValueMesh(shape, texts))
+    """The stacks of a mesh's procs (``addrs``, by rank) as a ValueMesh over ``shape``."""
+    pending = stacks_of(addrs, use_pyspy, timeout)
+    return Future._from_pending(pending, lambda texts: ValueMesh(shape, texts))

@@ -1,0 +1,165 @@
+"""The mesh-admin HTTP API: this controller's hosts, procs and actors as JSON, and proc stacks.
+
+Monarch's routes (``/v1/root``, ``/v1/tree``, ``/v1/{ref}``, ``/v1/pyspy/{proc}``), served by
+the controller from a thread of its own while enabled. Every request needs
+``Authorization: Bearer TOKEN``; the token is derived from a secret (the job's, or this
+controller's), so whoever holds the secret can compute it and nobody else can (401 otherwise).
+It listens on loopback unless told otherwise, and refuses a non-loopback address unless
+``allow_remote=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote
+
+from regency._lowlevel import find, mesh_tree, runtime, stacks_of
+
+log = logging.getLogger("regency.admin")
+
+_TOKEN_LABEL = b"regency mesh admin v1"
+_STACKS_TIMEOUT = 10.0
+
+
+def admin_token(secret: bytes) -> str:
+    """The bearer token of the admin API of a controller or job holding ``secret``."""
+    return hmac.new(secret, _TOKEN_LABEL, hashlib.sha256).hexdigest()
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"admin address {address!r} is not HOST:PORT (PORT 0: any free port)")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class AdminServer:
+    """A running admin API; ``url`` and ``token`` say how to reach it, ``stop()`` ends it."""
+
+    def __init__(self, server: ThreadingHTTPServer, token: str) -> None:
+        self._server = server
+        self.token = token
+        host, port = str(server.server_address[0]), int(server.server_address[1])
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{port}"
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="regency-admin", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __repr__(self) -> str:
+        return f"AdminServer({self.url})"
+
+
+def start_admin(
+    address: str = "127.0.0.1:0", *, secret: bytes | None = None, allow_remote: bool = False
+) -> AdminServer:
+    """Serve the admin API of this controller at ``address`` (``HOST:PORT``; port 0 picks one).
+
+    The bearer token is :func:`admin_token` of ``secret`` (default: this controller's own
+    secret). An address that is not loopback raises ``ValueError`` unless ``allow_remote``.
+    """
+    host, port = _split_address(address)
+    if not _is_loopback(host) and not allow_remote:
+        raise ValueError(
+            f"admin address {address!r} is not a loopback address; pass allow_remote=True to "
+            "serve the admin API to other machines"
+        )
+    token = admin_token(secret if secret is not None else runtime().secret)
+
+    class Handler(_Handler):
+        expected = f"Bearer {token}"
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    admin = AdminServer(server, token)
+    log.info("admin API at %s", admin.url)
+    return admin
+
+
+class _Handler(BaseHTTPRequestHandler):
+    expected = ""
+    server_version = "regency-admin/1"
+
+    def do_GET(self) -> None:
+        given = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), self.expected.encode()):
+            self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
+            return
+        path = self.path.split("?", 1)[0].rstrip("/")
+        parts = [unquote(p) for p in path.split("/") if p]
+        if len(parts) < 2 or parts[0] != "v1":
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {path!r}"})
+            return
+        try:
+            self._route(parts[1:])
+        except Exception as exc:  # an answer, not a dropped connection
+            log.exception("admin request %s failed", path)
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
+
+    def _route(self, parts: list[str]) -> None:
+        tree = mesh_tree()
+        if parts == ["tree"]:
+            self._send(HTTPStatus.OK, tree)
+        elif parts == ["root"]:
+            summary = {k: v for k, v in tree.items() if k != "hosts"}
+            summary["hosts"] = [_summary(h) for h in tree["hosts"]]
+            self._send(HTTPStatus.OK, summary)
+        elif len(parts) == 2 and parts[0] == "pyspy":
+            node = find(tree, parts[1])
+            if node is None or node.get("kind") != "proc":
+                self._send(HTTPStatus.NOT_FOUND, {"error": f"no proc {parts[1]!r}"})
+                return
+            pending = stacks_of([node["address"]], True, _STACKS_TIMEOUT)
+            pending.wait(_STACKS_TIMEOUT + 5)
+            (text,) = pending.outcome()
+            body = {"ref": node["ref"], "address": node["address"], "stacks": text}
+            self._send(HTTPStatus.OK, body)
+        elif len(parts) == 1:
+            node = find(tree, parts[0])
+            if node is None:
+                self._send(HTTPStatus.NOT_FOUND, {"error": f"no node {parts[0]!r}"})
+            else:
+                self._send(HTTPStatus.OK, node)
+        else:
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {'/'.join(parts)!r}"})
+
+    def _send(self, status: HTTPStatus, body: Any) -> None:
+        data = json.dumps(body, indent=1).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if status == HTTPStatus.UNAUTHORIZED:
+            self.send_header("WWW-Authenticate", 'Bearer realm="regency"')
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("admin %s: " + format, self.address_string(), *args)
+
+
+def _summary(node: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in node.items() if k in ("ref", "kind", "address", "state")}
