@@ -308,14 +308,36 @@ def send_recv(
     """Send ``t`` to world rank ``dst`` while receiving into ``into`` from world rank ``src``,
     for a rank that is both a source and a destination of one ``to_mesh``; return ``into``.
 
-    The two run as one batch: a blocking send then a blocking receive would deadlock ranks
-    that send to each other once a tensor outgrows the transport's buffers.
+    The two run as one batch (`exchange`): a blocking send then a blocking receive would
+    deadlock ranks that send to each other once a tensor outgrows the transport's buffers.
     """
-    landing = into if into.is_contiguous() else into.contiguous()
-    ops = [
-        dist.P2POp(dist.isend, t.contiguous(), dst, group),
-        dist.P2POp(dist.irecv, landing, src, group),
+    exchange([(t, dst)], [(into, src)], group)
+    return into
+
+
+def exchange(
+    sends: Sequence[tuple[torch.Tensor, int]],
+    recvs: Sequence[tuple[torch.Tensor, int]],
+    group: dist.ProcessGroup,
+) -> None:
+    """Send each ``(tensor, world rank)`` of ``sends`` and receive into each ``(tensor, world
+    rank)`` of ``recvs`` (tensors of the sent shapes and dtypes), all as one batch of
+    point-to-point ops of ``group``; return when all are done.
+
+    Messages between two ranks match in the order each side lists them. Batching lets a rank
+    send and receive at once (a ``to_mesh`` shift, a broadcast to several ranks) without the
+    deadlock blocking calls would risk.
+    """
+    landings = [(into, into if into.is_contiguous() else into.contiguous()) for into, _ in recvs]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), dst, group) for t, dst in sends]
+    ops += [
+        dist.P2POp(dist.irecv, landing, src, group)
+        for (_, landing), (_, src) in zip(landings, recvs, strict=True)
     ]
+    if not ops:
+        return
     for work in dist.batch_isend_irecv(ops):
         work.wait()
-    return into if landing is into else into.copy_(landing)
+    for into, landing in landings:
+        if landing is not into:
+            into.copy_(landing)

@@ -110,6 +110,22 @@ class Reduce:
     site: int
 
 
+@_pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class Move:
+    """``to_mesh``: each ``(source, destination)`` pair of world ranks in ``pairs`` copies the
+    source's ``src`` into the destination's ``out`` (a contiguous tensor of ``size``, ``dtype``
+    on ``device``), point to point; a pair of one rank copies locally."""
+
+    src: int
+    out: int
+    pairs: tuple[tuple[int, int], ...]
+    size: tuple[int, ...]
+    dtype: Any  # torch.dtype (this module does not import torch)
+    device: Any  # torch.device
+    site: int
+
+
 @dataclass(frozen=True, slots=True)
 class Alias:
     """Define ``out`` as the very value of ``src`` (a borrow: shared, not copied)."""
@@ -132,4 +148,6 @@ class Wait:
     event: int
 
 
-Command = CallOp | CallFunction | RankTensor | Delete | InitWorld | Reduce | Alias | Signal | Wait
+Command = (
+    CallOp | CallFunction | RankTensor | Delete | InitWorld | Reduce | Move | Alias | Signal | Wait
+)
