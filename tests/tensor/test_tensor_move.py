@@ -1,5 +1,6 @@
 """``Tensor.to_mesh`` and ``slice_mesh`` on 4 procs (gloo on CPU): exact values after the move,
-a pipeline across two slices, broadcasts, shifts, errors before anything is sent, poisoning."""
+a pipeline across two slices, broadcasts, shifts, moves between two proc meshes, errors
+before anything is sent, poisoning."""
 
 from __future__ import annotations
 
@@ -162,8 +163,10 @@ def test_bad_moves_raise_before_anything_is_sent(procs4: ProcMesh, procs: ProcMe
         t.to_mesh(h0)
     with pytest.raises(ValueError, match=r"does not have the dimensions \['hosts'\]"):
         t.slice_mesh(gpus=1).to_mesh(h0)
-    with pytest.raises(TypeError, match=r"WRONG_MESH.*one proc mesh"):
-        x.to_mesh(procs)
+    with pytest.raises(ValueError, match=r"does not have the dimensions \['hosts'\]"):
+        t.to_mesh(procs)  # another proc mesh: checked the same way
+    with pytest.raises(TypeError, match="needs a proc mesh"):
+        x.to_mesh("h0")
     with pytest.raises(TypeError, match="REQUIRES_GRAD"):
         weight.to_mesh(procs4)
     with pytest.raises(NotImplementedError, match="stream"):
@@ -176,21 +179,26 @@ def test_bad_moves_raise_before_anything_is_sent(procs4: ProcMesh, procs: ProcMe
         assert weight.to_mesh(procs4).shape == (2,)
 
 
-def explode(t: torch.Tensor) -> torch.Tensor:
-    raise ValueError("boom before the move")
+def explode_on_one(t: torch.Tensor) -> torch.Tensor:
+    if t.item() == 1:
+        raise ValueError("boom before the move")
+    return t.clone()
 
 
-failing = regency.remote(explode, propagate=lambda t: t)
+# Fails on the procs at gpus=1 only, so each test sees exactly one failure (and fetches it).
+failing = regency.remote(explode_on_one, propagate=lambda t: t.clone())
 
 
 def test_a_poisoned_shard_poisons_its_destination(procs4: ProcMesh) -> None:
     h0, h1 = procs4.slice(hosts=0), procs4.slice(hosts=1)
-    with pytest.raises(RemoteException, match="boom before the move"):  # noqa: PT012
-        with h0.activate():
-            bad = failing(torch.ones(3))
-            moved = bad.to_mesh(h1)
-            with pytest.raises(RemoteException, match="world rank 1 had failed to compute"):
-                regency.inspect(moved, gpus=1)
+    with h0.activate():
+        bad = failing(h0.rank_tensor("gpus"))
+        moved = bad.to_mesh(h1)
+        with pytest.raises(RemoteException, match="world rank 1 had failed to compute"):
+            regency.inspect(moved, gpus=1)
+        with pytest.raises(RemoteException, match="boom before the move"):
+            regency.inspect(bad, gpus=1)
+    assert regency.inspect(moved, gpus=0).item() == 0  # the good shard arrived
     # Nothing was left half sent: the next move between the same procs works.
     with h0.activate():
         good = torch.full((3,), 5.0)
@@ -206,3 +214,25 @@ def test_on_another_stream(procs4: ProcMesh) -> None:
     assert moved.stream is side
     with side.activate():
         assert regency.inspect(moved, gpus=1).item() == 41
+
+
+def test_between_two_proc_meshes(procs4: ProcMesh, procs: ProcMesh) -> None:
+    """Two separately spawned proc meshes (two worlds) of the same shape: over a link group."""
+    h1 = procs4.slice(hosts=1)  # world ranks 2, 3 of procs4
+    there = by_rank(procs4).slice_mesh(hosts=1).to_mesh(procs)
+    assert there.mesh is procs
+    for g in range(2):
+        assert torch.equal(regency.inspect(there, gpus=g), shard_value(2 + g))
+    with procs.activate():
+        summed = (there + 1).reduce("gpus", "sum")  # procs' own world, after the link
+    back = summed.to_mesh(h1)  # the same link, the other way
+    for g in range(2):
+        assert torch.equal(regency.inspect(back, gpus=g), shard_value(2) + shard_value(3) + 2)
+    with procs.activate():
+        bad = failing(procs.rank_tensor("gpus"))
+        poisoned = bad.to_mesh(procs4.slice(hosts=0))
+        with pytest.raises(RemoteException, match="world rank 1 of the other proc mesh"):
+            regency.inspect(poisoned, gpus=1)
+        with pytest.raises(RemoteException, match="boom before the move"):
+            regency.inspect(bad, gpus=1)
+    assert regency.inspect(poisoned, gpus=0).item() == 0

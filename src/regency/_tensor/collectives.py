@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch._C._distributed_c10d import Store, TCPStore
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from regency._lowlevel import runtime
 from regency._tensor.groups import reduce_output_size
@@ -132,6 +132,31 @@ class WorldGroups:
             found = self._groups.get(key)
             if found is None:
                 found = self._new_group(key[0], tag)
+                self._groups[key] = found
+            return found
+
+    def link(self, host: str, port: int, size: int, name: str, rank: int) -> dist.ProcessGroup:
+        """The gloo group ``name`` of ``size`` ranks meeting in the store at ``host:port``, in
+        which this process is ``rank``; made on first use (blocking until all ``size`` join),
+        then cached. Needs no world: it spans processes of different worlds (two proc meshes).
+
+        Its ranks double as the "world" ranks `exchange` takes for it.
+        """
+        key = ((), name)
+        with self._lock:
+            creating = self._creating.setdefault(key, threading.Lock())
+        with creating:
+            found = self._groups.get(key)
+            if found is None:
+                store = PrefixStore(f"{name}/", TCPStore(host, port, is_master=False))
+                found = dist.ProcessGroup(store, rank, size)
+                gloo = dist.ProcessGroupGloo(store, rank, size, c10d.default_pg_timeout)
+                found._register_backend(
+                    torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo
+                )
+                found._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+                # What the point-to-point calls read to map "world" ranks onto group ranks.
+                c10d._world.pg_group_ranks[found] = {r: r for r in range(size)}
                 self._groups[key] = found
             return found
 

@@ -113,9 +113,14 @@ class Reduce:
 @_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class Move:
-    """``to_mesh``: each ``(source, destination)`` pair of world ranks in ``pairs`` copies the
+    """``to_mesh``: each ``(source, destination)`` pair of ranks in ``pairs`` copies the
     source's ``src`` into the destination's ``out`` (a contiguous tensor of ``size``, ``dtype``
-    on ``device``), point to point; a pair of one rank copies locally."""
+    on ``device``), point to point; a pair of one rank copies locally.
+
+    Within one proc mesh the ranks are world ranks and ``link`` is ``None``. Between two proc
+    meshes they are ranks of the ``link`` group spanning both, in which this worker's rank is
+    ``offset`` plus its world rank.
+    """
 
     src: int
     out: int
@@ -124,6 +129,20 @@ class Move:
     dtype: Any  # torch.dtype (this module does not import torch)
     device: Any  # torch.device
     site: int
+    link: Link | None = None
+    offset: int = 0
+
+
+@_pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A process group spanning two proc meshes, ``sizes`` procs each: their ranks meet in the
+    store at ``host:port`` under ``name``, the first mesh's world ranks first."""
+
+    host: str
+    port: int
+    sizes: tuple[int, int]
+    name: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,13 +128,13 @@ class MeshTensor(torch.Tensor):
         return self if inplace else MeshTensor._make(meta, out, view)
 
     def to_mesh(self, mesh: Any, stream: Stream | None = None) -> MeshTensor:
-        """A copy of this tensor on ``mesh``, a view of the same proc mesh whose dims match by
-        name: the proc at some coordinates gets the shard at the same coordinates here, a dim
-        only ``mesh`` has is a broadcast. The shards move point to point between the workers
-        (``torch.distributed``), on this tensor's stream; ``mesh`` may be this tensor's own.
+        """A copy of this tensor on ``mesh`` (a view of this tensor's proc mesh, this tensor's
+        own mesh included, or of another proc mesh), whose dims match by name: the proc at
+        some coordinates gets the shard at the same coordinates here, a dim only ``mesh`` has
+        is a broadcast. The shards move point to point between the workers
+        (``torch.distributed``), on this tensor's stream.
 
-        Mismatched dims raise ``ValueError``, another proc mesh ``TypeError`` (``WRONG_MESH``),
-        both before anything is sent.
+        Mismatched dims raise ``ValueError`` before anything is sent.
         """
         return self._move(self._view, mesh, stream)
 

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from regency._tensor import commands as c
 
 
-def run_move(cmd: c.Move, rank: int, tag: str = "") -> None:
+def run_move(cmd: c.Move, world_rank: int, tag: str = "") -> None:
     """Do this rank's sends and receive of ``cmd`` (stream ``tag``); a failure poisons the
     output here."""
+    rank = cmd.offset + world_rank  # this worker's rank in the pairs
     sends = [dst for src, dst in cmd.pairs if src == rank and dst != rank]
     source = next((src for src, dst in cmd.pairs if dst == rank), None)
     shard: torch.Tensor | None = None
@@ -42,7 +43,7 @@ def run_move(cmd: c.Move, rank: int, tag: str = "") -> None:
         _exchange(cmd, shard, sends, None if source == rank else source, rank, tag)
     except Exception:
         if source is not None and source != rank:
-            poison((cmd.out,), Poisoned(cmd.site, rank, traceback.format_exc()))
+            poison((cmd.out,), Poisoned(cmd.site, world_rank, traceback.format_exc()))
 
 
 def _exchange(
@@ -55,7 +56,11 @@ def _exchange(
 ) -> None:
     from regency._tensor.collectives import exchange
 
-    group = world().group(range(torch.distributed.get_world_size()), f"to_mesh:{tag}")
+    link = cmd.link
+    if link is None:
+        group = world().group(range(torch.distributed.get_world_size()), f"to_mesh:{tag}")
+    else:
+        group = world().link(link.host, link.port, sum(link.sizes), link.name, rank)
     # A poisoned shard sends zeros: its receivers learn from the flag that it failed.
     data = torch.zeros(cmd.size, dtype=cmd.dtype, device=cmd.device) if shard is None else shard
     flag = torch.tensor([shard is not None], dtype=torch.uint8, device=cmd.device)
@@ -73,8 +78,16 @@ def _exchange(
             (cmd.out,),
             Poisoned(
                 cmd.site,
-                rank,
-                f"to_mesh: the shard sent from world rank {source} had failed to compute"
+                rank - cmd.offset,
+                f"to_mesh: the shard sent from {_whose(source, cmd)} had failed to compute"
                 " (its own error was reported there)",
             ),
         )
+
+
+def _whose(rank: int, cmd: c.Move) -> str:
+    """Rank ``rank`` of ``cmd``'s pairs, in words."""
+    if cmd.link is None:
+        return f"world rank {rank}"
+    first = cmd.link.sizes[0]
+    return f"world rank {rank if rank < first else rank - first} of the other proc mesh"
