@@ -37,6 +37,8 @@ _TENSOR_NAMES = (
     "reduce",
     "reduce_",
     "remote",
+    "slice_mesh",
+    "to_mesh",
 )
 
 

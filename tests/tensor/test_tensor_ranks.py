@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import regency
+from regency._tensor import engine
 from regency.actor import ProcMesh
 from regency.tensor.builtins import random as remote_random
 
@@ -67,6 +68,8 @@ def test_views_activate_with_their_own_coordinates(procs4: ProcMesh) -> None:
     with row.activate():
         t = row.rank_tensor("gpus") + 100
     assert t.mesh is row
+    # Views and their mesh share one root: its workers and torch.distributed world.
+    assert engine.known_root(row) is engine.known_root(procs4) is not None
     assert regency.inspect(t, gpus=1).item() == 101
     with pytest.raises(KeyError):
         regency.fetch_shard(t, hosts=1, gpus=0)

@@ -1,11 +1,12 @@
-"""Controller-side collective geometry: reduce groups in world ranks, and output shapes."""
+"""Controller-side collective geometry: reduce groups in world ranks, output shapes, and the
+send/receive pairs of ``to_mesh``."""
 
 import itertools
 
 import pytest
 import torch
 
-from regency._tensor.groups import REDUCTIONS, reduce_groups, reduce_output_size
+from regency._tensor.groups import REDUCTIONS, move_pairs, reduce_groups, reduce_output_size
 from regency.shape import DimensionNotFoundError, Extent, Shape, Slice
 
 pytestmark = pytest.mark.timeout(30)
@@ -141,3 +142,47 @@ def test_unknown_reduction_raises() -> None:
 def test_scatter_needs_a_leading_dim_of_the_group_size(reduction: str, size: list[int]) -> None:
     with pytest.raises(ValueError, match="must be 4"):
         reduce_output_size(reduction, True, torch.Size(size), 4)
+
+
+# -- move_pairs ---------------------------------------------------------------------------
+
+
+def test_between_two_slices_pairs_equal_coordinates() -> None:
+    s = mesh(hosts=2, gpus=3)
+    assert move_pairs(s.slice(hosts=0), s.slice(hosts=1)) == ((0, 3), (1, 4), (2, 5))
+    assert move_pairs(s.slice(gpus=2), s.slice(gpus=0)) == ((2, 0), (5, 3))
+
+
+def test_to_its_own_shape_every_proc_keeps_its_shard() -> None:
+    s = mesh(hosts=2, gpus=2)
+    assert move_pairs(s, s) == ((0, 0), (1, 1), (2, 2), (3, 3))
+
+
+def test_dims_match_by_name_not_position() -> None:
+    s = mesh(hosts=2, gpus=2)
+    # The same procs with the dims listed the other way round: rank 1 is gpus=1, hosts=0.
+    swapped = Shape(["gpus", "hosts"], Slice(0, [2, 2], [1, 2]))
+    assert move_pairs(s, swapped) == ((0, 0), (2, 2), (1, 1), (3, 3))
+    transposed = Shape(["gpus", "hosts"], Slice(0, [2, 2], [2, 1]))
+    assert move_pairs(s, transposed) == ((0, 0), (2, 1), (1, 2), (3, 3))
+
+
+def test_a_dim_only_the_destination_has_is_a_broadcast() -> None:
+    s = mesh(hosts=2, gpus=2)
+    assert move_pairs(s.slice(hosts=1), s) == ((2, 0), (3, 1), (2, 2), (3, 3))
+    assert move_pairs(s.slice(hosts=0, gpus=1), s) == ((1, 0), (1, 1), (1, 2), (1, 3))
+
+
+def test_a_shift_pairs_overlapping_ranges() -> None:
+    s = mesh(r=4)
+    assert move_pairs(s.slice(r=slice(0, 3)), s.slice(r=slice(1, 4))) == ((0, 1), (1, 2), (2, 3))
+
+
+def test_mismatched_dims_raise_naming_them() -> None:
+    s = mesh(hosts=2, gpus=2)
+    with pytest.raises(ValueError, match=r"does not have the dimensions \['hosts'\]"):
+        move_pairs(s, s.slice(hosts=0))
+    with pytest.raises(ValueError, match="dimension 'gpus' has size 1 in the destination"):
+        move_pairs(s.slice(hosts=0), s.slice(hosts=1, gpus=slice(1, 2)))
+    with pytest.raises(ValueError, match=r"\['gpus', 'hosts'\]"):
+        move_pairs(s, mesh(r=4))

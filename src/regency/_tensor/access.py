@@ -85,13 +85,7 @@ def check_access(tensors: Sequence[Guarded], mutated: Sequence[Guarded]) -> None
                 "stream with `with stream.activate():`, or move it to this one with "
                 "stream.borrow(t)",
             )
-        storage = t._storage
-        if storage is not None and "r" not in storage.access:
-            raise misuse(
-                "BORROWED",
-                f"{t!r} cannot be used: it is borrowed mutably by another stream until that "
-                f"borrow is dropped{borrow_sites(storage)}",
-            )
+        check_readable(t)
     for t in mutated:
         storage = t._storage
         if storage is None:
@@ -105,6 +99,17 @@ def check_access(tensors: Sequence[Guarded], mutated: Sequence[Guarded]) -> None
         for event in storage.pending:
             t._view.send(c.Wait(event))
         storage.pending.clear()
+
+
+def check_readable(t: Guarded) -> None:
+    """Raise ``TypeError`` (``BORROWED``) if ``t`` may not be read now (on any stream)."""
+    storage = t._storage
+    if storage is not None and "r" not in storage.access:
+        raise misuse(
+            "BORROWED",
+            f"{t!r} cannot be used: it is borrowed mutably by another stream until that "
+            f"borrow is dropped{borrow_sites(storage)}",
+        )
 
 
 def track_views(sources: Sequence[int | None], inputs: Sequence[Guarded], result: Any) -> None:

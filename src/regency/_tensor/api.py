@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -13,10 +13,13 @@ from torch.utils._python_dispatch import _disable_current_modes
 from regency._tensor import commands as c
 from regency._tensor.engine import View, active_view, new_ref, pushed
 from regency._tensor.fetching import check_errors
-from regency._tensor.mesh_tensor import Interceptor, MeshTensor
+from regency._tensor.mesh_tensor import Interceptor, MeshSliceTensor, MeshTensor
 from regency._tensor.meta import TensorMeta
 from regency._tensor.process_group import RemoteProcessGroup
 from regency.shape import Point
+
+if TYPE_CHECKING:
+    from regency._tensor.streams import Stream
 
 
 @contextmanager
@@ -111,3 +114,16 @@ def reduce_(
         lambda t: t.reduce_(list(dims) if not isinstance(dims, str) else dims, reduction, scatter),
         tree,
     )
+
+
+def to_mesh(tree: Any, mesh: Any, stream: Stream | None = None) -> Any:
+    """``t.to_mesh(mesh, stream)`` on every mesh tensor (or ``slice_mesh`` result) of the
+    pytree ``tree``."""
+    return pytree.tree_map_only(
+        (MeshTensor, MeshSliceTensor), lambda t: t.to_mesh(mesh, stream), tree
+    )
+
+
+def slice_mesh(tree: Any, **dims: int | slice) -> Any:
+    """``t.slice_mesh(**dims)`` on every mesh tensor of the pytree ``tree``."""
+    return pytree.tree_map_only(MeshTensor, lambda t: t.slice_mesh(**dims), tree)

@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch._C._distributed_c10d import Store, TCPStore
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from regency._lowlevel import runtime
 from regency._tensor.groups import reduce_output_size
@@ -132,6 +132,31 @@ class WorldGroups:
             found = self._groups.get(key)
             if found is None:
                 found = self._new_group(key[0], tag)
+                self._groups[key] = found
+            return found
+
+    def link(self, host: str, port: int, size: int, name: str, rank: int) -> dist.ProcessGroup:
+        """The gloo group ``name`` of ``size`` ranks meeting in the store at ``host:port``, in
+        which this process is ``rank``; made on first use (blocking until all ``size`` join),
+        then cached. Needs no world: it spans processes of different worlds (two proc meshes).
+
+        Its ranks double as the "world" ranks `exchange` takes for it.
+        """
+        key = ((), name)
+        with self._lock:
+            creating = self._creating.setdefault(key, threading.Lock())
+        with creating:
+            found = self._groups.get(key)
+            if found is None:
+                store = PrefixStore(f"{name}/", TCPStore(host, port, is_master=False))
+                found = dist.ProcessGroup(store, rank, size)
+                gloo = dist.ProcessGroupGloo(store, rank, size, c10d.default_pg_timeout)
+                found._register_backend(
+                    torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo
+                )
+                found._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+                # What the point-to-point calls read to map "world" ranks onto group ranks.
+                c10d._world.pg_group_ranks[found] = {r: r for r in range(size)}
                 self._groups[key] = found
             return found
 
@@ -308,14 +333,36 @@ def send_recv(
     """Send ``t`` to world rank ``dst`` while receiving into ``into`` from world rank ``src``,
     for a rank that is both a source and a destination of one ``to_mesh``; return ``into``.
 
-    The two run as one batch: a blocking send then a blocking receive would deadlock ranks
-    that send to each other once a tensor outgrows the transport's buffers.
+    The two run as one batch (`exchange`): a blocking send then a blocking receive would
+    deadlock ranks that send to each other once a tensor outgrows the transport's buffers.
     """
-    landing = into if into.is_contiguous() else into.contiguous()
-    ops = [
-        dist.P2POp(dist.isend, t.contiguous(), dst, group),
-        dist.P2POp(dist.irecv, landing, src, group),
+    exchange([(t, dst)], [(into, src)], group)
+    return into
+
+
+def exchange(
+    sends: Sequence[tuple[torch.Tensor, int]],
+    recvs: Sequence[tuple[torch.Tensor, int]],
+    group: dist.ProcessGroup,
+) -> None:
+    """Send each ``(tensor, world rank)`` of ``sends`` and receive into each ``(tensor, world
+    rank)`` of ``recvs`` (tensors of the sent shapes and dtypes), all as one batch of
+    point-to-point ops of ``group``; return when all are done.
+
+    Messages between two ranks match in the order each side lists them. Batching lets a rank
+    send and receive at once (a ``to_mesh`` shift, a broadcast to several ranks) without the
+    deadlock blocking calls would risk.
+    """
+    landings = [(into, into if into.is_contiguous() else into.contiguous()) for into, _ in recvs]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), dst, group) for t, dst in sends]
+    ops += [
+        dist.P2POp(dist.irecv, landing, src, group)
+        for (_, landing), (_, src) in zip(landings, recvs, strict=True)
     ]
+    if not ops:
+        return
     for work in dist.batch_isend_irecv(ops):
         work.wait()
-    return into if landing is into else into.copy_(landing)
+    for into, landing in landings:
+        if landing is not into:
+            into.copy_(landing)

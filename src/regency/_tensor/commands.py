@@ -110,6 +110,41 @@ class Reduce:
     site: int
 
 
+@_pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class Move:
+    """``to_mesh``: each ``(source, destination)`` pair of ranks in ``pairs`` copies the
+    source's ``src`` into the destination's ``out`` (a contiguous tensor of ``size``, ``dtype``
+    on ``device``), point to point; a pair of one rank copies locally.
+
+    Within one proc mesh the ranks are world ranks and ``link`` is ``None``. Between two proc
+    meshes they are ranks of the ``link`` group spanning both, in which this worker's rank is
+    ``offset`` plus its world rank.
+    """
+
+    src: int
+    out: int
+    pairs: tuple[tuple[int, int], ...]
+    size: tuple[int, ...]
+    dtype: Any  # torch.dtype (this module does not import torch)
+    device: Any  # torch.device
+    site: int
+    link: Link | None = None
+    offset: int = 0
+
+
+@_pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A process group spanning two proc meshes, ``sizes`` procs each: their ranks meet in the
+    store at ``host:port`` under ``name``, the first mesh's world ranks first."""
+
+    host: str
+    port: int
+    sizes: tuple[int, int]
+    name: str
+
+
 @dataclass(frozen=True, slots=True)
 class Alias:
     """Define ``out`` as the very value of ``src`` (a borrow: shared, not copied)."""
@@ -132,4 +167,6 @@ class Wait:
     event: int
 
 
-Command = CallOp | CallFunction | RankTensor | Delete | InitWorld | Reduce | Alias | Signal | Wait
+Command = (
+    CallOp | CallFunction | RankTensor | Delete | InitWorld | Reduce | Move | Alias | Signal | Wait
+)

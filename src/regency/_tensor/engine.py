@@ -47,7 +47,9 @@ class Root:
         procs = mesh._procs
         self.procs = procs
         self.size = len(procs)
-        whole = mesh._new_with_shape(Shape(["ranks"], Slice(0, [self.size], [1])))
+        self.everyone = Shape(["ranks"], Slice(0, [self.size], [1]))
+        """The shape of every proc of this mesh, by world rank."""
+        whole = mesh._new_with_shape(self.everyone)
         per_host: dict[str, int] = defaultdict(int)
         for info in procs:
             per_host[info.agent] += 1

@@ -1,4 +1,5 @@
-"""Controller-side geometry of collectives: which procs reduce together, and the result's shape.
+"""Controller-side geometry of collectives: which procs reduce together, the result's shape,
+and which proc sends to which in a ``to_mesh``.
 
 Both are pure functions of the mesh view and the tensor's metadata, so the controller knows a
 reduction's groups and output shape without asking a worker, and rejects a bad call before
@@ -99,3 +100,31 @@ def reduce_output_size(
     if reduction == "stack":
         return torch.Size([group_size, *size])
     return size
+
+
+def move_pairs(source: Shape, dest: Shape) -> tuple[tuple[int, int], ...]:
+    """The ``(source rank, destination rank)`` pairs (world ranks) of a ``to_mesh`` from the
+    procs of ``source`` to those of ``dest``, one per destination proc in row-major order.
+
+    Dimensions match by name, as in Monarch's ``to_mesh``: the destination proc at some
+    coordinates gets the shard of the source proc at the same coordinates along the source's
+    dims. A destination dim the source lacks is a broadcast (every proc along it gets the same
+    shard); a source dim of another size, or one the destination lacks, raises ``ValueError``
+    naming it.
+    """
+    dest_sizes = dest.sizes
+    for name, size in source.sizes.items():
+        if name not in dest_sizes:
+            missing = sorted(set(source.labels) - set(dest.labels))
+            raise ValueError(f"the destination mesh does not have the dimensions {missing}")
+        if dest_sizes[name] != size:
+            raise ValueError(
+                f"dimension {name!r} has size {dest_sizes[name]} in the destination mesh but"
+                f" {size} in the source"
+            )
+    pairs = []
+    for rank in dest.ranks():
+        at = dest.coordinates(rank)
+        (src,) = source.index(**{name: at[name] for name in source.labels}).ranks()
+        pairs.append((src, rank))
+    return tuple(pairs)

@@ -20,6 +20,7 @@ from regency._tensor import commands as c
 from regency._tensor.engine import BIG_DELETE, View, new_ref
 from regency._tensor.errors import data_dependent, misuse
 from regency._tensor.meta import OpSignature, TensorMeta, fake_of, propagate
+from regency._tensor.moving import plan_move
 from regency._tensor.process_group import RemoteProcessGroup
 from regency._tensor.reducing import plan_reduce
 from regency._tensor.streams import get_active_stream
@@ -126,6 +127,40 @@ class MeshTensor(torch.Tensor):
         )
         return self if inplace else MeshTensor._make(meta, out, view)
 
+    def to_mesh(self, mesh: Any, stream: Stream | None = None) -> MeshTensor:
+        """A copy of this tensor on ``mesh`` (a view of this tensor's proc mesh, this tensor's
+        own mesh included, or of another proc mesh), whose dims match by name: the proc at
+        some coordinates gets the shard at the same coordinates here, a dim only ``mesh`` has
+        is a broadcast. The shards move point to point between the workers
+        (``torch.distributed``), on this tensor's stream.
+
+        Mismatched dims raise ``ValueError`` before anything is sent.
+        """
+        return self._move(self._view, mesh, stream)
+
+    def slice_mesh(self, **dims: int | slice) -> MeshSliceTensor:
+        """The shards on the sub mesh ``self.mesh.slice(**dims)``, to move with ``.to_mesh``
+        (e.g. ``t.slice_mesh(hosts=0).to_mesh(other)``)."""
+        return MeshSliceTensor(self, View(self._view.mesh.slice(**dims)))
+
+    def _move(self, source: View, mesh: Any, stream: Stream | None) -> MeshTensor:
+        if self._dropped:
+            raise misuse("DROPPED", f"{self!r} was dropped and cannot be used")
+        if stream is not None and stream is not self._stream:
+            raise NotImplementedError(
+                f"to_mesh(..., stream={stream!r}) onto another stream than the tensor's own "
+                f"({self._stream!r}) is not built; borrow the result onto that stream"
+            )
+        if torch.is_grad_enabled() and self.requires_grad:
+            raise misuse(
+                "REQUIRES_GRAD",
+                f"{self!r} requires gradients, but to_mesh does not work with autograd; "
+                "move it under torch.no_grad() or move a detached tensor",
+            )
+        access.check_readable(self)
+        meta, out, view = plan_move(source, self._ref, self._meta, self._stream, mesh)
+        return MeshTensor._make(meta, out, view, self._stream)
+
     def tolist(self) -> NoReturn:
         """Raises: the data is on the workers."""
         raise data_dependent(".tolist()")
@@ -150,6 +185,27 @@ class MeshTensor(torch.Tensor):
             "a mesh tensor cannot be pickled (e.g. passed to an actor endpoint) yet; pass "
             "regency.inspect(t, **coords) for one shard's value"
         )
+
+
+class MeshSliceTensor:
+    """The shards of a mesh tensor on a sub mesh of its mesh (``t.slice_mesh(**dims)``): they
+    can only be moved, with `to_mesh`, as in Monarch."""
+
+    def __init__(self, tensor: MeshTensor, view: View) -> None:
+        self.tensor = tensor
+        self._view = view
+
+    @property
+    def mesh(self) -> Any:
+        """The sub mesh whose shards this names."""
+        return self._view.mesh
+
+    def to_mesh(self, mesh: Any, stream: Stream | None = None) -> MeshTensor:
+        """A mesh tensor on ``mesh`` made of these shards (see `MeshTensor.to_mesh`)."""
+        return self.tensor._move(self._view, mesh, stream)
+
+    def __repr__(self) -> str:
+        return f"MeshSliceTensor({self.tensor!r}, mesh={self._view.mesh!r})"
 
 
 class Interceptor(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's base is untyped

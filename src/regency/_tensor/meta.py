@@ -34,6 +34,18 @@ class TensorMeta:
         """The metadata of a real or fake tensor."""
         return cls(tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
 
+    @classmethod
+    def contiguous(
+        cls, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> TensorMeta:
+        """The metadata of a contiguous tensor of ``shape``."""
+        # Computed here: a meta tensor made inside activate() would itself become a command.
+        stride, step = [], 1
+        for n in reversed(shape):
+            stride.append(step)
+            step *= max(n, 1)
+        return cls(shape, tuple(reversed(stride)), dtype, device)
+
 
 @dataclass(frozen=True, slots=True)
 class OpSignature:

@@ -16,18 +16,19 @@ from regency._tensor import sites
 from regency._tensor.engine import Root, View, new_ref
 from regency._tensor.meta import TensorMeta
 from regency._tensor.streams import get_active_stream
-from regency.shape import Shape, Slice
 
 
 def _dims(dims: str | Sequence[str]) -> tuple[str, ...]:
     return (dims,) if isinstance(dims, str) else tuple(dims)
 
 
-def ensure_world(root: Root, device: torch.device) -> None:
+def ensure_world(root: Root, device: torch.device, stream: str | None = None) -> None:
     """Set up the root mesh's ``torch.distributed`` world once: a store on rank 0, then every
-    worker joins (gloo on CPU, NCCL on CUDA). Each stream's workers are sent the (idempotent)
-    setup before their first reduction, so none reduces before its process joined."""
-    stream = get_active_stream().key
+    worker joins (gloo on CPU, NCCL on CUDA). Each stream's workers (``stream``, by default the
+    active one) are sent the (idempotent) setup before their first collective, so none runs one
+    before its process joined."""
+    if stream is None:
+        stream = get_active_stream().key
     if stream in root.world_streams:
         return
     if root.world is None:
@@ -36,8 +37,7 @@ def ensure_world(root: Root, device: torch.device) -> None:
     root.world_streams.add(stream)
     host, port = root.world
     backend = "nccl" if device.type == "cuda" else "gloo"
-    whole = Shape(["ranks"], Slice(0, [root.size], [1]))
-    root.append(whole, c.InitWorld(host, port, root.size, backend), stream)
+    root.append(root.everyone, c.InitWorld(host, port, root.size, backend), stream)
 
 
 def group_ref(view: View, dims: str | Sequence[str], device: torch.device) -> c.GroupRef:
@@ -84,13 +84,4 @@ def plan_reduce(
     ensure_world(view.root, device)
     out = src if inplace else new_ref()
     view.send(c.Reduce(src, out, reduction, scatter, inplace, groups, sites.capture()))
-    return TensorMeta(tuple(out_size), _contiguous_stride(out_size), dtype, device), out, view
-
-
-def _contiguous_stride(size: Sequence[int]) -> tuple[int, ...]:
-    # Computed here: a meta tensor made inside activate() would itself become a command.
-    stride, step = [], 1
-    for n in reversed(size):
-        stride.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(stride))
+    return TensorMeta.contiguous(tuple(out_size), dtype, device), out, view

@@ -16,6 +16,7 @@ import torch
 
 from regency._tensor import commands as c
 from regency._tensor import events
+from regency._tensor.move_worker import run_move
 from regency._tensor.reduce_worker import init_world, run_reduce
 from regency._tensor.table import (
     IDENTITY,
@@ -107,6 +108,8 @@ class TensorWorker(Actor):
                 events.signal(cmd.event)
             elif isinstance(cmd, c.Wait):
                 events.wait(cmd.event)
+            elif isinstance(cmd, c.Move):
+                run_move(cmd, self._rank, self._stream)
             else:
                 run_reduce(cmd, self._rank, self._stream)
 

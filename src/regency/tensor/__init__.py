@@ -17,7 +17,14 @@ The names here are also re-exported from :mod:`regency` (loaded on first use).
 
 from __future__ import annotations
 
-from regency._tensor.api import get_active_mesh, no_mesh, reduce, reduce_
+from regency._tensor.api import (
+    get_active_mesh,
+    no_mesh,
+    reduce,
+    reduce_,
+    slice_mesh,
+    to_mesh,
+)
 from regency._tensor.borrows import Borrow
 from regency._tensor.engine import coalescing
 from regency._tensor.errors import DataDependentError, RemoteException
@@ -45,4 +52,6 @@ __all__ = [
     "reduce",
     "reduce_",
     "remote",
+    "slice_mesh",
+    "to_mesh",
 ]

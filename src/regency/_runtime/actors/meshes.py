@@ -284,7 +284,8 @@ class ProcMesh(ProcMeshBase):
         recipe: ProcRecipe | None = None,
     ) -> None:
         self._shape = shape
-        self._procs = list(procs)
+        # Shared with the mesh's views: the tensor engine knows a view's root mesh by it.
+        self._procs = procs if isinstance(procs, list) else list(procs)
         self._name = name
         self._hosts = hosts
         self._owned = owned
