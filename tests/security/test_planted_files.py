@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from _attacker import Attacker, attacker, shared_dir
 
+from regency._private_paths import UnsafePathError, private_dir, read_private_file
 from regency.job import ProcessJob
-from regency.job._private import UnsafePathError, private_dir, read_private_file
 from regency.job._trait import job_load
 from regency.job._workspace import AddToPath, _resolve, default_remote_dir, pack, unpack
 

@@ -8,6 +8,7 @@ import pytest
 
 import regency
 from regency._errors import RegencyError
+from regency._private_paths import UnsafePathError
 from regency._runtime.actors.actor_mesh import NotOwnedError
 from regency._runtime.actors.endpoint import NotAnEndpointError
 from regency._runtime.actors.mesh_trait import EmptySliceError
@@ -22,7 +23,6 @@ from regency._transport.routing import RouteError
 from regency._transport.transport import PeerUnreachableError
 from regency.actor import ActorError, SupervisionError
 from regency.job import AttachError, JobError, SlurmJob, SSHJob
-from regency.job._private import UnsafePathError
 from regency.rdma import (
     RDMABackendError,
     RDMABufferDroppedError,

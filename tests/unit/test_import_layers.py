@@ -162,6 +162,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "regency._config_keys",
             "regency._errors",
             "regency._public",
+            "regency._private_paths",
         ),
     ),
     ("config", ("regency.config",)),

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from regency._lowlevel import HostMesh
-from regency.job._private import (
+from regency._private_paths import (
     UnsafePathError,
     private_dir,
     read_private_file,
@@ -128,7 +128,7 @@ class JobTrait(abc.ABC):
         running and ``can_run`` this spec (no new allocation); otherwise it is killed, the file
         removed, this job applied and pickled there (mode 0600). A cache file not private to
         this user (owned by another, or group/world-writable) is never unpickled: it raises
-        :class:`~regency.job._private.UnsafePathError`.
+        :class:`~regency._private_paths.UnsafePathError`.
         """
         if self._state is not None and self._running():
             return self._state
@@ -288,7 +288,7 @@ def job_load(path: str | Path) -> JobTrait:
     """A job from a file written by :meth:`JobTrait.dump`.
 
     The file is unpickled only when it is a regular file owned by this user that neither group
-    nor others may write: otherwise :class:`~regency.job._private.UnsafePathError` (a file
+    nor others may write: otherwise :class:`~regency._private_paths.UnsafePathError` (a file
     another user planted would run their code as this user).
     """
     return job_loads(read_private_file(path))
@@ -298,7 +298,7 @@ def _load_cache(path: Path) -> JobTrait | None:
     """The job cached at ``path``, or ``None`` when there is none or it cannot be read.
 
     A file that is not private to this user raises
-    :class:`~regency.job._private.UnsafePathError`.
+    :class:`~regency._private_paths.UnsafePathError`.
     """
     try:
         return job_load(path)

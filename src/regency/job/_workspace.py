@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from regency._lowlevel import Actor, HostMesh, endpoint, runtime
-from regency.job._private import UnsafePathError, check_private_dir, private_dir
+from regency._private_paths import UnsafePathError, check_private_dir, private_dir
 
 IGNORED_NAMES = frozenset({".git", "__pycache__", ".venv", ".regency"})
 IGNORED_SUFFIXES = (".pyc",)
@@ -98,7 +98,7 @@ def unpack(data: bytes, target: Path) -> None:
     Each content version lives in ``.<name>.versions/<sha256>`` next to ``target``; older
     versions are removed once the link points at the new one. The versions directory (and the
     per-user root of a default path) must be private to this user (0700, owned by it):
-    :class:`~regency.job._private.UnsafePathError` otherwise, as another user may have planted
+    :class:`~regency._private_paths.UnsafePathError` otherwise, as another user may have planted
     code there.
     """
     if target.exists() and not target.is_symlink():
