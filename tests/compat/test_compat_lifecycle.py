@@ -370,3 +370,14 @@ def test_shutdown_context_kills_the_client_procs():
     pids = [int(p) for p in lines["PIDS"].split()]
     assert len(pids) == 2
     wait_for(lambda: not any(_alive(p) for p in pids), 30, "procs to exit")
+
+
+def test_logging_option_is_awaitable_and_checks_its_values(make_procs):
+    procs = make_procs(1)
+
+    async def options():
+        assert await procs.logging_option(stream_to_client=True, aggregate_window_sec=None) is None
+        with pytest.raises(ValueError, match="Invalid logging level"):
+            await procs.logging_option(level=300)
+
+    asyncio.run(options())

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import cloudpickle
+
 from regency import config
 from regency._errors import RegencyError
 from regency._runtime.actors.control import ProcInfo, SpawnActor, StopActor
@@ -24,6 +26,8 @@ from regency._runtime.actors.endpoint_def import (
 from regency._runtime.actors.future import Future
 from regency._runtime.actors.identity import (
     CreatorInstance,
+    InstanceBase,
+    new_uid,
 )
 from regency._runtime.actors.mesh_supervisor import MeshSupervisor
 from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
@@ -37,6 +41,7 @@ from regency._runtime.actors.proc_control import (
     unique,
 )
 from regency._runtime.actors.send_pipeline import SendPipeline
+from regency._runtime.actors.supervision import RestartPolicy
 from regency._runtime.kernel import state, wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.refs import PortRef
@@ -257,3 +262,54 @@ def _actor_mesh_ref(
     proc_mesh: ProcMeshBase | None,
 ) -> ActorMesh[Any]:
     return ActorMesh(cls, name, shape, procs, mesh_id, proc_mesh, owned=False)
+
+
+def spawn_actor_mesh(
+    proc_mesh: ProcMeshBase,
+    shape: Shape,
+    proc_list: Sequence[ProcInfo],
+    recipe: ProcRecipe,
+    name: str,
+    cls: type,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    policy: RestartPolicy | None,
+    owner: InstanceBase,
+) -> tuple[ActorMesh[Any], MeshSupervisor]:
+    """Ask every proc of ``shape`` to create its ``cls(*args, **kwargs)`` actor of a new mesh
+    ``name``; returns at once, with the mesh and its supervisor (not yet watching)."""
+    extent = shape.extent
+    # The actor mesh gets its own copy of the proc list: restarts move its ranks.
+    procs = list(proc_list)
+    spawn = ActorSpawn(
+        new_uid(),
+        name,
+        tuple(extent.labels),
+        tuple(extent.sizes),
+        owner.as_creator(),
+        f"{cls.__module__}.{cls.__qualname__}",
+        cloudpickle.dumps((cls, args, kwargs, proc_mesh)),
+        recipe,
+    )
+    supervisor = MeshSupervisor(
+        owner,
+        spawn.mesh_id,
+        name,
+        f"{cls.__module__}.{cls.__qualname__}",
+        extent,
+        shape.ranks(),
+        procs,
+        policy,
+        spawn.respawn,
+    )
+    addrs = [proc_list[b].addr for b in shape.ranks()]
+    tracker, status = open_countdown(len(addrs), unique(addrs), f"spawning {name}")
+    for rank, addr in enumerate(addrs):
+        # A dead proc cannot host the rank: its watch fails it (and `initialized`).
+        with contextlib.suppress(PeerLostError):
+            spawn.send(addr, rank, status, supervisor.port)
+    mesh: ActorMesh[Any] = ActorMesh(cls, name, shape, procs, spawn.mesh_id, proc_mesh, owned=True)
+    mesh._status = Future._from_pending(tracker.pending)
+    mesh._supervisor = supervisor
+    supervisor.mesh = mesh
+    return mesh, supervisor

@@ -60,6 +60,13 @@ class ProcStats:
 
 
 @dataclass(frozen=True, slots=True)
+class SetLogLevel:
+    """Set the level of a proc's root logger (``ProcMesh.logging_option(level=...)``)."""
+
+    level: int
+
+
+@dataclass(frozen=True, slots=True)
 class StopActor:
     """Ask a proc to stop its actor of mesh ``mesh_id``; ``done`` (if any) hears when it has."""
 
@@ -108,6 +115,7 @@ class SpawnProcs:
     events: PortRef | None  # receives a message when one of these procs exits
     settings: dict[str, object]  # the spawner's regency.config values when it asked
     launches: tuple[ProcLaunch | None, ...] | None = None  # per proc: binding, command
+    logs: PortRef | None = None  # forward the procs' stdout/stderr lines here (None: inherit)
 
 
 @dataclass(frozen=True, slots=True)

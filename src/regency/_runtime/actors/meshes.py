@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import cloudpickle
 
 from regency import config
 from regency._runtime.actors import context
-from regency._runtime.actors.actor_mesh import ActorMesh, ActorSpawn, NotOwnedError
+from regency._runtime.actors.actor_mesh import ActorMesh, NotOwnedError, spawn_actor_mesh
 from regency._runtime.actors.bootstrap_command import BootstrapCommand, launches_for
 from regency._runtime.actors.control import PingProc, ProcInfo
 from regency._runtime.actors.endpoint_def import (
@@ -30,9 +31,9 @@ from regency._runtime.actors.errors import ActorError
 from regency._runtime.actors.future import Future
 from regency._runtime.actors.identity import (
     InstanceBase,
-    new_uid,
     set_this_proc_mesh,
 )
+from regency._runtime.actors.log_sink import LogSink, flushed_after, set_logging_option
 from regency._runtime.actors.mesh_supervisor import MeshSupervisor
 from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
 from regency._runtime.actors.proc_control import (
@@ -50,7 +51,6 @@ from regency._runtime.actors.stacks import gather_stacks
 from regency._runtime.actors.supervision import RestartPolicy
 from regency._runtime.actors.value_mesh import ValueMesh
 from regency._runtime.kernel import state, wire
-from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending
 from regency.shape import Extent, Point, Shape
 
@@ -250,16 +250,19 @@ class HostMesh(MeshTrait):
                 info = ProcInfo(addr, host.agent, len(procs), local)
                 procs.append(info)
                 by_agent.setdefault(host.agent, []).append(info)
+        sink = LogSink(mesh_name, shape.extent)
         recipe = ProcRecipe(
             cloudpickle.dumps(bootstrap) if bootstrap is not None else None,
             mesh_name,
             config.get_global_config(),
             launches,
+            sink.port,
         )
         for agent, infos in by_agent.items():
             start_procs(agent, infos, recipe)
         hosts = HostMesh(self._shape, self._hosts)
         mesh = ProcMesh(shape, procs, mesh_name, hosts, owned=True, recipe=recipe)
+        mesh._log_sink = sink
         mesh._owner = current_instance()
         mesh._owner.adopt(mesh)
         return mesh
@@ -295,10 +298,12 @@ class ProcMesh(ProcMeshBase):
         # Supervisors of the actor meshes spawned through this object (in this process).
         self._supervisors: list[MeshSupervisor] = []
         self._owner: InstanceBase | None = None
+        self._log_sink: LogSink | None = None  # where its procs' forwarded output is printed
 
     def _new_with_shape(self, shape: Shape) -> ProcMesh:
         mesh = ProcMesh(shape, self._procs, self._name, self._hosts, recipe=self._recipe)
         mesh._supervisors = self._supervisors
+        mesh._log_sink = self._log_sink
         return mesh
 
     def _addrs(self) -> list[str]:
@@ -343,42 +348,9 @@ class ProcMesh(ProcMeshBase):
         if self._stopped:
             raise RuntimeError("`ProcMesh` has already been stopped")
         owner = owner if owner is not None else current_instance()
-        extent = self._shape.extent
-        # The actor mesh gets its own copy of the proc list: restarts move its ranks.
-        procs = list(self._procs)
-        spawn = ActorSpawn(
-            new_uid(),
-            name,
-            tuple(extent.labels),
-            tuple(extent.sizes),
-            owner.as_creator(),
-            f"{cls.__module__}.{cls.__qualname__}",
-            cloudpickle.dumps((cls, args, kwargs, self)),
-            self._recipe,
+        mesh, supervisor = spawn_actor_mesh(
+            self, self._shape, self._procs, self._recipe, name, cls, args, kwargs, policy, owner
         )
-        supervisor = MeshSupervisor(
-            owner,
-            spawn.mesh_id,
-            name,
-            f"{cls.__module__}.{cls.__qualname__}",
-            extent,
-            self._shape.ranks(),
-            procs,
-            policy,
-            spawn.respawn,
-        )
-        addrs = self._addrs()
-        tracker, status = open_countdown(len(addrs), unique(addrs), f"spawning {name}")
-        for rank, addr in enumerate(addrs):
-            # A dead proc cannot host the rank: its watch fails it (and `initialized`).
-            with contextlib.suppress(PeerLostError):
-                spawn.send(addr, rank, status, supervisor.port)
-        mesh: ActorMesh[Any] = ActorMesh(
-            cls, name, self._shape, procs, spawn.mesh_id, self, owned=True
-        )
-        mesh._status = Future._from_pending(tracker.pending)
-        mesh._supervisor = supervisor
-        supervisor.mesh = mesh
         self._supervisors.append(supervisor)
         owner.adopt(mesh)
         supervisor.start_watching()
@@ -417,7 +389,24 @@ class ProcMesh(ProcMeshBase):
         for supervisor in self._supervisors:
             supervisor.stop(f"stopped due to proc mesh shutdown ({reason})")
             procs.extend(supervisor.replacements)
-        return stop_procs(procs, reason)
+        stopped = stop_procs(procs, reason)
+        return stopped if self._log_sink is None else flushed_after(stopped, self._log_sink)
+
+    def logging_option(
+        self,
+        stream_to_client: bool = False,
+        aggregate_window_sec: float | None = None,
+        level: int = logging.INFO,
+    ) -> Future[None]:
+        """How this mesh's forwarded output is shown (Monarch's signature and defaults):
+        printed here (``stream_to_client``), gathered for ``aggregate_window_sec`` seconds into
+        ``[N similar log lines]`` groups (``None``: every line at once), and the procs' root
+        logger level. Output is forwarded from procs on other hosts, and from this machine's
+        too with ``configure(enable_log_forwarding=True)`` before the mesh is spawned."""
+        set_logging_option(
+            self._log_sink, self._addrs(), stream_to_client, aggregate_window_sec, level
+        )
+        return Future._resolved(None)
 
     # The tensor engine supplies these (see ``_tensor_api``).
     def activate(self) -> contextlib.AbstractContextManager[ProcMesh]:

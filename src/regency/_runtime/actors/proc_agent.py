@@ -15,6 +15,7 @@ from regency._runtime.actors.control import (
     DumpStacks,
     PingProc,
     ProcStats,
+    SetLogLevel,
     SpawnActor,
     StopActor,
     StopProc,
@@ -65,6 +66,9 @@ class ProcAgent:
                 name="regency-stacks",
                 daemon=True,
             ).start()
+            return
+        if isinstance(request, SetLogLevel):
+            logging.getLogger().setLevel(request.level)
             return
         if isinstance(request, ProcStats):
             with self._lock:

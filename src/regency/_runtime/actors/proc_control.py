@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from regency import config
 from regency._runtime.actors.bootstrap_command import ProcLaunch
 from regency._runtime.actors.control import ProcInfo, ShutdownHost, SpawnProcs, StopProcs
 from regency._runtime.actors.errors import ActorError
@@ -82,6 +83,7 @@ class ProcRecipe:
     mesh_name: str
     settings: dict[str, object]
     launches: tuple[ProcLaunch | None, ...] | None = None  # by rank
+    logs: PortRef | None = None  # the mesh's log sink, where forwarded output goes
 
 
 def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> None:
@@ -92,11 +94,20 @@ def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> No
     launches = (
         tuple(recipe.launches[i.rank] for i in infos) if recipe.launches is not None else None
     )
+    # Procs on this machine share the controller's terminal unless forwarding is asked for;
+    # on another host their output would otherwise end in the worker's log.
+    forward = agent != rt.address or bool(config.get("enable_log_forwarding"))
     rt.send_control(
         agent,
         wire.SERVICE_HOST,
         SpawnProcs(
-            tuple(infos), recipe.bootstrap, recipe.mesh_name, events, recipe.settings, launches
+            tuple(infos),
+            recipe.bootstrap,
+            recipe.mesh_name,
+            events,
+            recipe.settings,
+            launches,
+            recipe.logs if forward else None,
         ),
     )
 

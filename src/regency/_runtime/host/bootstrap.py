@@ -75,6 +75,9 @@ def serve(settings: dict[str, Any]) -> None:
 
     apply_cpus(settings.get("bind"))
     config.configure(**settings["config"])
+    if settings.get("log_file") is not None:
+        os.environ[LOG_FILE_ENV] = settings["log_file"]
+        _forwarded_output()
 
     from regency._transport import tls
 
@@ -110,6 +113,21 @@ def serve(settings: dict[str, Any]) -> None:
     runtime.close()
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+LOG_FILE_ENV = "REGENCY_PROC_LOG"  # a forwarded proc's log file, for it and its children
+
+
+def _forwarded_output() -> None:
+    """This proc's stdout and stderr are pipes to its host agent, which forwards each line:
+    write every line as it is printed, and give ``logging`` records the actor they came from."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+    from regency._runtime.actors.log_records import install_actor_log_handler
+
+    install_actor_log_handler()
 
 
 def _run_bootstrap(payload: bytes | None) -> str | None:

@@ -15,11 +15,15 @@ import contextlib
 import logging
 import os
 import pickle
+import re
 import signal
+import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from regency import config
@@ -32,16 +36,19 @@ from regency._runtime.actors.control import (
 )
 from regency._runtime.actors.supervision import stop_reason
 from regency._runtime.host.launcher import Launcher
+from regency._runtime.host.output import OutputPump, proc_log_dir
 from regency._runtime.kernel import gateways, wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.port_handlers import PeerWatch
 from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import PortRef
-from regency._transport import tls
+from regency._transport import address, tls
 from regency._transport.address import route_key
 from regency._transport.routing import Switchboard, handoff_pair
 
 log = logging.getLogger("regency.host")
+
+_DRAIN_GRACE = 2.0  # seconds an exit report waits at most for the proc's last output lines
 
 
 @dataclass
@@ -51,6 +58,7 @@ class _Child:
     events: PortRef | None = None  # the spawner's exit-report port (None: this process)
     stopping: str | None = None
     exited: threading.Event = field(default_factory=threading.Event)
+    log_path: str | None = None  # its log file, when the output pump reads its stdout/stderr
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -94,6 +102,7 @@ class HostAgent:
         self.launcher = Launcher(runtime.loop, self._exited)
         self.switchboard = Switchboard(runtime.loop.call_later)
         runtime.transport.router = self.switchboard.route
+        self._output: OutputPump | None = None  # started with the first forwarded proc
 
     def handle(self, request: Any) -> None:
         """Service entry point (runs on the host agent's own thread)."""
@@ -147,18 +156,27 @@ class HostAgent:
             # there too).
             "gateway_ips": gateways.gateway_ips() or list(self.runtime.gateway_ips),
         }
+        stdio = None
+        log_path = None
+        if request.logs is not None:
+            stdio, path = self._pipe_output(info, request, session)
+            log_path = settings["log_file"] = str(path)
         self.runtime.losses.add_child(info.addr)
         ours, theirs = handoff_pair()
         self.switchboard.register(route_key(info.addr), ours)
         try:
-            pid = self.launcher.launch(settings, theirs, launch)
+            pid = self.launcher.launch(settings, theirs, launch, stdio)
         except OSError as exc:
             self.switchboard.unregister(route_key(info.addr))
             self.runtime.losses.mark_dead(info.addr, f"could not start the process: {exc}")
+            if self._output is not None and stdio is not None:
+                self._output.finish(info.addr, lambda: None)
             return
         finally:
             theirs.close()
-        child = _Child(info, pid, request.events)
+            for fd in stdio or ():
+                os.close(fd)  # the proc has its own copies
+        child = _Child(info, pid, request.events, log_path=log_path)
         if request.events is not None:
             self._watch_spawner(request.events.addr, info.addr)
         with self._lock:
@@ -167,6 +185,34 @@ class HostAgent:
             early = self._early_exits.pop(pid, None)
         if early is not None:
             self._exited(pid, early)
+
+    def _pipe_output(
+        self, info: ProcInfo, request: SpawnProcs, session: HostSession
+    ) -> tuple[tuple[int, int], Path]:
+        """Pipes for the proc's stdout and stderr, read by the output pump, which keeps them
+        in the proc's log file and forwards their lines to the spawner's log sink."""
+        if self._output is None:
+            self._output = OutputPump(proc_log_dir(session.job_id))
+        logs = request.logs
+        assert logs is not None
+        # Hosts on one machine (network namespaces, ProcessJob) share a hostname, not an address.
+        host = (
+            address.tcp_host(session.agent)
+            if address.is_tcp(session.agent)
+            else socket.gethostname()
+        )
+        runtime = self.runtime
+
+        def forward(stream: str, lines: list[str]) -> None:
+            with contextlib.suppress(PeerLostError):
+                runtime.send_port(
+                    logs, info.rank, 0, [pickle.dumps((stream, host, lines), protocol=5)]
+                )
+
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{request.mesh_name}-{info.rank}")[:80]
+        label = f"{name}-{re.sub(r'[^A-Za-z0-9]', '', info.addr)[-12:]}"
+        out, err, path = self._output.attach(info.addr, label, forward)
+        return (out, err), path
 
     def _exited(self, pid: int, status: int) -> None:
         with self._lock:
@@ -178,10 +224,21 @@ class HostAgent:
             spawned = self._spawners.get(child.events.addr) if child.events else None
             if spawned is not None:
                 spawned.discard(child.info.addr)
+        if child.log_path is not None and self._output is not None:
+            # Its last lines go out before the news of its exit (bounded, should the pump lag).
+            once = _Once(lambda: self._report_exit(child, status))
+            self._output.finish(child.info.addr, once)
+            self.runtime.loop.call_later(_DRAIN_GRACE, once)
+            return
+        self._report_exit(child, status)
+
+    def _report_exit(self, child: _Child, status: int) -> None:
         if child.stopping is not None:
             reason = stop_reason(child.stopping)
         else:
             reason = describe_status(status)
+            if child.log_path is not None:
+                reason += f"; its output is in {child.log_path} on {self.runtime.address}"
         child.exited.set()
         self.switchboard.unregister(route_key(child.info.addr))
         self.runtime.losses.mark_dead(child.info.addr, reason)
@@ -258,3 +315,19 @@ class HostAgent:
         self.stop_all("controller shutting down", timeout)
         self.launcher.close()
         self.switchboard.close()
+        if self._output is not None:
+            self._output.close()
+
+
+class _Once:
+    """A callable that runs ``fn`` the first time it is called, from whichever thread."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._fn: Callable[[], None] | None = fn
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()

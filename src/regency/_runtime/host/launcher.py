@@ -122,13 +122,19 @@ class Launcher:
     # -- starting procs ------------------------------------------------------------------------
 
     def launch(
-        self, settings: dict[str, Any], handoff: socket.socket, launch: ProcLaunch | None = None
+        self,
+        settings: dict[str, Any],
+        handoff: socket.socket,
+        launch: ProcLaunch | None = None,
+        stdio: tuple[int, int] | None = None,
     ) -> int:
         """Start one proc, giving it ``handoff`` (its end of the connection handoff channel);
         return its pid (raises ``OSError`` if it cannot start). A ``launch`` with its own
-        command or numactl binding is started by exec, not forked from the zygote."""
+        command or numactl binding is started by exec, not forked from the zygote. ``stdio``:
+        the descriptors to give it as stdout and stderr (default: this process's own)."""
+        out, err = stdio if stdio is not None else (1, 2)
         if launch is not None and launch.needs_exec:
-            return self._launch_cold(settings, handoff, launch)
+            return self._launch_cold(settings, handoff, launch, (out, err))
         control = self._control
         if control is not None:
             token = os.urandom(8).hex()
@@ -136,7 +142,7 @@ class Launcher:
             self._spawned[token] = event
             settings = {**settings, "token": token, "env": _inherited_env()}
             try:
-                send_message(control, settings, fds=[0, 1, 2, handoff.fileno()])
+                send_message(control, settings, fds=[0, out, err, handoff.fileno()])
             except OSError:
                 self._spawned.pop(token, None)
             else:
@@ -146,18 +152,26 @@ class Launcher:
                 if self._closed:  # the zygote may have forked it: a cold twin would clash
                     raise OSError("the host agent is shutting down")
                 log.warning("the zygote did not fork a proc; starting it cold")
-        return self._launch_cold(settings, handoff)
+        return self._launch_cold(settings, handoff, None, (out, err))
 
     def _launch_cold(
-        self, settings: dict[str, Any], handoff: socket.socket, launch: ProcLaunch | None = None
+        self,
+        settings: dict[str, Any],
+        handoff: socket.socket,
+        launch: ProcLaunch | None,
+        stdio: tuple[int, int],
     ) -> int:
         with self._lock:  # close() waits: the loop must outlive the child's registration
             if self._closed:
                 raise OSError("the host agent is shutting down")
-            return self._launch_cold_locked(settings, handoff, launch)
+            return self._launch_cold_locked(settings, handoff, launch, stdio)
 
     def _launch_cold_locked(
-        self, settings: dict[str, Any], handoff: socket.socket, launch: ProcLaunch | None
+        self,
+        settings: dict[str, Any],
+        handoff: socket.socket,
+        launch: ProcLaunch | None,
+        stdio: tuple[int, int],
     ) -> int:
         command = launch.command if launch is not None else None
         if command is None:
@@ -170,6 +184,8 @@ class Launcher:
                 executable=None if prefix else command.program,
                 pass_fds=(read_fd, handoff.fileno()),
                 env=command.environment(_env_for_children()),
+                stdout=stdio[0] if stdio[0] != 1 else None,
+                stderr=stdio[1] if stdio[1] != 2 else None,
             )
         except BaseException:
             os.close(write_fd)
