@@ -32,6 +32,7 @@ The actor layer:
 
 The host layer:
 
+- :func:`proc_log_root` -- where a host keeps its procs' log files (one directory per run).
 - :class:`Attach` and :func:`serve_worker` / :func:`start_worker` /
   :func:`serve_worker_until_shutdown` -- the worker daemon that ``regency.job`` attaches to.
 """
@@ -54,6 +55,7 @@ from regency._runtime.actors.meshes import (
 from regency._runtime.actors.ports import Channel, Port
 from regency._runtime.actors.stacks import stacks_of
 from regency._runtime.actors.value_mesh import ValueMesh
+from regency._runtime.host.output import proc_log_root
 from regency._runtime.host.worker_daemon import Attach
 from regency._runtime.host.worker_daemon import serve as serve_worker
 from regency._runtime.host.worker_daemon import serve_until_shutdown as serve_worker_until_shutdown
@@ -94,6 +96,7 @@ __all__ = [
     "gateway_ips",
     "gateway_toward",
     "mesh_tree",
+    "proc_log_root",
     "runtime",
     "serve_worker",
     "serve_worker_until_shutdown",

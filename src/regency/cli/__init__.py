@@ -11,6 +11,9 @@ command on the hosts of the job cached by an earlier ``job.state()`` (``.regency
 streaming each host's lines prefixed with its rank; ``regency kill [--job PATH]`` tears that job
 down and removes the cache.
 
+``regency logs [--job PATH] [--run ID | --list] [--tail N]`` prints the log files of forwarded
+procs: this machine's, or those of the cached job's hosts (see ``docs/observability.md``).
+
 ``regency run --nproc-per-node N [--job PATH] [-m] SCRIPT ARGS ...`` runs a torchrun script on
 ``N`` procs per host (this host, or the cached job's) with torchrun's environment, printing each
 rank's output with a ``[rankN]:`` prefix, and exits with the first failing rank's status (see
@@ -30,6 +33,7 @@ from regency._transport.auth import SECRET_ENV
 
 def _parser() -> argparse.ArgumentParser:
     from regency.cli._exec import add_exec_parser, add_kill_parser
+    from regency.cli._logs import add_logs_parser
     from regency.cli._run import add_run_parser
 
     parser = argparse.ArgumentParser(prog="regency", description=__doc__.splitlines()[0])
@@ -53,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     add_exec_parser(commands)
     add_kill_parser(commands)
     add_run_parser(commands)
+    add_logs_parser(commands)
     return parser
 
 
@@ -93,6 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from regency.cli._exec import run_kill
 
         return run_kill(args)
+    if args.command == "logs":
+        from regency.cli._logs import run_logs
+
+        return run_logs(args)
     return _worker(args)
 
 

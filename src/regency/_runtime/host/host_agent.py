@@ -192,7 +192,7 @@ class HostAgent:
         """Pipes for the proc's stdout and stderr, read by the output pump, which keeps them
         in the proc's log file and forwards their lines to the spawner's log sink."""
         if self._output is None:
-            self._output = OutputPump(proc_log_dir(session.job_id))
+            self._output = OutputPump()
         logs = request.logs
         assert logs is not None
         # Hosts on one machine (network namespaces, ProcessJob) share a hostname, not an address.
@@ -211,7 +211,9 @@ class HostAgent:
 
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{request.mesh_name}-{info.rank}")[:80]
         label = f"{name}-{re.sub(r'[^A-Za-z0-9]', '', info.addr)[-12:]}"
-        out, err, path = self._output.attach(info.addr, label, forward)
+        # Each controller served (a worker serves one after another) has its own directory.
+        path = proc_log_dir(session.job_id) / f"{label}.log"
+        out, err = self._output.attach(info.addr, path, forward)
         return (out, err), path
 
     def _exited(self, pid: int, status: int) -> None:

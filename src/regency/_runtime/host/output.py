@@ -50,18 +50,23 @@ class _Proc:
     streams: list[_Stream] = field(default_factory=list)
 
 
+def proc_log_root() -> Path:
+    """Where this host keeps proc logs, one directory per controller run (its job id)."""
+    return Path(tempfile.gettempdir()) / f"regency-{os.geteuid()}" / "logs"
+
+
 def proc_log_dir(job_id: str) -> Path:
     """This host's directory for the proc logs of job ``job_id``: under the temporary directory,
     private to the user at every level (another user could otherwise plant or read it)."""
-    base = private_dir(Path(tempfile.gettempdir()) / f"regency-{os.geteuid()}")
-    return private_dir(private_dir(base / "logs") / job_id)
+    root = proc_log_root()
+    private_dir(root.parent)
+    return private_dir(private_dir(root) / job_id)
 
 
 class OutputPump:
     """Reads the output pipes of this host's procs on a thread of its own."""
 
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
+    def __init__(self) -> None:
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()
         self._procs: dict[str, _Proc] = {}
@@ -73,10 +78,10 @@ class OutputPump:
         self._thread = threading.Thread(target=self._run, name="regency-output", daemon=True)
         self._thread.start()
 
-    def attach(self, addr: str, label: str, sink: LineSink) -> tuple[int, int, Path]:
-        """Pipes for a proc about to start: returns the write ends (its stdout and stderr, for
-        the launcher, which closes them once the proc has them) and its log file's path."""
-        path = self.log_dir / f"{label}.log"
+    def attach(self, addr: str, path: Path, sink: LineSink) -> tuple[int, int]:
+        """Pipes for a proc about to start, its output kept in the file ``path``: returns the
+        write ends (its stdout and stderr, for the launcher, which closes them once the proc
+        has them)."""
         fds = [os.pipe() for _ in _STREAMS]
         file = io.FileIO(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         proc = _Proc(addr, path, sink, file)
@@ -90,7 +95,7 @@ class OutputPump:
                 self._selector.register(stream.fd, selectors.EVENT_READ, (proc, stream))
 
         self._call(register)
-        return fds[0][1], fds[1][1], path
+        return fds[0][1], fds[1][1]
 
     def finish(self, addr: str, then: Callable[[], None]) -> None:
         """The proc at ``addr`` has exited: read what is left, hand over its last lines, close
