@@ -8,6 +8,9 @@ Figures (2 ranks, gloo, the MLP of ``spmd_work.py``, one torch thread per rank):
   ``regency run`` (with and without the torch preload) next to ``torchrun --standalone``.
 * ``recovery``: from SIGKILL of rank 1 to rank 0's first step after the restart,
   ``examples/ddp_train.py`` (one_for_all) next to ``torchrun --max-restarts 1``.
+* ``call_cost`` (not in the default set): per call to both ranks, of a noop endpoint and of the
+  step, the seconds, and each rank's CPU seconds and voluntary context switches (``getrusage``,
+  every thread of the proc): counts of wake-ups that the machine's load hardly moves.
 
 Configurations alternate within each round and the medians are reported, since other work on
 the machine moves every figure. ``--write-results`` puts the table into ``RESULTS.md`` (between
@@ -22,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -116,6 +120,15 @@ class Gang:
                 return float(self.trainer.step())
 
             @endpoint
+            def noop(self) -> None:
+                pass
+
+            @endpoint
+            def usage(self) -> tuple[float, int]:
+                used = resource.getrusage(resource.RUSAGE_SELF)
+                return used.ru_utime + used.ru_stime, used.ru_nvcsw
+
+            @endpoint
             def close(self) -> None:
                 self.trainer.close()
 
@@ -136,6 +149,21 @@ class Gang:
         for _ in range(steps):
             self.bench.step.call().get(timeout=60)
         return (time.perf_counter() - began) / steps
+
+    def call_cost(self, endpoint: str, calls: int) -> tuple[float, float, float]:
+        """Per call of ``endpoint``: seconds, and a rank's CPU seconds and voluntary context
+        switches (the mean of the ranks)."""
+        call = getattr(self.bench, endpoint).call
+        before = list(self.bench.usage.call().get(timeout=60).values())
+        began = time.perf_counter()
+        for _ in range(calls):
+            call().get(timeout=60)
+        took = time.perf_counter() - began
+        after = list(self.bench.usage.call().get(timeout=60).values())
+        pairs = list(zip(after, before, strict=True))
+        cpu = statistics.fmean(a[0] - b[0] for a, b in pairs) / calls
+        switches = statistics.fmean(a[1] - b[1] for a, b in pairs) / calls
+        return took / calls, cpu, switches
 
     def close(self) -> None:
         self.bench.close.call().get(timeout=60)
@@ -313,6 +341,17 @@ def run(
                     add("call_ratio", call_s / mp_s)
             finally:
                 baseline.close()
+                gang.close()
+        if "call_cost" in figures:
+            gang = Gang()
+            try:
+                for _ in range(trials):
+                    for endpoint in ("noop", "step"):
+                        took, cpu, switches = gang.call_cost(endpoint, steps)
+                        add(f"{endpoint}_call_s", took)
+                        add(f"{endpoint}_rank_cpu_s", cpu)
+                        add(f"{endpoint}_rank_switches", switches)
+            finally:
                 gang.close()
         if "first_step" in figures:
             measure("torchrun_first_s", torchrun_first_step)

@@ -37,7 +37,10 @@ class IOLoop:
         self._epoll = select.epoll()
         self._handlers: dict[int, Handler] = {}
         self._stealable: dict[int, Handler] = {}
-        self._stolen: dict[int, int] = {}
+        # The stealable descriptors out of the epoll set while a thread reads them inline, and
+        # that thread's turn and wake eventfd (one reader at a time: see wait_reading).
+        self._stolen: dict[int, Handler] = {}
+        self._reader: tuple[object, int] | None = None
         self._steal_lock = threading.Lock()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._wake_fd, select.EPOLLIN)
@@ -87,27 +90,47 @@ class IOLoop:
         ``until()`` true from another thread. For ``spin`` seconds it polls without sleeping.
         Returns whether ``until()`` became true, or ``None`` when reading inline is not
         possible (the caller then waits the plain way).
+
+        One thread reads inline at a time: the one that began waiting last, the likeliest to
+        get the next message (an actor back from handling one; a caller that just sent a
+        request), while the threads that wait longer (an idle actor) sink below it. The
+        reader it takes over from is woken once to go on waiting on its ``wake_fd`` alone;
+        when the reader returns, the loop thread reads the descriptors again. Were every
+        waiting thread to poll the same sockets, each frame would wake them all (an idle
+        actor's thread as well as the one the frame is for), and whichever won the race read
+        it and woke the right one: two wake-ups again.
         """
         if self.in_loop():
             return None
+        turn = object()
         with self._steal_lock:
             fds = list(self._stealable.items())
             if not fds or len(fds) > _MAX_STOLEN:
                 return None
-            for fd, _ in fds:
-                count = self._stolen.get(fd, 0)
-                if count == 0:
+            for fd, owner in fds:
+                if fd not in self._stolen:
                     with contextlib.suppress(OSError, ValueError):
                         self._epoll.unregister(fd)
-                self._stolen[fd] = count + 1
+                    self._stolen[fd] = owner
+            previous, self._reader = self._reader, (turn, wake_fd)
+        if previous is not None:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(previous[1], 1)
         poller = select.poll()
         poller.register(wake_fd, select.POLLIN)
         for fd, _ in fds:
             poller.register(fd, select.POLLIN)
+        reading = True
         deadline = None if timeout is None else time.monotonic() + timeout
         spin_until = time.monotonic() + spin
         try:
             while not until():
+                reader = self._reader
+                if reading and (reader is None or reader[0] is not turn):
+                    # A later waiter took over; this one is woken through wake_fd.
+                    reading = False
+                    poller = select.poll()
+                    poller.register(wake_fd, select.POLLIN)
                 wait_ms = -1
                 if deadline is not None:
                     left = deadline - time.monotonic()
@@ -131,18 +154,16 @@ class IOLoop:
                     handler(mask)
             return True
         finally:
-            self._give_back(fds)
+            self._give_back(turn)
 
-    def _give_back(self, fds: list[tuple[int, Handler]]) -> None:
+    def _give_back(self, turn: object) -> None:
+        """The reader ``turn`` is done: the loop thread reads the descriptors again."""
         with self._steal_lock:
-            for fd, handler in fds:
-                count = self._stolen.get(fd)
-                if count is None:
-                    continue
-                if count > 1:
-                    self._stolen[fd] = count - 1
-                    continue
-                del self._stolen[fd]
+            if self._reader is None or self._reader[0] is not turn:
+                return
+            self._reader = None
+            stolen, self._stolen = self._stolen, {}
+            for fd, handler in stolen.items():
                 if self._stealable.get(fd) is handler:
                     with contextlib.suppress(OSError, ValueError):
                         self._epoll.register(fd, select.EPOLLIN)

@@ -1,0 +1,109 @@
+"""``IOLoop.wait_reading``: which thread reads the stolen descriptors while several wait."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from regency._transport.io_loop import IOLoop
+
+pytestmark = pytest.mark.timeout(60)
+
+LOOP_THREAD = "regency-test-io"
+
+
+class Waiter:
+    """A thread in ``loop.wait_reading`` until :meth:`release`; counts its checks of ``until``."""
+
+    def __init__(self, loop: IOLoop, name: str) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.checks = 0
+        self.released = False
+        self.result: bool | None = None
+        self._checked = threading.Condition()
+        self.thread = threading.Thread(target=self._run, args=(loop,), name=name, daemon=True)
+        self.thread.start()
+        self.wait_checks(1)
+
+    def _until(self) -> bool:
+        with self._checked:
+            self.checks += 1
+            self._checked.notify_all()
+        return self.released
+
+    def wait_checks(self, count: int) -> None:
+        """Block until ``until()`` has been checked ``count`` times."""
+        with self._checked:
+            assert self._checked.wait_for(lambda: self.checks >= count, 10), self.checks
+
+    def _run(self, loop: IOLoop) -> None:
+        self.result = loop.wait_reading(self._until, self.fd, 30)
+
+    def release(self) -> None:
+        """Make ``until()`` true, wake the thread through its eventfd, and join it."""
+        self.released = True
+        os.eventfd_write(self.fd, 1)
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        os.close(self.fd)
+
+
+class Peer:
+    """One end of a socket pair registered as stealable; records which thread read each byte."""
+
+    def __init__(self, loop: IOLoop) -> None:
+        self.ours, self.theirs = socket.socketpair()
+        self.ours.setblocking(False)
+        self.readers: list[str] = []
+        self._got = threading.Event()
+        loop.register(self.ours.fileno(), self._readable, stealable=True)
+
+    def _readable(self, _events: int) -> None:
+        # Two threads polling the same socket both wake; the one that finds it empty returns.
+        with contextlib.suppress(BlockingIOError):
+            if self.ours.recv(1):
+                self.readers.append(threading.current_thread().name)
+                self._got.set()
+
+    def exchange(self) -> str:
+        """Send one byte; return the name of the thread that read it."""
+        self._got.clear()
+        self.theirs.send(b"x")
+        assert self._got.wait(10), "nobody read the byte"
+        return self.readers[-1]
+
+
+@pytest.fixture
+def loop() -> Iterator[IOLoop]:
+    io = IOLoop(LOOP_THREAD)
+    yield io
+    io.stop()
+
+
+def test_only_the_latest_waiter_reads_inline(loop: IOLoop) -> None:
+    peer = Peer(loop)
+    first = Waiter(loop, "first")
+    assert peer.exchange() == "first"  # a lone waiter reads its sockets itself
+
+    second = Waiter(loop, "second")
+    first.wait_checks(2)  # woken once, to stop reading the socket
+    began, checks = time.monotonic(), first.checks
+    readers = {peer.exchange() for _ in range(50)}
+    elapsed = time.monotonic() - began
+    # Each of 50 bytes woke the earlier waiter too while it polled the socket; now only its
+    # bounded re-check (every 100 ms) does.
+    assert first.checks - checks <= 2 + int(elapsed / 0.1), (first.checks - checks, elapsed)
+    assert readers == {"second"}
+
+    second.release()
+    assert second.result is True
+    # The reader is done: the loop thread reads again; the earlier waiter still does not.
+    assert {peer.exchange() for _ in range(5)} == {LOOP_THREAD}
+    first.release()
+    assert first.result is True
