@@ -17,6 +17,7 @@ import io
 import logging
 import os
 import selectors
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable
@@ -31,6 +32,7 @@ log = logging.getLogger("regency.host")
 LineSink = Callable[[str, list[str]], None]
 
 _STREAMS = ("stdout", "stderr")
+KEEP_RUNS = 50  # run directories a host keeps; a new run removes the oldest beyond these
 _READ = 65536
 
 
@@ -57,10 +59,28 @@ def proc_log_root() -> Path:
 
 def proc_log_dir(job_id: str) -> Path:
     """This host's directory for the proc logs of job ``job_id``: under the temporary directory,
-    private to the user at every level (another user could otherwise plant or read it)."""
+    private to the user at every level (another user could otherwise plant or read it). A new
+    one prunes the oldest runs beyond :data:`KEEP_RUNS`."""
     root = proc_log_root()
     private_dir(root.parent)
-    return private_dir(private_dir(root) / job_id)
+    private_dir(root)
+    path = root / job_id
+    if not path.exists():
+        _prune(root, KEEP_RUNS - 1)
+    return private_dir(path)
+
+
+def _prune(root: Path, keep: int) -> None:
+    runs = sorted((p for p in root.iterdir() if p.is_dir() and not p.is_symlink()), key=_mtime)
+    for old in runs[: max(0, len(runs) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 class OutputPump:
