@@ -74,16 +74,17 @@ class LoadSampler:
         return {"start": self._start, "peak": max(self._peak, end), "end": end}
 
 
-_SPMD_START, _SPMD_END = "<!-- spmd-bench:start -->", "<!-- spmd-bench:end -->"
+# RESULTS.md from this marker on is written by the other benchmark programs and by hand (TLS,
+# SPMD, the tensor engine, profiles, A/B runs); a peer run keeps it as it is.
+KEPT_MARKER = "<!-- kept by run_peers.py: the sections below come from other benchmark programs -->"
 
 
-def _keep_spmd_section(text: str, path: Path) -> str:
-    """``text`` followed by the SPMD section ``spmd_bench.py`` wrote to ``path``, if any."""
+def keep_later_sections(text: str, path: Path) -> str:
+    """``text`` followed by what ``path`` holds from :data:`KEPT_MARKER` on, if anything."""
     old = path.read_text() if path.exists() else ""
-    if _SPMD_START not in old or _SPMD_END not in old:
+    if KEPT_MARKER not in old:
         return text
-    block = old[old.index(_SPMD_START) : old.index(_SPMD_END) + len(_SPMD_END)]
-    return text.rstrip("\n") + "\n\n" + block + "\n"
+    return text.rstrip("\n") + "\n\n" + old[old.index(KEPT_MARKER) :]
 
 
 def main() -> int:
@@ -113,7 +114,8 @@ def main() -> int:
     out_json = args.json or BENCH_DIR / "results" / f"peers-{now:%Y-%m-%d}.json"
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(doc, indent=2) + "\n")
-    args.results_md.write_text(_keep_spmd_section(render_results_md(doc, results), args.results_md))
+    markdown = render_results_md(doc, results)
+    args.results_md.write_text(keep_later_sections(markdown, args.results_md))
     if has_actor_figures(results):
         print(render_table(results))
     fault_table = render_fault_table(results)
