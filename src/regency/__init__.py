@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from regency import _public
+from regency import _plugins, _public
 from regency._errors import RegencyError
 
 __version__ = "0.1.0"
@@ -40,6 +40,16 @@ _TENSOR_NAMES = (
     "slice_mesh",
     "to_mesh",
 )
+
+
+def _tensor_engine() -> Any:
+    """The tensor engine's face for ``ProcMesh.activate()`` and its siblings (imports torch)."""
+    import regency._tensor.api
+
+    return regency._tensor.api
+
+
+_plugins.register("tensor", _tensor_engine)
 
 
 def __getattr__(name: str) -> Any:

@@ -163,6 +163,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "regency._errors",
             "regency._public",
             "regency._private_paths",
+            "regency._plugins",
         ),
     ),
     ("config", ("regency.config",)),
@@ -204,6 +205,11 @@ FACE_EXCEPTIONS: dict[tuple[str, str], str] = {}
 UPWARD_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("regency", "regency.tensor"): "Monarch's top-level tensor names (regency.inspect, ...), "
     "imported by the package's __getattr__ on first use only, so `import regency` stays torch-free",
+    (
+        "regency",
+        "regency._tensor.api",
+    ): "the tensor engine's loader, registered with regency._plugins "
+    "for ProcMesh.activate() and imported on first use only, so the runtime never names it",
 }
 
 

@@ -8,7 +8,6 @@ and copies received in messages are references that can send but not stop.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -17,7 +16,7 @@ from typing import Any, TypeVar
 
 import cloudpickle
 
-from regency import config
+from regency import _plugins, config
 from regency._runtime.actors import context
 from regency._runtime.actors.actor_mesh import ActorMesh, NotOwnedError, spawn_actor_mesh
 from regency._runtime.actors.bootstrap_command import BootstrapCommand, launches_for
@@ -459,8 +458,8 @@ class ProcMesh(ProcMeshBase):
 
 def _tensor_api() -> Any:
     # The tensor engine is a layer above the runtime (built on regency.actor) and needs torch:
-    # loaded on first use by name, like a plugin, so the runtime never imports it.
-    return importlib.import_module("regency._tensor.api")
+    # the regency package registers its loader, which runs on first use.
+    return _plugins.load("tensor")
 
 
 def this_proc_mesh() -> ProcMesh:
