@@ -44,3 +44,26 @@ def test_python_threads_are_not_waited_for() -> None:
     finally:
         stop.set()
         busy.join()
+
+
+class _ScriptObjects:
+    """Stands in for a finished script's globals."""
+
+
+def test_a_scripts_objects_are_kept_when_the_threads_did_not_settle() -> None:
+    import gc
+    import weakref
+
+    from regency.spmd import _script
+
+    unsettled, settled = _ScriptObjects(), _ScriptObjects()
+    kept, freed = weakref.ref(unsettled), weakref.ref(settled)
+    _script.keep_if_unsettled(False, unsettled)
+    _script.keep_if_unsettled(True, settled)
+    del unsettled, settled
+    gc.collect()
+    try:
+        assert kept() is not None  # freeing it could have deadlocked in gloo's destructor
+        assert freed() is None
+    finally:
+        _script._KEPT.clear()

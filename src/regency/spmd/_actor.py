@@ -13,6 +13,7 @@ from regency.spmd._script import (
     ScriptExit,
     collect_script_objects,
     exit_status,
+    keep_if_unsettled,
     release_process_group,
     run_argv,
 )
@@ -90,6 +91,7 @@ def run_as_rank(
     finally:
         if script_ended is not None:
             script_ended()
-        release_process_group()
+        settled = release_process_group()
+        keep_if_unsettled(settled, script_globals)
         del script_globals  # the script's objects go only now (see release_process_group)
         collect_script_objects()

@@ -116,7 +116,7 @@ def _is_launcher_frame(filename: str) -> bool:
     return filename in ours or "runpy" in os.path.basename(filename)
 
 
-def release_process_group() -> None:
+def release_process_group() -> bool:
     """Destroy the default ``torch.distributed`` process group a script left behind.
 
     A torchrun script's process exits when it ends or fails, which closes its connections to
@@ -126,17 +126,39 @@ def release_process_group() -> None:
 
     The caller still holds the script's objects (its globals, or the traceback of what it
     raised): they are freed only after this returns, once torch's native threads have settled
-    (see ``regency.spmd._settle``), and then collected with ``gc.collect()``.
+    (see ``regency.spmd._settle``), and then collected with ``gc.collect()``. Returns whether
+    they settled (see :func:`keep_if_unsettled`).
     """
     dist = sys.modules.get("torch.distributed")
     if dist is None:
-        return
+        return True
     try:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     except Exception as exc:  # a broken group: nothing left to release
         print(f"regency.spmd: destroying the process group failed: {exc}", file=sys.stderr)
-    wait_for_native_threads_to_settle()
+    return wait_for_native_threads_to_settle()
+
+
+# Scripts' objects not freed because torch's threads had not settled (see keep_if_unsettled).
+_KEPT: list[object] = []
+
+
+def keep_if_unsettled(settled: bool, script_objects: object) -> None:
+    """Keep ``script_objects`` alive for good when torch's threads did not settle in time.
+
+    Freeing them could run gloo's group destructor while a worker still needs the GIL, the
+    deadlock :mod:`regency.spmd._settle` waits out; on a machine too loaded for the threads to
+    settle within the wait, holding on to one script's objects is the safe side.
+    """
+    if settled or script_objects is None:
+        return
+    _KEPT.append(script_objects)
+    print(
+        "regency.spmd: torch's threads had not settled after the script; keeping its objects "
+        "alive rather than risk gloo's destructor deadlock",
+        file=sys.stderr,
+    )
 
 
 def collect_script_objects() -> None:
