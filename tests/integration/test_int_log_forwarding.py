@@ -168,3 +168,22 @@ def test_local_procs_are_not_forwarded_unless_asked(capfd: pytest.CaptureFixture
     out = capfd.readouterr().out
     assert "out: inherited" in out
     assert "[plain " not in out
+
+
+def test_an_untrusted_log_directory_means_no_forwarding_not_a_lost_proc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from regency._runtime.host import output
+
+    planted = tmp_path / f"regency-{os.geteuid()}"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)  # as another user could leave it: not private, so not trusted
+    monkeypatch.setattr(output.tempfile, "gettempdir", lambda: str(tmp_path))
+    with config.configured(enable_log_forwarding=True):
+        procs = this_host().spawn_procs(per_host={"gpus": 1}, name="unforwarded")
+    try:
+        assert procs.spawn("t", Talker).log_file.call_one().get(timeout=30) == ""
+    finally:
+        procs.stop().get(timeout=30)
+    assert "not forwarding the output of" in caplog.text
+    assert not any(planted.iterdir())

@@ -159,8 +159,12 @@ class HostAgent:
         stdio = None
         log_path = None
         if request.logs is not None:
-            stdio, path = self._pipe_output(info, request, session)
-            log_path = settings["log_file"] = str(path)
+            try:
+                stdio, path = self._pipe_output(info, request, session)
+            except OSError as exc:  # e.g. a log directory another user planted: not trusted
+                log.warning("not forwarding the output of %s: %s", info.addr, exc)
+            else:
+                log_path = settings["log_file"] = str(path)
         self.runtime.losses.add_child(info.addr)
         ours, theirs = handoff_pair()
         self.switchboard.register(route_key(info.addr), ours)
