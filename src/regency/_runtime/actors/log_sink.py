@@ -153,12 +153,12 @@ def flush_all() -> None:
 
 
 def flushed_after(stopped: Future[None], sink: LogSink) -> Future[None]:
-    """``stopped``'s outcome, once ``sink`` has printed what it held after it (a mesh's stop:
-    its procs' last lines came before their exit reports, so they are all in by then)."""
+    """``stopped``'s outcome, once ``sink`` has printed what it held and closed its port (a
+    mesh's stop: its procs' last lines came before their exit reports, so they are all in)."""
     pending = Pending()
 
     def finish(done: Pending) -> None:
-        sink.flush()
+        sink.close()  # a stopped mesh sends no more lines: its port goes too
         error = done.error()
         if error is not None:
             pending.set_exception(error)

@@ -46,7 +46,6 @@ class _Stream:
 @dataclass
 class _Proc:
     addr: str
-    path: Path
     sink: LineSink
     file: io.FileIO
     streams: list[_Stream] = field(default_factory=list)
@@ -104,7 +103,7 @@ class OutputPump:
         has them)."""
         fds = [os.pipe() for _ in _STREAMS]
         file = io.FileIO(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
-        proc = _Proc(addr, path, sink, file)
+        proc = _Proc(addr, sink, file)
         for name, (read_fd, _) in zip(_STREAMS, fds, strict=True):
             os.set_blocking(read_fd, False)
             proc.streams.append(_Stream(name, read_fd))
