@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,6 +144,27 @@ def test_main_module_code_travels_to_another_process(tmp_path: pytest.TempPathFa
     fn, point = codec.loads([body])
     assert fn(7) == 49
     assert point.x == 3
+
+
+def test_code_by_value_keeps_its_file_name(tmp_path: Path) -> None:
+    # Tracebacks, stacks and pdb in a proc name (and list) the script a class came from.
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\n"
+        "from regency._runtime.kernel import codec\n"
+        "class Trainer:\n"
+        "    def step(self):\n"
+        "        return [lambda: 0][0]\n"
+        "sys.stdout.buffer.write(codec.dumps_by_value(Trainer))\n"
+    )
+    body = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, check=True, timeout=30
+    ).stdout
+    trainer = pickle.loads(body)
+    step = trainer.step
+    assert step.__code__.co_filename == str(script)
+    assert step.__code__.co_firstlineno == 4
+    assert trainer().step().__code__.co_filename == str(script)  # nested code too
 
 
 def test_plain_pickle_can_read_bodies_without_buffers() -> None:

@@ -8,8 +8,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import cloudpickle
-
 from regency import config
 from regency._errors import RegencyError
 from regency._runtime.actors.control import ProcInfo, SpawnActor, StopActor
@@ -42,7 +40,7 @@ from regency._runtime.actors.proc_control import (
 )
 from regency._runtime.actors.send_pipeline import SendPipeline
 from regency._runtime.actors.supervision import RestartPolicy
-from regency._runtime.kernel import state, wire
+from regency._runtime.kernel import codec, state, wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.refs import PortRef
 from regency.shape import Shape
@@ -67,7 +65,7 @@ class ActorSpawn:
     sizes: tuple[int, ...]
     creator: CreatorInstance
     class_name: str  # module.qualname, known before the proc unpickles the class
-    payload: bytes  # cloudpickled (cls, args, kwargs, proc_mesh)
+    payload: bytes  # pickled by value (cls, args, kwargs, proc_mesh)
     recipe: ProcRecipe
 
     def send(self, addr: str, rank: int, status: PortRef, owner: PortRef) -> None:
@@ -288,7 +286,7 @@ def spawn_actor_mesh(
         tuple(extent.sizes),
         owner.as_creator(),
         f"{cls.__module__}.{cls.__qualname__}",
-        cloudpickle.dumps((cls, args, kwargs, proc_mesh)),
+        codec.dumps_by_value((cls, args, kwargs, proc_mesh)),
         recipe,
     )
     supervisor = MeshSupervisor(

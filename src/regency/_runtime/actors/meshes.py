@@ -14,8 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import cloudpickle
-
 from regency import _plugins, config
 from regency._runtime.actors import context
 from regency._runtime.actors.actor_mesh import ActorMesh, NotOwnedError, spawn_actor_mesh
@@ -49,7 +47,7 @@ from regency._runtime.actors.send_pipeline import current_instance
 from regency._runtime.actors.stacks import gather_stacks
 from regency._runtime.actors.supervision import RestartPolicy
 from regency._runtime.actors.value_mesh import ValueMesh
-from regency._runtime.kernel import state, wire
+from regency._runtime.kernel import codec, state, wire
 from regency._runtime.kernel.pending import Pending
 from regency.shape import Extent, Point, Shape
 
@@ -251,7 +249,7 @@ class HostMesh(MeshTrait):
                 by_agent.setdefault(host.agent, []).append(info)
         sink = LogSink(mesh_name, shape.extent)
         recipe = ProcRecipe(
-            cloudpickle.dumps(bootstrap) if bootstrap is not None else None,
+            codec.dumps_by_value(bootstrap) if bootstrap is not None else None,
             mesh_name,
             config.get_global_config(),
             launches,

@@ -7,8 +7,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import cloudpickle
-
 from regency._runtime.actors import context
 from regency._runtime.actors.control import GetSingleton
 from regency._runtime.actors.errors import SupervisionError
@@ -105,7 +103,7 @@ def get_or_spawn_controller(name: str, Class: type, *args: Any, **kwargs: Any) -
     handler = _Reply()
     ref: PortRef = runtime.open_port(handler)
     handler.port = ref.port
-    payload = cloudpickle.dumps((Class, args, kwargs))
+    payload = codec.dumps_by_value((Class, args, kwargs))
     try:
         runtime.send_control(
             state.root_address(), wire.SERVICE_SINGLETONS, GetSingleton(name, payload, ref)

@@ -12,6 +12,7 @@ import pickle
 import re
 import sys
 import threading
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,13 +62,31 @@ def _reduce_tensor(obj: Any) -> Any:
     return (_tensor_from_buffer, (pickle.PickleBuffer(flat), dtype, tuple(obj.shape)))
 
 
+_DYNAMIC_CODE = "<dynamic-code>"
+
+
+def _code_with_filename(code: types.CodeType, filename: str) -> types.CodeType:
+    return code.replace(co_filename=filename)
+
+
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     def reducer_override(self, obj: Any) -> Any:
         if type(obj).__module__ == "torch":
             reduced = _reduce_tensor(obj)
             if reduced is not NotImplemented:
                 return reduced
+        elif type(obj) is types.CodeType and obj.co_filename != _DYNAMIC_CODE:
+            # cloudpickle names code it ships by value "<dynamic-code>"; keep the real file so
+            # tracebacks, stacks and pdb in a proc show (and can list) the script's source.
+            return (_code_with_filename, (obj.replace(co_filename=_DYNAMIC_CODE), obj.co_filename))
         return super().reducer_override(obj)
+
+
+def dumps_by_value(obj: Any) -> bytes:
+    """Pickle ``obj`` (classes and functions of ``__main__`` by value) into one ``bytes``."""
+    out = io.BytesIO()
+    _Pickler(out, protocol=5).dump(obj)
+    return out.getvalue()
 
 
 def _wrap_large(value: Any) -> Any:
