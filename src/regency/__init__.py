@@ -52,6 +52,16 @@ def _tensor_engine() -> Any:
 _plugins.register("tensor", _tensor_engine)
 
 
+def _debugger() -> Any:
+    """The debugger's proc side, for ``breakpoint()`` in a proc."""
+    import regency.observe.pdb_session
+
+    return regency.observe.pdb_session
+
+
+_plugins.register("debugger", _debugger)
+
+
 def __getattr__(name: str) -> Any:
     if name in _TENSOR_NAMES:
         import regency.tensor

@@ -26,6 +26,9 @@ The actor layer:
 - The actor API's own classes (``Actor``, ``endpoint``, ``Future``, ``Port``, ``HostMesh``, ...):
   the same objects ``regency.actor`` exports; ``regency.job`` takes them from here because
   ``regency.actor`` imports it back (Monarch's names) and cannot be imported from it.
+- :func:`get_or_spawn_controller` -- a job's singleton actors, as ``regency.actor`` offers it.
+- :func:`when_endpoint_finishes` -- a callback for when the endpoint running on this thread
+  has finished (the debugger ends a ``pdb`` session with it).
 - :func:`mesh_tree` / :func:`find` -- a snapshot of the hosts, procs and actors this controller
   runs, with their states, and one node of it by ``ref``; :func:`stacks_of` -- the stacks of
   procs by address (``regency.observe``'s admin API serves these).
@@ -40,6 +43,7 @@ The host layer:
 from __future__ import annotations
 
 import regency._runtime.host.controller  # noqa: F401  (registers the controller's boot)
+from regency._runtime.actors.breakpoints import when_endpoint_finishes
 from regency._runtime.actors.endpoint_def import Actor, concurrent_endpoint, endpoint
 from regency._runtime.actors.errors import ActorError, SupervisionError
 from regency._runtime.actors.future import Future
@@ -53,6 +57,7 @@ from regency._runtime.actors.meshes import (
     this_host_mesh,
 )
 from regency._runtime.actors.ports import Channel, Port
+from regency._runtime.actors.singletons import get_or_spawn_controller
 from regency._runtime.actors.stacks import stacks_of
 from regency._runtime.actors.value_mesh import ValueMesh
 from regency._runtime.host.output import proc_log_root
@@ -95,6 +100,7 @@ __all__ = [
     "find",
     "gateway_ips",
     "gateway_toward",
+    "get_or_spawn_controller",
     "mesh_tree",
     "proc_log_root",
     "runtime",
@@ -103,4 +109,5 @@ __all__ = [
     "stacks_of",
     "start_worker",
     "this_host_mesh",
+    "when_endpoint_finishes",
 ]

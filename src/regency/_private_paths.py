@@ -35,6 +35,14 @@ def _owner_problem(st: os.stat_result, what: str, path: Path) -> str | None:
     return None
 
 
+def user_root() -> Path:
+    """The user's own directory under the temporary directory: ``$TMPDIR/regency-<uid>``.
+
+    It is not created here: make it with :func:`private_dir`.
+    """
+    return Path(tempfile.gettempdir()) / f"regency-{os.geteuid()}"
+
+
 def private_dir(path: str | Path) -> Path:
     """``path`` as a directory private to this user (0700), creating it (and parents) if needed.
 

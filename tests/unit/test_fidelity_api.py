@@ -246,7 +246,6 @@ def test_every_monarch_actor_name_exists_in_regency_actor() -> None:
 @pytest.mark.parametrize(
     ("name", "issue"),
     [
-        ("debug_controller", "issue 13"),
         ("get_meter", "issue 14"),
         ("span", "issue 14"),
         ("traced", "issue 14"),

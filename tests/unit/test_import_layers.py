@@ -210,6 +210,11 @@ UPWARD_EXCEPTIONS: dict[tuple[str, str], str] = {
         "regency._tensor.api",
     ): "the tensor engine's loader, registered with regency._plugins "
     "for ProcMesh.activate() and imported on first use only, so the runtime never names it",
+    (
+        "regency",
+        "regency.observe.pdb_session",
+    ): "the debugger's loader, registered with regency._plugins for breakpoint() in a proc "
+    "and imported on first use only, so the runtime never names it",
 }
 
 

@@ -160,6 +160,14 @@ class Transport:
         with self._lock:
             self._dial_secrets[peer] = (secret, connect_timeout)
 
+    def job_secrets(self) -> list[bytes]:
+        """The secrets this process proves to peers other than its own job's (job secrets of
+        workers it attached), each once."""
+        with self._lock:
+            found = {secret for secret, _ in self._dial_secrets.values()}
+        found.discard(self.secret)
+        return sorted(found)
+
     def is_local(self, peer: str) -> bool:
         """Whether ``peer`` runs on this machine (reached over a unix socket)."""
         return peer.startswith("unix:") and self.gateway is None

@@ -200,9 +200,16 @@ def attach(addr: str) -> None:
     _later(f"attach({addr!r}): a client reached only through a remote gateway", "issue 18")
 
 
-def debug_controller() -> NoReturn:
-    """Monarch's debugger broker actor: the debugger is issue 13."""
-    _later("debug_controller()", "issue 13: a debugger into actors")
+def debug_controller() -> Any:
+    """The job's debugger broker (Monarch's ``DebugController``), spawned on first use.
+
+    It is an actor mesh of one in the controller's process. Its ``list`` endpoint gives the
+    ranks paused in ``breakpoint()``; ``regency debug`` attaches to them
+    (``docs/observability.md``).
+    """
+    from regency.observe.pdb_session import debug_controller as controller
+
+    return controller()
 
 
 def get_meter(*args: Any, **kwargs: Any) -> NoReturn:

@@ -14,6 +14,14 @@ down and removes the cache.
 ``regency logs [--job PATH] [--run ID | --list] [--tail N]`` prints the log files of forwarded
 procs: this machine's, or those of the cached job's hosts (see ``docs/observability.md``).
 
+``regency debug [--pid PID | --host H --port P] [--job PATH | --secret-file PATH]`` attaches to
+the debugger of a running controller whose procs reached ``breakpoint()`` (see
+``docs/observability.md``).
+
+``regency stacks [--pid PID | --url URL] [--mesh NAME] [--job PATH | --secret-file PATH]``
+prints every proc's Python stacks through a running controller's admin API (see
+``docs/observability.md``).
+
 ``regency run --nproc-per-node N [--job PATH] [-m] SCRIPT ARGS ...`` runs a torchrun script on
 ``N`` procs per host (this host, or the cached job's) with torchrun's environment, printing each
 rank's output with a ``[rankN]:`` prefix, and exits with the first failing rank's status (see
@@ -24,17 +32,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
 from regency._transport.auth import SECRET_ENV
+from regency.cli._secrets import read_secret
 
 
 def _parser() -> argparse.ArgumentParser:
+    from regency.cli._debug import add_debug_parser
     from regency.cli._exec import add_exec_parser, add_kill_parser
     from regency.cli._logs import add_logs_parser
     from regency.cli._run import add_run_parser
+    from regency.cli._stacks import add_stacks_parser
 
     parser = argparse.ArgumentParser(prog="regency", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -58,29 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     add_kill_parser(commands)
     add_run_parser(commands)
     add_logs_parser(commands)
+    add_debug_parser(commands)
+    add_stacks_parser(commands)
     return parser
-
-
-def _read_secret(path: str | None) -> bytes:
-    """The job secret, from ``path`` or the environment; ``ValueError`` if there is none."""
-    from regency.job._attach import secret_from_env
-
-    if path is None:
-        try:
-            secret = secret_from_env()
-        except ValueError as exc:
-            raise ValueError(f"{exc} (and no --secret-file was given)") from None
-        os.environ.pop(SECRET_ENV, None)  # procs and their commands must not inherit it
-        return secret
-    from regency._transport.auth import check_secret
-
-    with open(path) as f:
-        text = f.read().strip()
-    try:
-        secret = bytes.fromhex(text)
-    except ValueError:
-        raise ValueError(f"{path} must hold the job secret as a hex string") from None
-    return check_secret(secret, f"--secret-file {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,12 +92,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         from regency.cli._logs import run_logs
 
         return run_logs(args)
+    if args.command == "debug":
+        from regency.cli._debug import run_debug
+
+        return run_debug(args)
+    if args.command == "stacks":
+        from regency.cli._stacks import run_stacks
+
+        return run_stacks(args)
     return _worker(args)
 
 
 def _worker(args: argparse.Namespace) -> int:
     try:
-        secret = _read_secret(args.secret_file)
+        secret = read_secret(args.secret_file)
     except (OSError, ValueError) as exc:
         print(f"regency worker: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,8 @@ the controller from a thread of its own while enabled. Every request needs
 ``Authorization: Bearer TOKEN``; the token is derived from a secret (the job's, or this
 controller's), so whoever holds the secret can compute it and nobody else can (401 otherwise).
 It listens on loopback unless told otherwise, and refuses a non-loopback address unless
-``allow_remote=True``.
+``allow_remote=True``. A running server is named in this user's controller file
+(:mod:`regency.observe.rendezvous`), where ``regency stacks`` finds it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from regency._lowlevel import find, mesh_tree, runtime, stacks_of
+from regency.observe import rendezvous
 
 log = logging.getLogger("regency.admin")
 
@@ -66,6 +68,7 @@ class AdminServer:
 
     def stop(self) -> None:
         """Stop serving and close the listening socket."""
+        rendezvous.withdraw("admin")
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -96,6 +99,7 @@ def start_admin(
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     admin = AdminServer(server, token)
+    rendezvous.publish("admin", {"url": admin.url, "token": token})  # for `regency stacks`
     log.info("admin API at %s", admin.url)
     return admin
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from regency import config
-from regency._runtime.actors import context
+from regency._runtime.actors import breakpoints, context
 from regency._runtime.actors.control import SpawnActor
 from regency._runtime.actors.endpoint_def import EndpointSpec, plain_method
 from regency._runtime.actors.errors import ActorError, SupervisionError, failed_text, stopped_text
@@ -359,6 +359,7 @@ class ActorCore(InstanceBase):
         error: BaseException | None,
     ) -> None:
         """Reply with an endpoint's outcome, or fail the actor when nobody can be told."""
+        breakpoints.endpoint_finished(error)
         if error is None:
             if reply is not None and not spec.explicit_port:
                 fatal = self._reply_value(reply, point.rank, result)

@@ -83,7 +83,7 @@ def serve(settings: dict[str, Any]) -> None:
 
     tls.install(settings.get("tls"))
 
-    from regency._runtime.actors import context
+    from regency._runtime.actors import breakpoints, context
     from regency._runtime.actors.instance import ClientInstance
     from regency._runtime.actors.proc_agent import ProcAgent
     from regency._runtime.kernel import state, wire
@@ -100,6 +100,7 @@ def serve(settings: dict[str, Any]) -> None:
     )
     runtime.gateway_ips = list(settings.get("gateway_ips") or ())
     context.install_client(ClientInstance(runtime, is_root=False))
+    breakpoints.install()
     state.install(runtime, settings["agent"], settings["root"])
 
     stop = threading.Event()

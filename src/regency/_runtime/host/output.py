@@ -18,13 +18,12 @@ import logging
 import os
 import selectors
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from regency._private_paths import private_dir
+from regency._private_paths import private_dir, user_root
 
 log = logging.getLogger("regency.host")
 
@@ -53,7 +52,7 @@ class _Proc:
 
 def proc_log_root() -> Path:
     """Where this host keeps proc logs, one directory per controller run (its job id)."""
-    return Path(tempfile.gettempdir()) / f"regency-{os.geteuid()}" / "logs"
+    return user_root() / "logs"
 
 
 def proc_log_dir(job_id: str) -> Path:
