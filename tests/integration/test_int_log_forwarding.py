@@ -173,12 +173,12 @@ def test_local_procs_are_not_forwarded_unless_asked(capfd: pytest.CaptureFixture
 def test_an_untrusted_log_directory_means_no_forwarding_not_a_lost_proc(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from regency._runtime.host import output
+    from regency import _private_paths
 
     planted = tmp_path / f"regency-{os.geteuid()}"
     planted.mkdir(mode=0o777)
     planted.chmod(0o777)  # as another user could leave it: not private, so not trusted
-    monkeypatch.setattr(output.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(_private_paths.tempfile, "gettempdir", lambda: str(tmp_path))
     with config.configured(enable_log_forwarding=True):
         procs = this_host().spawn_procs(per_host={"gpus": 1}, name="unforwarded")
     try:
