@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from regency import config as settings
 from regency._lowlevel import HostMesh
 from regency._private_paths import (
     UnsafePathError,
@@ -27,6 +28,7 @@ from regency._private_paths import (
     write_private_file,
 )
 from regency.observe import AdminServer, start_admin
+from regency.observe.telemetry import enable_telemetry
 
 DEFAULT_JOB_PATH = ".regency/job_state.pkl"
 _STOP_TIMEOUT = 10.0
@@ -37,9 +39,11 @@ log = logging.getLogger("regency.job")
 class TelemetryConfig:
     """Monarch's telemetry settings, accepted by :meth:`JobTrait.enable_telemetry`.
 
-    Regency runs no telemetry, dashboard or snapshot services: the settings are recorded on the
-    job (``job.telemetry_config``) so Monarch scripts that configure them run unchanged, and the
-    ``JobState`` URLs stay ``None``. Use ``regency.observe`` for logs, spans and metrics.
+    ``state()`` then switches telemetry on (:func:`regency.observe.telemetry.enable_telemetry`)
+    in the controller and on every host, keeping spans and metrics for ``retention_secs`` (0:
+    the ``telemetry_retention`` setting) in the local recorder, and serves the admin API (its
+    ``/v1/telemetry`` routes are ``JobState.telemetry_url``). ``include_dashboard``,
+    ``dashboard_port`` and ``snapshot_interval_secs`` are recorded and change nothing yet.
     """
 
     retention_secs: int = 3600
@@ -69,8 +73,10 @@ class JobState:
 
     ``query_engine_client``, ``telemetry_url``, ``dashboard_url`` and ``admin_url`` are
     Monarch's service handles. ``admin_url`` is set when the job's admin API is enabled
-    (:meth:`JobTrait.enable_admin`), its bearer token being ``admin_token``; regency runs no
-    telemetry or dashboard service yet, so the others are ``None``.
+    (:meth:`JobTrait.enable_admin`), its bearer token being ``admin_token``; ``telemetry_url``
+    when telemetry is (:meth:`JobTrait.enable_telemetry`): the admin API's per-endpoint
+    statistics route. Regency has no query engine client or separate dashboard service: those
+    stay ``None`` (query with ``regency telemetry sql``).
     """
 
     query_engine_client: Any = None
@@ -183,9 +189,10 @@ class JobTrait(abc.ABC):
         mesh_admin_config: MeshAdminConfig | None = None,
         **kwargs: Any,
     ) -> _J:
-        """Record Monarch's telemetry settings (built from ``kwargs`` if ``config`` is None).
+        """Switch telemetry on from ``state()`` on, with the admin API; returns ``self``.
 
-        Regency starts no telemetry services; see :class:`TelemetryConfig`. Returns ``self``.
+        The settings are built from ``kwargs`` if ``config`` is None; see
+        :class:`TelemetryConfig`.
         """
         self.telemetry_config = config if config is not None else TelemetryConfig(**kwargs)
         if mesh_admin_config is not None or self.admin_config is None:
@@ -241,6 +248,11 @@ class JobTrait(abc.ABC):
         """Attach to every mesh's workers."""
         from regency.job._attach import attach_to_workers
 
+        telemetry = getattr(self, "telemetry_config", None)
+        if telemetry is not None:  # before attaching: the hosts take the controller's settings
+            if telemetry.retention_secs > 0:
+                settings.configure(telemetry_retention=float(telemetry.retention_secs))
+            enable_telemetry()
         state = JobState(
             {
                 name: attach_to_workers(addresses, secret=self.secret, name=name)
@@ -257,6 +269,8 @@ class JobTrait(abc.ABC):
                 )
             assert self._admin is not None
             state.admin_url, state.admin_token = self._admin.url, self._admin.token
+            if telemetry is not None:
+                state.telemetry_url = f"{self._admin.url}/v1/telemetry/endpoints"
         return state
 
     @abc.abstractmethod
