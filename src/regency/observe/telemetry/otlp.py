@@ -58,6 +58,13 @@ class OtlpExport:
                 f"OTLP export needs the OpenTelemetry SDK and its OTLP/HTTP exporter ({exc}): "
                 "pip install 'regency[telemetry]'"
             ) from exc
+        from opentelemetry.sdk.resources import Resource
+
+        # Made now: Resource.create runs its detectors on a thread pool, which is refused once
+        # the interpreter is exiting (the last batches are sent from an exit hook).
+        self._base = Resource.create(
+            {"service.name": os.environ.get("OTEL_SERVICE_NAME", "regency")}
+        )
         self._spans = BatchSpanProcessor(OTLPSpanExporter())
         self._metrics = OTLPMetricExporter()
         self._resources: dict[tuple[str, str], Any] = {}
@@ -94,14 +101,15 @@ class OtlpExport:
         key = (batch["job"], batch["proc"])
         resource = self._resources.get(key)
         if resource is None:
-            resource = self._resources[key] = Resource.create(
-                {
-                    "service.name": os.environ.get("OTEL_SERVICE_NAME", "regency"),
-                    "process.pid": batch["pid"],
-                    "host.name": batch["host"],
-                    "regency.proc": batch["proc"],
-                    "regency.job": batch["job"],
-                }
+            resource = self._resources[key] = self._base.merge(
+                Resource(
+                    {
+                        "process.pid": batch["pid"],
+                        "host.name": batch["host"],
+                        "regency.proc": batch["proc"],
+                        "regency.job": batch["job"],
+                    }
+                )
             )
         return resource
 
