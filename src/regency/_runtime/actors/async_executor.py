@@ -174,12 +174,12 @@ class AsyncExecutor(ActorCore):
         trace: Any = None,
     ) -> None:
         probe = tracing.probe
-        mark = probe.handling(trace, self.queued()) if probe is not None else None
+        mark = None if probe is None or trace is None else probe.handling(trace, self.queued())
         try:
             result = await fn(self.actor, *args, **kwargs)
         except asyncio.CancelledError:
-            if mark is not None and mark.token is not None:
-                tracing.CURRENT.reset(mark.token)
+            if mark is not None:
+                tracing.Probe.abandon(mark)
             raise
         except BaseException as exc:
             self._settle_traced(mark, spec, method, reply, point, None, exc)

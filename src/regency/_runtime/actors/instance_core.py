@@ -385,18 +385,23 @@ class ActorCore(InstanceBase):
         result: Any,
         error: BaseException | None,
     ) -> None:
-        """:meth:`_settle`, recorded as the end of a handled message when telemetry is on."""
+        """:meth:`_settle`, and the message counted (and its spans ended: ``mark``) when
+        telemetry is on."""
         probe = tracing.probe
-        if mark is None or probe is None:
+        if probe is None:
             self._settle(spec, method, reply, point, result, error)
             return
-        probe.settle(
-            mark,
-            self,
-            method,
-            lambda: self._settle(spec, method, reply, point, result, error),
-            error,
-        )
+        if mark is None:
+            try:
+                self._settle(spec, method, reply, point, result, error)
+            finally:
+                probe.count(self, method, error is not None)
+            return
+        settling = tracing.now()
+        try:
+            self._settle(spec, method, reply, point, result, error)
+        finally:
+            probe.handled(mark, self, method, settling, error)
 
     def _reply_value(self, reply: PortRef, rank: int, value: Any) -> BaseException | None:
         """Send ``value``; return a ``BaseException`` pickling it raised (the caller fails the

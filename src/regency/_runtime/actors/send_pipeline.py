@@ -325,8 +325,11 @@ class SendPipeline:
                     return
         route = self.route()
         probe = tracing.probe
-        out = probe.begin(f"{self.mesh_name}.{endpoint}") if probe is not None else None
-        trace = out.wire if out is not None else None
+        if probe is None:
+            start, traced, trace = 0, None, None
+        else:
+            start, traced = probe.begin(reply is not None)
+            trace = None if traced is None else (traced[0], traced[2], start)
         if reply is None and trace is None:
             envelope = route.envelopes.get(endpoint)
             if envelope is None:
@@ -371,8 +374,9 @@ class SendPipeline:
             return
         if reply is not None:
             rt.losses.watch(reply.port, watch)
-        if probe is not None and out is not None:
-            probe.sent(out, encoder.size, len(addrs), pending, gather)
+        if probe is not None:
+            name = f"{self.mesh_name}.{endpoint}"
+            probe.sent(name, start, traced, encoder.size, len(addrs), pending, gather)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # As a mesh received in a message: a reference that sends, without the owner's supervisor.

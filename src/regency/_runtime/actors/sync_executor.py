@@ -117,7 +117,7 @@ class SyncExecutor(ActorCore):
             return
         fn, spec, method, reply, point, args, kwargs, trace = prepared
         probe = tracing.probe
-        mark = probe.handling(trace, self.queued()) if probe is not None else None
+        mark = None if probe is None or trace is None else probe.handling(trace, self.queued())
         token = context.set_current(context.Context(self, point))
         try:
             result = fn(self.actor, *args, **kwargs)

@@ -2,14 +2,15 @@
 
 Every hook in the runtime reads :data:`probe` once and does nothing else while it is ``None``
 (telemetry off, the default). When ``regency.observe.telemetry`` switches telemetry on in this
-process it installs a :class:`Probe`, and the hooks append one small tuple per message to
-``probe.records``: the sender one per call or cast (:data:`CALL`), the receiver one per handled
-message (:data:`HANDLED`). Turning those into spans and metrics, shipping them to the
-controller and storing them happens off the hot path, on the telemetry layer's own thread.
+process it installs a :class:`Probe`, and the hooks record each message: the sender appends
+one small tuple per call or cast to ``probe.records`` (:data:`CALL`); the receiver counts each
+message in ``probe.counts`` and appends a :data:`HANDLED` tuple for a traced one. Turning those
+into spans and metrics, shipping them to the controller and storing them happens off the hot
+path, on the telemetry layer's own thread.
 
 Traces: a call made inside a traced handler or span (:data:`CURRENT`) joins that trace; any
-other call starts a new trace if the process's budget of new traces per second allows
-(a token bucket), otherwise it is only counted. A traced message carries ``(trace id, send
+other call starts a new trace while the process's budget of new traces (``telemetry_traces_per_s``
+times the collector's interval, refilled each interval) lasts; otherwise it is only counted. A traced message carries ``(trace id, send
 span id, send time)`` in its envelope; an untraced one carries ``None`` there.
 """
 
@@ -19,7 +20,6 @@ import contextvars
 import random
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from regency import _plugins, config
@@ -47,58 +47,49 @@ probe: Probe | None = None
 
 
 class Outgoing:
-    """One call or cast being sent: its endpoint, start, trace, and what its envelope carries.
+    """A call whose reply is awaited: what its record needs once the reply is in."""
 
-    ``trace`` is ``(trace id, call span id, send span id, parent span id)`` when traced.
-    """
-
-    __slots__ = ("name", "nbytes", "ndest", "records", "sent", "start", "trace", "wire")
+    __slots__ = ("name", "nbytes", "ndest", "records", "sent", "start", "trace")
 
     def __init__(
         self,
         records: deque[tuple[Any, ...]],
         name: str,
         start: int,
-        trace: tuple[int, int, int, int] | None,
+        trace: Trace | None,
+        nbytes: int,
+        ndest: int,
     ) -> None:
         self.records = records
         self.name = name
         self.start = start
         self.trace = trace
-        self.wire = None if trace is None else (trace[0], trace[2], start)
-        self.sent = self.ndest = self.nbytes = 0
+        self.nbytes = nbytes
+        self.ndest = ndest
+        self.sent = _now()
 
-    def replied(self, pending: Pending, gather: bool = False) -> None:
+    def replied(self, pending: Pending) -> None:
         """The call's outcome is in (on the thread that filled ``pending``)."""
-        end = _now()
-        error = pending.failed()
-        if gather and not error:
-            error = any(flags & wire.FLAG_ERROR for _, flags, _ in pending.outcome())
-        self.records.append(
-            (
-                CALL,
-                self.name,
-                self.start,
-                self.sent,
-                end,
-                self.ndest,
-                self.nbytes,
-                error,
-                self.trace,
-            )
+        self._record(pending.failed())
+
+    def gathered(self, pending: Pending) -> None:
+        """A gathered call's outcome is in: it failed if any rank's reply is an error."""
+        error = pending.failed() or any(
+            flags & wire.FLAG_ERROR for _, flags, _ in pending.outcome()
         )
+        self._record(error)
+
+    def _record(self, error: bool) -> None:
+        end = _now()
+        record = (CALL, self.name, self.start, self.sent, end, self.ndest, self.nbytes, error)
+        self.records.append((*record, self.trace))
 
 
-class Handling:
-    """One message an actor is handling: its trace (with the handle span's id) and start."""
-
-    __slots__ = ("depth", "start", "token", "trace")
-
-    def __init__(self, trace: tuple[int, int, int, int] | None, depth: int) -> None:
-        self.trace = trace
-        self.depth = depth
-        self.token = None if trace is None else CURRENT.set((trace[0], trace[3]))
-        self.start = _now()
+# (trace id, call span id, send span id, parent span id), for a traced call or cast.
+Trace = tuple[int, int, int, int]
+# What the receiver keeps while an actor handles a message: its trace (trace id, send span id,
+# send time, handle span id) or None, the mailbox depth, the start, the span context's token.
+Handling = tuple[tuple[int, int, int, int] | None, int, int, Any]
 
 
 class Probe:
@@ -106,84 +97,103 @@ class Probe:
 
     def __init__(self, traces_per_s: float, tracing: bool) -> None:
         self.records: deque[tuple[Any, ...]] = deque()
+        self.counts: dict[Any, dict[str, list[int]]] = {}
         self.tracing = tracing
-        self._rate = traces_per_s / 1e9  # tokens per nanosecond
-        self._burst = max(1.0, traces_per_s)
-        self._tokens = self._burst
-        self._last = _now()
+        self.traces_per_s = traces_per_s
+        # New traces this process may still start in this interval: the collector refills it
+        # (a budget, not a clock read per message).
+        self.budget = 0.0
+        self.refill(1.0)
 
     # -- sampling ------------------------------------------------------------------------------
 
-    def new_trace(self, now: int) -> bool:
-        """Whether a call or span with no traced parent starts a trace (the token bucket)."""
-        if not self.tracing:
-            return False
-        tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
-        self._last = now
-        if tokens >= 1.0:
-            self._tokens = tokens - 1.0
+    def refill(self, seconds: float) -> None:
+        """Allow ``traces_per_s`` new traces per second for the next ``seconds``."""
+        self.budget = self.traces_per_s * seconds if self.tracing else 0.0
+
+    def new_trace(self) -> bool:
+        """Whether a call or span with no traced parent starts a trace (while budget is left)."""
+        if self.budget >= 1.0:
+            self.budget -= 1.0
             return True
-        self._tokens = tokens
         return False
 
     # -- the sender ----------------------------------------------------------------------------
 
-    def begin(self, name: str) -> Outgoing:
-        """A call or cast to ``name`` (``<actor mesh>.<endpoint>``) is about to be sent."""
-        now = _now()
+    def begin(self, timed: bool) -> tuple[int, Trace | None]:
+        """A call (``timed``: a reply is awaited) or cast is about to be sent: its start time
+        (0 for an untraced cast, which is only counted) and its trace (or None)."""
         parent = CURRENT.get()
         if parent is not None:
             trace_id, parent_id = parent
-        elif self.new_trace(now):
+        elif self.budget >= 1.0 and self.new_trace():
             trace_id, parent_id = _bits(128), 0
         else:
-            return Outgoing(self.records, name, now, None)
-        return Outgoing(self.records, name, now, (trace_id, _bits(64), _bits(64), parent_id))
+            return (_now() if timed else 0), None
+        return _now(), (trace_id, _bits(64), _bits(64), parent_id)
 
     def sent(
-        self, out: Outgoing, nbytes: int, ndest: int, pending: Pending | None, gather: bool
+        self,
+        name: str,
+        start: int,
+        trace: Trace | None,
+        nbytes: int,
+        ndest: int,
+        pending: Pending | None,
+        gather: bool,
     ) -> None:
-        """``out`` went to ``ndest`` actors; ``pending`` completes with its reply (or None)."""
-        out.sent = _now()
-        out.nbytes = nbytes
-        out.ndest = ndest
-        if pending is None:
-            self.records.append(
-                (CALL, out.name, out.start, out.sent, 0, ndest, nbytes, False, out.trace)
-            )
-        elif gather:
-            pending.add_done_callback(lambda p: out.replied(p, True))
+        """A message to ``name`` (``<actor mesh>.<endpoint>``) went to ``ndest`` actors;
+        ``pending`` completes with its reply (None: a cast, nothing comes back)."""
+        if pending is not None:
+            out = Outgoing(self.records, name, start, trace, nbytes, ndest)
+            pending.add_done_callback(out.gathered if gather else out.replied)
+        elif trace is None:
+            self.records.append((CALL, name, 0, 0, 0, ndest, nbytes, False, None))
         else:
-            pending.add_done_callback(out.replied)
+            self.records.append((CALL, name, start, _now(), 0, ndest, nbytes, False, trace))
 
     # -- the receiver --------------------------------------------------------------------------
 
-    def handling(self, wire_trace: tuple[int, int, int] | None, depth: int) -> Handling:
-        """An actor starts handling a message whose envelope carried ``wire_trace``."""
-        if wire_trace is None:
-            return Handling(None, depth)
+    def handling(self, wire_trace: tuple[int, int, int], depth: int) -> Handling:
+        """An actor starts handling a traced message (its envelope carried ``wire_trace``)."""
         trace_id, send_id, sent = wire_trace
-        return Handling((trace_id, send_id, sent, _bits(64)), depth)
+        handle_id = _bits(64)
+        token = CURRENT.set((trace_id, handle_id))
+        return (trace_id, send_id, sent, handle_id), depth, _now(), token
 
-    def settle(
-        self,
-        mark: Handling,
-        core: Any,
-        method: str,
-        settle: Callable[[], None],
-        error: BaseException | None,
+    def handled(
+        self, mark: Handling, core: Any, method: str, settling: int, error: BaseException | None
     ) -> None:
-        """Run ``settle`` (the reply, or the failure) and record the message as handled."""
-        settling = _now()
-        try:
-            settle()
-        finally:
-            if mark.token is not None:
-                CURRENT.reset(mark.token)
-            text = None if error is None else f"{type(error).__name__}: {error}"
-            self.records.append(
-                (HANDLED, core, method, mark.trace, mark.start, settling, _now(), mark.depth, text)
-            )
+        """The traced message of ``mark`` was handled; its reply (or failure) began at
+        ``settling``."""
+        trace, depth, start, token = mark
+        if token is not None:
+            CURRENT.reset(token)
+        self.count(core, method, error is not None)
+        text = None if error is None else f"{type(error).__name__}: {error}"
+        self.records.append((HANDLED, core, method, trace, start, settling, _now(), depth, text))
+
+    def count(self, core: Any, method: str, failed: bool) -> None:
+        """One more message handled by ``core``'s ``method`` (``failed``: it raised).
+
+        Untraced messages are only counted: ``counts[core][method]`` is ``[handled, failed]``,
+        written by the actor's own thread only; the collector reads the growth.
+        """
+        per = self.counts.get(core)
+        if per is None:
+            per = self.counts.setdefault(core, {})
+        entry = per.get(method)
+        if entry is None:
+            entry = per[method] = [0, 0]
+        entry[0] += 1
+        if failed:
+            entry[1] += 1
+
+    @staticmethod
+    def abandon(mark: Handling) -> None:
+        """The handler was cancelled (its actor stops): leave its span context."""
+        if mark[3] is not None:
+            CURRENT.reset(mark[3])
 
     # -- the rest ------------------------------------------------------------------------------
 
@@ -194,6 +204,11 @@ class Probe:
     def restart(self, mesh: str, ranks: list[int]) -> None:
         """An owner restarted ``ranks`` of its actor mesh ``mesh``."""
         self.records.append((RESTART, mesh, tuple(ranks), _now()))
+
+
+def now() -> int:
+    """The wall clock in nanoseconds (what records carry)."""
+    return _now()
 
 
 def new_trace_id() -> int:

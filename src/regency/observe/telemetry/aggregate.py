@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -58,11 +59,12 @@ class Aggregator:
         amount: float,
         attributes: str = "",
         kind: str = COUNTER,
+        times: int = 1,
     ) -> None:
-        """Add ``amount`` to a counter (or up-down counter)."""
+        """Add ``amount`` to a counter (or up-down counter), the sum of ``times`` increments."""
         point = self._point(name, kind, endpoint, attributes)
         point[0] += amount
-        point[1] += 1
+        point[1] += times
 
     def gauge(
         self,
@@ -85,6 +87,22 @@ class Aggregator:
         point[3] = value if point[3] is None else min(point[3], value)
         point[4] = value if point[4] is None else max(point[4], value)
         point[5][bisect_left(BOUNDS_MS, value)] += 1
+
+    def record_many(
+        self, name: str, endpoint: str | None, values: list[float], attributes: str = ""
+    ) -> None:
+        """Several histogram measurements at once."""
+        if not values:
+            return
+        point = self._point(name, HISTOGRAM, endpoint, attributes)
+        point[1] += len(values)
+        point[2] += sum(values)
+        low, high = min(values), max(values)
+        point[3] = low if point[3] is None else min(point[3], low)
+        point[4] = high if point[4] is None else max(point[4], high)
+        buckets = point[5]
+        for i, n in Counter(bisect_left(BOUNDS_MS, v) for v in values).items():
+            buckets[i] += n
 
     def points(self) -> list[Point]:
         """The interval's points, as stored (buckets as a JSON list)."""

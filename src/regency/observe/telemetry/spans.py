@@ -43,7 +43,7 @@ class Span:
         parent = tracing.CURRENT.get()
         if parent is not None:
             trace_id, parent_id = parent
-        elif probe.new_trace(now):
+        elif probe.new_trace():
             trace_id, parent_id = tracing.new_trace_id(), 0
         else:
             return self
