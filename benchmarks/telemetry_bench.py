@@ -59,6 +59,23 @@ class Bench(Actor):
     def total(self) -> int:
         return self.count
 
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes have used."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
 
 def _switch(mode: str, otlp_url: str) -> None:
     disable_telemetry()
@@ -69,27 +86,33 @@ def _switch(mode: str, otlp_url: str) -> None:
         enable_telemetry()
 
 
-def _measure(mesh: Any, CALLS: int, BROADCASTS: int) -> dict[str, float]:
+def _measure(mesh: Any, pids: list[int], calls: int, broadcasts: int) -> dict[str, float]:
     one = mesh.slice(gpus=0)
     for _ in range(WARMUP):
         one.ping.call_one().get()
     samples = []
-    for _ in range(CALLS):
+    cpu = _cpu(pids)
+    for _ in range(calls):
         start = time.perf_counter()
         one.ping.call_one().get()
         samples.append(time.perf_counter() - start)
+    call_cpu = _cpu(pids) - cpu
     samples.sort()
     before = sum(mesh.total.call().get().values())
+    cpu = _cpu(pids)
     start = time.perf_counter()
-    for _ in range(BROADCASTS):
+    for _ in range(broadcasts):
         mesh.incr.broadcast()
     after = sum(mesh.total.call().get().values())
     elapsed = time.perf_counter() - start
-    assert after - before == 4 * BROADCASTS
+    broadcast_cpu = _cpu(pids) - cpu
+    assert after - before == 4 * broadcasts
     return {
         "call_one_median_us": samples[len(samples) // 2] * 1e6,
         "call_one_p99_us": samples[int(len(samples) * 0.99) - 1] * 1e6,
-        "broadcasts_per_s": BROADCASTS / elapsed,
+        "call_one_cpu_us": call_cpu / calls * 1e6,
+        "broadcasts_per_s": broadcasts / elapsed,
+        "broadcast_cpu_us": broadcast_cpu / broadcasts * 1e6,
     }
 
 
@@ -112,13 +135,14 @@ def main() -> None:
             procs = this_host().spawn_procs(per_host={"gpus": 4})
             mesh = procs.spawn("bench", Bench)
             mesh.ping.call().get()
+            pids = [os.getpid(), *mesh.pid.call().get().values()]
             modes = tuple(args.modes.split(","))
             results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
             for n in range(args.rounds):
                 for mode in modes:
                     _switch(mode, url)
                     time.sleep(0.5)  # the procs follow by control message
-                    results[mode].append(_measure(mesh, args.calls, args.broadcasts))
+                    results[mode].append(_measure(mesh, pids, args.calls, args.broadcasts))
                     print(f"round {n + 1} {mode:8s} {results[mode][-1]}", flush=True)
             _switch("off", url)
             procs.stop().get()
@@ -131,17 +155,26 @@ def main() -> None:
             key: statistics.median(r[key] for r in results[mode]) for key in results[mode][0]
         }
     print(f"\nload average at the end: {os.getloadavg()}")
-    print(f"{'mode':10s} {'call_one med µs':>16s} {'p99 µs':>8s} {'bcast/s':>9s}  ratios to off")
     base = summary["off"]
+    print(
+        f"{'mode':9s} {'call_one µs':>11s} {'p99 µs':>8s} {'CPU µs':>7s} {'bcast/s':>8s} "
+        f"{'CPU µs':>7s}   round trip, CPU/call, bcast time, CPU/bcast vs off"
+    )
     for mode in modes:
         s = summary[mode]
-        ratios = (
-            f"rt {s['call_one_median_us'] / base['call_one_median_us']:.2f}x, "
-            f"bcast rate {s['broadcasts_per_s'] / base['broadcasts_per_s']:.2f}x"
+        ratios = ", ".join(
+            f"{s[k] / base[k]:.2f}x" if k != "broadcasts_per_s" else f"{base[k] / s[k]:.2f}x"
+            for k in (
+                "call_one_median_us",
+                "call_one_cpu_us",
+                "broadcasts_per_s",
+                "broadcast_cpu_us",
+            )
         )
         print(
-            f"{mode:10s} {s['call_one_median_us']:16.1f} {s['call_one_p99_us']:8.1f} "
-            f"{s['broadcasts_per_s']:9.0f}  {ratios}"
+            f"{mode:9s} {s['call_one_median_us']:11.1f} {s['call_one_p99_us']:8.1f} "
+            f"{s['call_one_cpu_us']:7.1f} {s['broadcasts_per_s']:8.0f} {s['broadcast_cpu_us']:7.1f}"
+            f"   {ratios}"
         )
     if args.json is not None:
         args.json.write_text(json.dumps({"rounds": results, "summary": summary}, indent=1))

@@ -9,9 +9,10 @@ into spans and metrics, shipping them to the controller and storing them happens
 path, on the telemetry layer's own thread.
 
 Traces: a call made inside a traced handler or span (:data:`CURRENT`) joins that trace; any
-other call starts a new trace while the process's budget of new traces (``telemetry_traces_per_s``
-times the collector's interval, refilled each interval) lasts; otherwise it is only counted. A traced message carries ``(trace id, send
-span id, send time)`` in its envelope; an untraced one carries ``None`` there.
+other call starts a new trace while the process's budget lasts (``telemetry_traces_per_s``
+times the collector's interval, refilled every interval); otherwise it is only counted. A
+traced message carries ``(trace id, send span id, send time)`` in its envelope; an untraced one
+carries ``None`` there.
 """
 
 from __future__ import annotations

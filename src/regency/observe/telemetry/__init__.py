@@ -13,12 +13,18 @@ from regency._public import publish
 from regency.observe.telemetry.meter import get_meter
 from regency.observe.telemetry.recorder import database_path, run_sql
 from regency.observe.telemetry.spans import span, traced
-from regency.observe.telemetry.switch import disable_telemetry, enable_telemetry, running
+from regency.observe.telemetry.switch import (
+    disable_telemetry,
+    enable_telemetry,
+    flush,
+    running,
+)
 
 __all__ = [
     "database_path",
     "disable_telemetry",
     "enable_telemetry",
+    "flush",
     "get_meter",
     "run_sql",
     "running",

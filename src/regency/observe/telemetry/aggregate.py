@@ -122,10 +122,13 @@ def merge_buckets(lists: Iterable[Sequence[int]]) -> list[int]:
     return total
 
 
-def quantile(buckets: Sequence[int], q: float, top: float | None = None) -> float | None:
+def quantile(
+    buckets: Sequence[int], q: float, top: float | None = None, bottom: float | None = None
+) -> float | None:
     """The ``q`` quantile (0..1) estimated from bucket counts: linear within its bucket.
 
-    ``top`` (the largest value seen) caps the estimate and bounds the last, open bucket.
+    ``top`` and ``bottom`` (the largest and smallest values seen) bound the estimate, and the
+    last, open bucket.
     """
     count = sum(buckets)
     if count == 0:
@@ -138,7 +141,9 @@ def quantile(buckets: Sequence[int], q: float, top: float | None = None) -> floa
             high = BOUNDS_MS[i] if i < len(BOUNDS_MS) else (top if top is not None else low)
             if top is not None:
                 high = min(high, top)
-                low = min(low, high)
+            if bottom is not None:
+                low = max(low, bottom)
+            low = min(low, high)
             return low + (high - low) * max(0.0, rank - seen) / n
         seen += n
     return top

@@ -46,7 +46,7 @@ def report(window_s: float, job: str) -> dict[str, Any]:
     path = sink.recorder.path
     since = now - window_s
     _, points = run_sql(
-        "SELECT endpoint, name, t, value, max, buckets FROM metrics WHERE job = ? AND "
+        "SELECT endpoint, name, t, value, min, max, buckets FROM metrics WHERE job = ? AND "
         f"t + interval_s >= ? AND name IN ('{SENT}', '{CALL_DURATION}', '{CALL_ERRORS}') "
         "AND endpoint IS NOT NULL",
         path,
@@ -56,11 +56,17 @@ def report(window_s: float, job: str) -> dict[str, Any]:
     starts = range(int(first), int(now) + 1, BUCKET_S)
     stats: dict[str, dict[str, Any]] = {}
     series: dict[int, list[Any]]
-    for endpoint, name, t, value, high, buckets in points:
+    for endpoint, name, t, value, low, high, buckets in points:
         entry = stats.get(endpoint)
         if entry is None:
             series = {s: [0, []] for s in starts}
-            entry = stats[endpoint] = {"calls": 0, "errors": 0, "max": None, "buckets": []}
+            entry = stats[endpoint] = {
+                "calls": 0,
+                "errors": 0,
+                "min": None,
+                "max": None,
+                "buckets": [],
+            }
             entry["series"] = series
         slot = entry["series"].get(int(math.floor(max(t, first) / BUCKET_S) * BUCKET_S))
         if name == SENT:
@@ -73,16 +79,19 @@ def report(window_s: float, job: str) -> dict[str, Any]:
             counts = json.loads(buckets)
             entry["buckets"].append(counts)
             entry["max"] = high if entry["max"] is None else max(entry["max"], high)
+            entry["min"] = low if entry["min"] is None else min(entry["min"], low)
             if slot is not None:
-                slot[1].append((counts, high))
+                slot[1].append((counts, low, high))
     endpoints = []
     for endpoint in sorted(stats):
         entry = stats[endpoint]
         merged = merge_buckets(entry["buckets"])
         points_of_series = []
         for start, (calls, hists) in entry["series"].items():
-            top = max((h for _, h in hists), default=None)
-            p50 = quantile(merge_buckets(c for c, _ in hists), 0.5, top) if hists else None
+            top = max((h for _, _, h in hists), default=None)
+            bottom = min((low for _, low, _ in hists), default=None)
+            merged_here = merge_buckets(c for c, _, _ in hists)
+            p50 = quantile(merged_here, 0.5, top, bottom) if hists else None
             points_of_series.append({"t": start, "calls": calls, "p50_ms": _round(p50)})
         endpoints.append(
             {
@@ -90,8 +99,8 @@ def report(window_s: float, job: str) -> dict[str, Any]:
                 "calls": entry["calls"],
                 "errors": entry["errors"],
                 "rate_per_s": round(entry["calls"] / window_s, 3),
-                "p50_ms": _round(quantile(merged, 0.5, entry["max"])),
-                "p95_ms": _round(quantile(merged, 0.95, entry["max"])),
+                "p50_ms": _round(quantile(merged, 0.5, entry["max"], entry["min"])),
+                "p95_ms": _round(quantile(merged, 0.95, entry["max"], entry["min"])),
                 "max_ms": _round(entry["max"]),
                 "series": points_of_series,
             }

@@ -154,6 +154,18 @@ def _push_to_procs(on: bool) -> None:
             rt.send_control(addr, SERVICE_PROC, SetTelemetry(on, settings))
 
 
+def flush(timeout: float = 10.0) -> None:
+    """Record what this process has collected so far, now rather than within the interval.
+
+    In the controller, wait until it is written. Procs' batches come on their own.
+    """
+    collector, sink = _collector, _sink
+    if collector is not None:
+        collector.flush()
+    if sink is not None:
+        sink.recorder.barrier(timeout)
+
+
 def enable_telemetry() -> None:
     """Switch telemetry on in this controller and in every proc it runs, now and later."""
     config.configure(telemetry=True)
