@@ -28,7 +28,7 @@ from regency._private_paths import (
     write_private_file,
 )
 from regency.observe import AdminServer, start_admin
-from regency.observe.telemetry import enable_telemetry
+from regency.observe.telemetry import disable_telemetry, enable_telemetry
 
 DEFAULT_JOB_PATH = ".regency/job_state.pkl"
 _STOP_TIMEOUT = 10.0
@@ -118,6 +118,7 @@ class JobTrait(abc.ABC):
         self.apply_id: str | None = None
         self._state: JobState | None = None
         self._admin: AdminServer | None = None  # serving once enable_admin() and state()
+        self._telemetry_on = False  # this controller's telemetry, switched on by state()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -159,12 +160,16 @@ class JobTrait(abc.ABC):
     def kill(self) -> None:
         """Stop this controller's procs on the job's hosts, then tear the hosts down.
 
+        Telemetry that ``state()`` switched on is switched off (what it recorded stays).
         Idempotent.
         """
         state, self._state = self._state, None
         admin, self._admin = getattr(self, "_admin", None), None
         if admin is not None:
             admin.stop()
+        if getattr(self, "_telemetry_on", False):
+            self._telemetry_on = False
+            disable_telemetry()
         if state is not None:
             for name, mesh in state._meshes.items():
                 if mesh._lease is not None and mesh._lease.shut_down:
@@ -232,6 +237,7 @@ class JobTrait(abc.ABC):
         state = dict(self.__dict__)
         state["_state"] = None  # meshes belong to the controller that attached them
         state["_admin"] = None  # so does its admin server
+        state["_telemetry_on"] = False  # and its telemetry
         return state
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -253,6 +259,7 @@ class JobTrait(abc.ABC):
             if telemetry.retention_secs > 0:
                 settings.configure(telemetry_retention=float(telemetry.retention_secs))
             enable_telemetry()
+            self._telemetry_on = True
         state = JobState(
             {
                 name: attach_to_workers(addresses, secret=self.secret, name=name)
