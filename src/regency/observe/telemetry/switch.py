@@ -175,6 +175,7 @@ def enable_telemetry() -> None:
 
 def disable_telemetry() -> None:
     """Switch telemetry off here and in the procs; what was recorded stays in the database."""
-    _push_to_procs(False)
+    if running():
+        _push_to_procs(False)
     config.configure(telemetry=False)
     follow(False)
