@@ -116,6 +116,55 @@ def _measure(mesh: Any, pids: list[int], calls: int, broadcasts: int) -> dict[st
     }
 
 
+def _per_op(fn: Any, n: int = 200_000) -> float:
+    """µs per call of ``fn(i)``, the best of three runs of ``n``."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for i in range(n):
+            fn(i)
+        best = min(best, (time.perf_counter() - start) / n * 1e6)
+    return best
+
+
+def micro() -> dict[str, float]:
+    """What the hooks and the collector add per message, timed in tight loops (less noisy than
+    the wall-clock rates on a shared machine)."""
+    from regency._lowlevel import Pending, tracing
+    from regency.observe.telemetry.collector import Collector, identity
+
+    probe = tracing.Probe(traces_per_s=0.0, tracing=True)  # untraced: the common case
+
+    def cast(_: int) -> None:
+        start, trace = probe.begin(False)
+        probe.sent("bench.incr", start, trace, 500, 4, None, False)
+
+    def call(_: int) -> None:
+        start, trace = probe.begin(True)
+        pending = Pending()
+        probe.sent("bench.ping", start, trace, 500, 1, pending, False)
+        pending.set_result(0)
+
+    class Core:
+        name, stopped, failed = "bench", False, None
+
+    core = Core()
+    def reply_only(_: int) -> None:  # what a call costs anyway: its pending and its reply
+        Pending().set_result(0)
+
+    costs = {
+        "sender, per cast": _per_op(cast),
+        "sender, per call (with its reply)": _per_op(call) - _per_op(reply_only),
+        "receiver, per message": _per_op(lambda _: probe.count(core, "incr", False)),
+    }
+    records = list(probe.records)
+    collector = Collector(probe, lambda batch: None, identity("bench", "bench"))
+    start = time.perf_counter()
+    collector._convert(records, 0.0, 1.0)
+    costs["collector, per call or cast"] = (time.perf_counter() - start) / len(records) * 1e6
+    return costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -176,8 +225,13 @@ def main() -> None:
             f"{s['call_one_cpu_us']:7.1f} {s['broadcasts_per_s']:8.0f} {s['broadcast_cpu_us']:7.1f}"
             f"   {ratios}"
         )
+    costs = micro()
+    print("\nadded CPU per message with telemetry on (untraced), tight loops:")
+    for what, us in costs.items():
+        print(f"  {what:36s} {us:6.2f} µs")
     if args.json is not None:
-        args.json.write_text(json.dumps({"rounds": results, "summary": summary}, indent=1))
+        document = {"rounds": results, "summary": summary, "micro_us": costs}
+        args.json.write_text(json.dumps(document, indent=1))
 
 
 if __name__ == "__main__":
