@@ -147,7 +147,7 @@ class Recorder:
                 if batches:
                     self._write(batches)
                 if time.monotonic() - last_sweep >= _SWEEP_EVERY:
-                    self._sweep()
+                    self.sweep()
                     last_sweep = time.monotonic()
                 for i in items:
                     if isinstance(i, threading.Event):
@@ -200,7 +200,7 @@ class Recorder:
                 "telemetry: %d batches not recorded in %s: %s", len(batches), self.path, exc
             )
 
-    def _sweep(self) -> None:
+    def sweep(self) -> None:
         """Delete rows past the retention age and the oldest past the row limit."""
         cutoff = time.time() - self._retention
         try:
