@@ -6,6 +6,7 @@ off again, and spawns its procs while it is on unless it tests procs that were a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -43,6 +44,17 @@ class Worker(Actor):
     @endpoint
     def boom(self) -> None:
         raise ValueError("boom on purpose")
+
+
+class Relay(Actor):
+    """An async actor whose endpoint calls another actor: that call joins the caller's trace."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    @endpoint
+    async def relay(self, x: int) -> int:
+        return await self.target.ping.call_one(x) + 1
 
 
 def wait_for(what: Callable[[], Any], timeout: float = 60.0) -> Any:
@@ -123,6 +135,31 @@ def test_one_call_over_four_procs_is_one_span_tree_across_processes(
         assert parent[0] == "handle"
         assert parent[3] == child[3]
     assert {row[4] for row in by_kind["span"]} == {"inner work"}
+
+
+def test_a_call_made_inside_an_async_handler_is_a_child_in_the_same_trace(
+    db: Path, make_procs: Callable[..., ProcMesh]
+) -> None:
+    procs = make_procs(2)
+    target = procs.slice(gpus=1).spawn("inner", Worker)
+    relay = procs.slice(gpus=0).spawn("outer", Relay, target)
+    assert relay.relay.call_one(1).get() == 3
+
+    def spans() -> dict[str, tuple[Any, ...]]:
+        found = rows(
+            db,
+            "SELECT name, trace_id, span_id, parent_id, proc FROM spans "
+            "WHERE kind IN ('call', 'handle')",
+        )
+        by_name = {row[0]: row for row in found}
+        wanted = {"call outer.relay", "handle outer.relay", "call inner.ping", "handle inner.ping"}
+        return by_name if wanted <= set(by_name) else {}
+
+    by_name = wait_for(spans)
+    outer_handle, inner_call = by_name["handle outer.relay"], by_name["call inner.ping"]
+    assert {row[1] for row in by_name.values()} == {by_name["call outer.relay"][1]}  # one trace
+    assert inner_call[3] == outer_handle[2]  # the inner call's parent: the handler it ran in
+    assert inner_call[4] == outer_handle[4] != by_name["handle inner.ping"][4]
 
 
 def test_the_sql_recorder_finds_the_endpoint_made_slow_on_purpose(
@@ -275,8 +312,11 @@ def test_the_dashboard_route_needs_the_token_and_reports_endpoints_and_failures(
     assert set(failure) >= {"t", "ref", "text"}
 
 
-def test_span_and_traced_cost_nothing_and_record_nothing_when_off() -> None:
+def test_span_traced_and_the_meter_work_with_telemetry_off() -> None:
+    from regency._lowlevel import tracing
     from regency.actor import traced
+
+    assert tracing.probe is None  # off: every hook returns at its first check
 
     @traced
     def plain(x: int) -> int:
@@ -286,16 +326,14 @@ def test_span_and_traced_cost_nothing_and_record_nothing_when_off() -> None:
     async def named(x: int) -> int:
         return x * 2
 
-    import asyncio
-
     with span("outside"):
         assert plain(1) == 2
     assert asyncio.run(named(3)) == 6
     assert plain.__name__ == "plain"
     with pytest.raises(TypeError, match="str name"):
         span(3)  # type: ignore[arg-type]
-    counter = get_meter().create_counter("unused")
-    counter.add(1)
+    get_meter().create_counter("unused").add(1)
+    get_meter().create_histogram("unused.h").record(2.0)
     with pytest.raises(NotImplementedError):
         get_meter().create_observable_gauge("g", [])
     assert os.environ.get("REGENCY_TELEMETRY") in (None, "", "0")
