@@ -24,13 +24,13 @@ class AdminClient:
 
     def __init__(self, url: str, token: str, timeout: float = _TIMEOUT) -> None:
         self.url = url.rstrip("/")
-        self._token = token
+        self.token = token
         self._timeout = timeout
 
     def get(self, path: str) -> Any:
         """The JSON answer to ``GET {url}{path}``."""
         url = self.url + path
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self._token}"})
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.token}"})
         try:
             with urllib.request.urlopen(request, timeout=self._timeout) as answer:
                 return json.loads(answer.read())

@@ -56,6 +56,6 @@ def dashboard_file(path: str) -> tuple[bytes, str] | None:
         return None
     body = _loaded.get(name)
     if body is None:
-        body = resources.files("regency.observe").joinpath("dashboard_static", name).read_bytes()
+        body = (resources.files("regency.observe") / "dashboard_static" / name).read_bytes()
         _loaded[name] = body
     return body, _TYPES[name.rpartition(".")[2]]

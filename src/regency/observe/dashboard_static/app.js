@@ -168,10 +168,14 @@
     counts[value || "unknown"] = (counts[value || "unknown"] || 0) + 1;
   }
 
+  function plural(n, what) {
+    return n + " " + what + (n === 1 ? "" : "s");
+  }
+
   function tallyText(counts, what) {
     const total = Object.values(counts).reduce((a, b) => a + b, 0);
     const parts = Object.entries(counts).map(([k, v]) => v + " " + k);
-    return total + " " + what + (parts.length ? " (" + parts.join(", ") + ")" : "");
+    return plural(total, what) + (parts.length ? " (" + parts.join(", ") + ")" : "");
   }
 
   function renderTree(tree) {
@@ -204,11 +208,11 @@
       );
     }
     let summary =
-      (tree.hosts || []).length +
-      " hosts · " +
-      tallyText(procCounts, "procs") +
+      plural((tree.hosts || []).length, "host") +
       " · " +
-      tallyText(actorCounts, "actors");
+      tallyText(procCounts, "proc") +
+      " · " +
+      tallyText(actorCounts, "actor");
     if (hidden) summary += " · " + hidden + " stopped/failed hidden";
     byId("summary").textContent = summary;
     byId("tree").replaceChildren(
