@@ -215,7 +215,7 @@ class Tmux:
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_top_in_a_terminal_through_tmux(controller: Controller, tmp_path: Path) -> None:
+def test_top_in_a_terminal_through_tmux(controller: Controller) -> None:
     top = [sys.executable, "-m", "regency", "top", "--pid", str(controller.pid)]
     tmux = Tmux(top, controller.env)
     try:
@@ -229,8 +229,6 @@ def test_top_in_a_terminal_through_tmux(controller: Controller, tmp_path: Path) 
         tmux.keys("Down", "Down", "Down", "Down", "Down")
         screen = tmux.wait_for(r"failure: endpoint explode raised", "the failed actor's details")
         assert "<img" in screen.partition("failure: ")[2]
-        (tmp_path / "top.txt").write_text(screen)
-        keep(tmp_path / "top.txt")
 
         # Three up is proc 0 of `workers`: p shows its stacks.
         tmux.keys("Up", "Up", "Up")
