@@ -349,7 +349,8 @@
     }
     const recent = telemetry && telemetry.body && telemetry.body.failures;
     for (const failure of (Array.isArray(recent) ? recent : []).slice().reverse()) {
-      items.push(failureItem("call " + failure.ref, failure.ref, failure.t, failure.text));
+      const what = (failure.kind || "call") + " " + failure.ref;
+      items.push(failureItem(what, failure.ref, failure.t, failure.text));
     }
     byId("failures").replaceChildren(
       ...(items.length ? items : [el("li", { class: "muted" }, "None.")])
