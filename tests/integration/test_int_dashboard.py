@@ -141,6 +141,12 @@ def test_dashboard_shows_the_failed_and_restarted_actors_and_stacks_on_a_click(
     assert "GET /dashboard" in logged
     assert admin.token not in logged
 
+    # The controller's admin server goes away: the page says so and keeps the last tree.
+    admin.stop()
+    expect(page.locator("#status")).to_contain_text("cannot reach the controller", timeout=WAIT_MS)
+    expect(page.locator("#status")).to_contain_text("showing the last answer")
+    expect(page.locator('tr.actor[data-state="failed"]')).to_have_count(1)
+
 
 def test_without_the_token_the_page_asks_for_it_and_shows_no_data(
     admin: AdminServer, page: Any, tmp_path: Path

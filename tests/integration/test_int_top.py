@@ -113,6 +113,12 @@ def test_top_shows_the_failed_actor_and_stacks_of_the_selected_proc(
         await pilot.press("h")
         await _until(pilot, lambda: "failed" in {s for _, s in _labels(app).values()}, "shown")
 
+        # The admin server goes away: the status line says so, the last tree stays.
+        admin.stop()
+        await _until(pilot, lambda: "cannot reach" in _text(app, "#status"), "the error")
+        assert "(showing the last answer)" in _text(app, "#status")
+        assert any(s == "failed" for _, s in _labels(app).values())
+
     asyncio.run(_run(app, scenario))
 
 
