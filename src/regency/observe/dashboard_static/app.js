@@ -444,15 +444,20 @@
     return 10 * power;
   }
 
+  // One chart of an endpoint's buckets: "bars" (one a bucket) or "line" (one point a bucket
+  // with calls, broken where a bucket had none). The x axis runs over whole buckets.
   function chart(kind, series, t0, t1, bucketS, value, unit, label) {
     const W = 240;
     const H = 64;
     const left = 44;
+    const right = W - 2;
     const top = 6;
     const bottom = H - 4;
-    const span = Math.max(t1 - t0, 1);
-    const x = (t) => left + ((W - left - 2) * (t - t0)) / span;
-    const values = series.map(value).filter((v) => Number.isFinite(v));
+    const first = Math.floor(t0 / bucketS) * bucketS;
+    const last = Math.ceil(t1 / bucketS) * bucketS;
+    const x = (t) => left + ((right - left) * (t - first)) / Math.max(last - first, 1);
+    const inside = series.filter((p) => p.t >= first && p.t < last);
+    const values = inside.map(value).filter((v) => Number.isFinite(v));
     const high = values.length && Math.max(...values) > 0 ? niceMax(Math.max(...values)) : 1;
     const y = (v) => bottom - ((bottom - top) * v) / high;
     const root = svg("svg", {
@@ -464,42 +469,46 @@
       "aria-label": label,
     });
     root.append(
-      svg("line", { x1: left, y1: bottom, x2: W, y2: bottom, class: "axis" }),
+      svg("line", { x1: left, y1: bottom, x2: right, y2: bottom, class: "axis" }),
       svg("line", { x1: left, y1: top, x2: left, y2: bottom, class: "axis" }),
       svg("text", { x: left - 4, y: top + 8, "text-anchor": "end", class: "tick" }, fixed(high) + unit),
       svg("text", { x: left - 4, y: bottom, "text-anchor": "end", class: "tick" }, "0")
     );
-    const inside = series.filter((p) => p.t >= t0 - bucketS && p.t <= t1);
+    const tip = (p) => fixed(value(p)) + unit + " at " + new Date(p.t * 1000).toLocaleTimeString();
     if (kind === "bars") {
-      const width = Math.max(((W - left - 2) * bucketS) / span - 1, 1);
       for (const p of inside) {
         const v = value(p);
         const bar = svg("rect", {
-          x: Math.max(x(p.t), left),
+          x: x(p.t) + 0.5,
           y: y(v),
-          width: width,
+          width: Math.max(x(p.t + bucketS) - x(p.t) - 1, 1),
           height: Math.max(bottom - y(v), 0),
           class: "bar",
         });
-        bar.append(svg("title", {}, fixed(v) + unit + " at " + new Date(p.t * 1000).toLocaleTimeString()));
+        bar.append(svg("title", {}, tip(p)));
         root.append(bar);
       }
-    } else {
-      const points = inside.filter((p) => Number.isFinite(value(p)) && p.calls > 0);
-      if (points.length) {
-        const middle = (p) => Math.min(Math.max(x(p.t + bucketS / 2), left), W);
-        root.append(
-          svg("polyline", {
-            points: points.map((p) => middle(p) + "," + y(value(p))).join(" "),
-            class: "line",
-          })
-        );
-        for (const p of points) {
-          const dot = svg("circle", { cx: middle(p), cy: y(value(p)), r: 2, class: "dot" });
-          dot.append(svg("title", {}, fixed(value(p)) + unit + " at " + new Date(p.t * 1000).toLocaleTimeString()));
-          root.append(dot);
-        }
-      }
+      return root;
+    }
+    const middle = (p) => x(p.t + bucketS / 2);
+    let run = [];
+    const runs = [run];
+    for (const p of inside) {
+      if (p.calls > 0 && Number.isFinite(value(p))) run.push(p);
+      else if (run.length) runs.push((run = []));
+    }
+    for (const points of runs.filter((r) => r.length > 1)) {
+      root.append(
+        svg("polyline", {
+          points: points.map((p) => middle(p) + "," + y(value(p))).join(" "),
+          class: "line",
+        })
+      );
+    }
+    for (const p of runs.flat()) {
+      const dot = svg("circle", { cx: middle(p), cy: y(value(p)), r: 2, class: "dot" });
+      dot.append(svg("title", {}, tip(p)));
+      root.append(dot);
     }
     return root;
   }
