@@ -179,9 +179,10 @@ def test_the_page_is_served_without_a_token_with_a_strict_policy(admin: AdminSer
     assert "connect-src 'self'" in policy
     assert headers["Referrer-Policy"] == "no-referrer"
     assert headers["X-Content-Type-Options"] == "nosniff"
-    with urllib.request.urlopen(admin.url + "/dashboard/app.js", timeout=30) as response:
-        assert response.headers["Content-Type"].startswith("text/javascript")
-        assert b"innerHTML" not in response.read()
+    for script in ("dom.js", "charts.js", "app.js"):
+        with urllib.request.urlopen(f"{admin.url}/dashboard/{script}", timeout=30) as response:
+            assert response.headers["Content-Type"].startswith("text/javascript")
+            assert b"innerHTML" not in response.read()  # elements are made from text only
     # The data stays behind the token.
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(admin.url + "/v1/tree", timeout=30)

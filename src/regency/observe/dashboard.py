@@ -18,6 +18,8 @@ from importlib import resources
 _FILES = {
     "/": "index.html",
     "/dashboard": "index.html",
+    "/dashboard/dom.js": "dom.js",
+    "/dashboard/charts.js": "charts.js",
     "/dashboard/app.js": "app.js",
     "/dashboard/app.css": "app.css",
     "/favicon.ico": "favicon.svg",
