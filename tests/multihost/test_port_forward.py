@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,7 +34,9 @@ from netns import NetnsCluster, unavailable_reason
 from regency import config
 from regency._transport import tls
 from regency.actor import Actor, SupervisionError, endpoint, this_host
-from regency.job import attach_to_workers, worker_command, worker_env
+from regency.job import KubernetesJob, attach_to_workers, worker_command, worker_env
+from regency.job._errors import JobError
+from regency.job._port_forward import PortForward, port_forward_command
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,13 +115,16 @@ class OutOfCluster:
     cluster: NetnsCluster
     workers: list[str]
     forwards: dict[str, Forward]
+    pods: dict[str, str]  # pod name -> its host's network namespace
 
     def forwarded(self) -> dict[str, str]:
         return {worker: fwd.local for worker, fwd in self.forwards.items()}
 
 
 @contextlib.contextmanager
-def out_of_cluster(record: Path | None = None) -> Iterator[OutOfCluster]:
+def out_of_cluster(record: Path | None = None, forward: bool = True) -> Iterator[OutOfCluster]:
+    """The isolated hosts with a worker each as pods ``w-0``, ``w-1``, and (``forward``) a
+    forward to each."""
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(f"network namespaces unavailable: {reason}")
@@ -140,8 +146,9 @@ def out_of_cluster(record: Path | None = None) -> Iterator[OutOfCluster]:
         forwards: dict[str, Forward] = {}
         try:
             for worker, pod in zip(workers, pods, strict=True):
-                forwards[worker] = start_forward(pod, pods, record)
-            yield OutOfCluster(cluster, workers, forwards)
+                if forward:
+                    forwards[worker] = start_forward(pod, pods, record)
+            yield OutOfCluster(cluster, workers, forwards, pods)
         finally:
             for forward in forwards.values():
                 forward.kill()
@@ -266,3 +273,80 @@ def test_attach_needs_the_forward_to_name_a_worker() -> None:
             secret=SECRET,
             forwarded={"tcp://10.9.9.9:26600": "127.0.0.1:1"},
         )
+
+
+# -- KubernetesJob(port_forward=True) ------------------------------------------------------------
+
+
+def test_kubernetes_job_forwards_each_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job starts one forward per pod with kubectl's command line (here the forwarder
+    stands in for kubectl), attaches through them, and ends them at kill()."""
+    pytest.importorskip("kubernetes.client", reason="the kubernetes extra is not installed")
+    from _fake_kubernetes import NS, FakeKubernetesApiServer, pod
+
+    with out_of_cluster(forward=False) as env:
+        monkeypatch.setenv("REGENCY_TEST_PODS", json.dumps(env.pods))
+        server = FakeKubernetesApiServer()
+        for host in env.cluster.hosts:
+            server.add_pod(NS, pod(f"w-{host.index}", host.index, ip=host.ip))
+        job = KubernetesJob(
+            NS,
+            timeout=30,
+            core_api=server.core,
+            batch_api=server.batch,
+            poll_interval=0.01,
+            port_forward=True,
+            kubectl=[sys.executable, FORWARDER],
+        )
+        job.secret = SECRET  # what the pods were started with
+        job.add_mesh("workers", 2, label_selector="app=workers", port=PORT)
+        state = job.state(cached_path=None)
+        forwards = list(job._forwards)
+        assert [f.argv[2:] for f in forwards] == [
+            ["port-forward", "--namespace", NS, f"pod/w-{i}", f":{PORT}", "--address", "127.0.0.1"]
+            for i in range(2)
+        ]
+        procs = state.workers.spawn_procs(per_host={"gpus": 1})
+        actors = procs.spawn("where", Where)
+        assert list(actors.ip.call().get(timeout=60).values()) == [h.ip for h in env.cluster.hosts]
+        job.kill()
+        assert not any(f.alive() for f in forwards)
+        assert job._forwards == []
+
+
+def test_port_forward_command_with_the_real_kubectl(tmp_path: Path) -> None:
+    """The argv the job builds, run by the real kubectl against an API server that is not
+    there: kubectl accepts every flag and fails to connect, and the job says so."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (apt-get install kubectl)")
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(NOWHERE_KUBECONFIG)
+    argv = port_forward_command(kubectl, "ml", "w-0", PORT, str(kubeconfig))
+    with pytest.raises(JobError) as info:
+        PortForward(argv, "w-0", timeout=30)
+    message = str(info.value)
+    assert "kubectl port-forward to pod w-0 exited with status 1" in message, message
+    assert "127.0.0.1:9" in message, message  # it tried the API server in the kubeconfig
+    assert "unknown" not in message.lower(), message  # every flag parsed
+
+
+def test_port_forward_without_kubectl_names_it() -> None:
+    with pytest.raises(JobError, match="is not on PATH"):
+        PortForward(["no-such-kubectl-here", "port-forward"], "w-0")
+
+
+NOWHERE_KUBECONFIG = """
+apiVersion: v1
+kind: Config
+clusters:
+- name: nowhere
+  cluster: {server: "https://127.0.0.1:9"}
+users:
+- name: me
+  user: {token: "not-a-real-token"}
+contexts:
+- name: nowhere
+  context: {cluster: nowhere, user: me}
+current-context: nowhere
+"""
