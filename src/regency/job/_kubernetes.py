@@ -18,16 +18,12 @@ Each mesh is ``num_replicas`` pods, one worker daemon per pod, ranked by a pod l
   created (the Jobs with foreground propagation, so their pods go first; the Services; the
   Secret) and waits until the pods are gone.
 
-The API objects are injected (``core_api``/``batch_api``); by default they come from the
-in-cluster service account when the controller runs in a pod, else from ``kubeconfig`` (default
-``~/.kube/config``). By default the controller dials pod IPs directly and the pods dial the
-controller back, so the controller runs in the cluster or on a network that routes pod IPs both
-ways. With ``port_forward=True`` (Monarch's out-of-cluster path) it reaches each pod only through
-a ``kubectl port-forward`` of its own, and the pods reach it back over reverse connections
-through the same forwards (:mod:`regency.job._port_forward`).
-
-The ``kubernetes`` package is imported only when a job needs it: ``pip install
-'regency[kubernetes]'``.
+API objects: ``core_api``/``batch_api``, else the in-cluster service account in a pod, else
+``kubeconfig`` (default ``~/.kube/config``); the client is imported only when needed
+(``pip install 'regency[kubernetes]'``). The controller dials pod IPs and the pods dial it back,
+unless ``port_forward=True`` (out of the cluster): then each pod is reached only through a
+``kubectl port-forward`` of its own, and reaches the controller back over reverse connections
+through it (:mod:`regency.job._port_forward`).
 """
 
 from __future__ import annotations
