@@ -243,7 +243,12 @@ class JobTrait(abc.ABC):
 
         state = JobState(
             {
-                name: attach_to_workers(addresses, secret=self.secret, name=name)
+                name: attach_to_workers(
+                    addresses,
+                    secret=self.secret,
+                    name=name,
+                    forwarded=self._forwarded(addresses) or None,
+                )
                 for name, addresses in self._worker_addresses().items()
             }
         )
@@ -258,6 +263,14 @@ class JobTrait(abc.ABC):
             assert self._admin is not None
             state.admin_url, state.admin_token = self._admin.url, self._admin.token
         return state
+
+    def _forwarded(self, addresses: list[str]) -> dict[str, str]:
+        """The port forwards to reach ``addresses`` through (worker -> local address).
+
+        Empty unless this controller reaches those workers only that way (see
+        ``attach_to_workers(forwarded=)``).
+        """
+        return {}
 
     @abc.abstractmethod
     def _create(self) -> None:
