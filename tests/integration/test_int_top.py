@@ -181,7 +181,8 @@ class Tmux:
     """A tmux server of this test's own, one session running one command."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        self.socket = f"regency-top-{uuid.uuid4().hex[:8]}"
+        # A socket in the test's temporary directory: no server or socket of the user's touched.
+        self.socket = str(Path(env["TMPDIR"]) / f"tmux-{uuid.uuid4().hex[:8]}")
         self.env = env
         self._tmux(
             "new-session", "-d", "-s", "top", "-x", "200", "-y", "50",
@@ -190,7 +191,7 @@ class Tmux:
 
     def _tmux(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["tmux", "-L", self.socket, *args],
+            ["tmux", "-S", self.socket, *args],
             env=self.env,
             check=False,
             capture_output=True,
