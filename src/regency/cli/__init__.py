@@ -22,6 +22,10 @@ the debugger of a running controller whose procs reached ``breakpoint()`` (see
 prints every proc's Python stacks through a running controller's admin API (see
 ``docs/observability.md``).
 
+``regency top [--pid PID | --url URL] [--interval SECONDS]`` shows a running controller's hosts,
+procs and actors live in the terminal (the ``tui`` extra), and ``regency dashboard [--open]``
+prints the link of its web dashboard (see ``docs/introspection.md``).
+
 ``regency run --nproc-per-node N [--job PATH] [-m] SCRIPT ARGS ...`` runs a torchrun script on
 ``N`` procs per host (this host, or the cached job's) with torchrun's environment, printing each
 rank's output with a ``[rankN]:`` prefix, and exits with the first failing rank's status (see
@@ -45,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     from regency.cli._logs import add_logs_parser
     from regency.cli._run import add_run_parser
     from regency.cli._stacks import add_stacks_parser
+    from regency.cli._top import add_dashboard_parser, add_top_parser
 
     parser = argparse.ArgumentParser(prog="regency", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -70,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     add_logs_parser(commands)
     add_debug_parser(commands)
     add_stacks_parser(commands)
+    add_top_parser(commands)
+    add_dashboard_parser(commands)
     return parser
 
 
@@ -100,6 +107,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from regency.cli._stacks import run_stacks
 
         return run_stacks(args)
+    if args.command == "top":
+        from regency.cli._top import run_top
+
+        return run_top(args)
+    if args.command == "dashboard":
+        from regency.cli._top import run_dashboard
+
+        return run_dashboard(args)
     return _worker(args)
 
 
