@@ -6,6 +6,12 @@ bridge holds ``10.200.0.1/24`` in the root namespace (where the test process, th
 lives); host ``i`` holds ``10.200.0.{10+i}/24`` on its ``eth0`` and has ``lo`` up, so
 processes in a namespace can bind ``127.0.0.1`` as well as their host address.
 
+``NetnsCluster(n, isolated=True)`` leaves the bridge without an address in the root namespace
+and routes ``10.200.0.0/24`` there as ``unreachable`` (without that, a default route could lead
+elsewhere): the hosts still reach each other, but the root namespace (the controller) and the
+hosts cannot reach one another at all, as a laptop and the pods of a cluster it reaches only through
+``kubectl port-forward`` (``port_forwarder.py`` is that forward).
+
 ``cut(host)`` sets the host's root-side veth down: the bridge stops forwarding to and from it
 and its ``eth0`` loses carrier, but no socket sees an error. An established TCP connection
 across the cut is *silent*: ``send()`` succeeds, nothing arrives, no RST. ``restore(host)``
@@ -40,6 +46,7 @@ BRIDGE_IP = "10.200.0.1"
 SUBNET_BITS = 24
 LOCK_PATH = "/run/regency-netns.lock"
 MAX_HOSTS = 16
+ISOLATED_ROUTE = f"10.200.0.0/{SUBNET_BITS}"
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -83,6 +90,7 @@ class NetnsCluster:
     """``n`` namespaces on one bridge; a context manager that builds and removes them."""
 
     n: int = 3
+    isolated: bool = False  # no address in the root namespace: it and the hosts cannot talk
     hosts: list[Host] = field(default_factory=list)
     _procs: list[subprocess.Popen[Any]] = field(default_factory=list)
     _lock: IO[str] | None = None
@@ -109,7 +117,10 @@ class NetnsCluster:
 
     def _build(self) -> None:
         _ip("link", "add", BRIDGE, "type", "bridge")
-        _ip("addr", "add", f"{BRIDGE_IP}/{SUBNET_BITS}", "dev", BRIDGE)
+        if self.isolated:
+            _ip("route", "add", "unreachable", ISOLATED_ROUTE)
+        else:
+            _ip("addr", "add", f"{BRIDGE_IP}/{SUBNET_BITS}", "dev", BRIDGE)
         _ip("link", "set", BRIDGE, "up")
         for i in range(self.n):
             host = Host(i, f"{PREFIX}h{i}", f"10.200.0.{10 + i}", f"{PREFIX}v{i}")
@@ -150,6 +161,7 @@ class NetnsCluster:
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
             _ip("netns", "delete", name, check=False)
+        _ip("route", "del", "unreachable", ISOLATED_ROUTE, check=False)
         links = _ip("-o", "link", "show", check=False).stdout
         for name in re.findall(r"^\d+:\s+([^:@\s]+)", links, flags=re.MULTILINE):
             if name.startswith(PREFIX):

@@ -74,9 +74,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_timeout_kills_each_command_with_what_it_started(
-    job: ProcessJob, tmp_path: Path
-) -> None:
+def test_a_timeout_kills_each_command_with_what_it_started(job: ProcessJob, tmp_path: Path) -> None:
     hosts = job.state(cached_path=None).hosts
     pids = tmp_path / "pids-"
     # The shell starts a grandchild that would outlive it, then waits for it.

@@ -192,7 +192,7 @@ def test_a_peer_without_a_certificate_is_refused_before_any_frame(
     anonymous.check_hostname = False
     anonymous.verify_mode = ssl.CERT_NONE  # it does not care who the listener is
     raw = socket.create_connection((host, port), timeout=5)
-    raw.sendall(routing.preamble(""))
+    raw.sendall(routing.preamble("", tls=True))
     try:
         with anonymous.wrap_socket(raw) as sock:
             forged = b"".join(bytes(b) for b in frames.encode(1, 5, [b"X"], seq=0, limit=LIMIT))

@@ -234,3 +234,69 @@ def test_the_rdma_service_cuts_a_slow_loris_at_the_deadline_without_a_thread_eac
         for sock in idle:
             sock.close()
         buf.drop()
+
+
+# A controller with 1024 descriptors that attached a worker (so it listens on a TCP gateway),
+# then spawns and calls once the flood is on its gateway.
+_CONTROLLER = """
+import os, resource, sys
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+from regency.actor import Actor, endpoint
+from regency.job import ProcessJob
+from regency._runtime.kernel import gateways
+
+class Echo(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+job = ProcessJob({"hosts": 1})
+hosts = job.state(cached_path=None).hosts
+print(*gateways._gateways.values(), flush=True)
+sys.stdin.readline()  # the flood is on
+try:
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    print("ANSWERS", len(procs.spawn("echo", Echo).pid.call().get(timeout=30)), flush=True)
+    print("FDS", len(os.listdir("/proc/self/fd")), flush=True)
+    procs.stop().get(timeout=30)
+finally:
+    job.kill()
+"""
+
+
+def test_a_flood_on_the_controllers_gateway_leaves_it_spawning(tmp_path: Path) -> None:
+    _raise_own_limit(2 * FLOOD + 256)
+    errors = tmp_path / "stderr"
+    controller = subprocess.Popen(
+        [sys.executable, "-c", _CONTROLLER],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=errors.open("w"),
+        text=True,
+        start_new_session=True,
+    )
+    held: list[socket.socket] = []
+    try:
+        assert controller.stdin is not None
+        assert controller.stdout is not None
+        gateway = controller.stdout.readline().strip()
+        assert address.is_tcp(gateway), gateway
+        host, port = address.tcp_host(gateway), address.tcp_port(gateway)
+        held = _flood(host, port, FLOOD // 2, "unix:@no-such-proc")
+        held += _flood(host, port, FLOOD - len(held), None)
+        assert len(held) >= FLOOD * 0.9, f"only {len(held)} connections got through"
+        controller.stdin.write("go\n")
+        controller.stdin.flush()
+        answers = controller.stdout.readline()
+        assert answers.split() == ["ANSWERS", "2"], answers + errors.read_text()
+        fds = int(controller.stdout.readline().split()[1])
+        assert fds < 600, f"the controller holds {fds} descriptors under the flood"
+        assert controller.wait(60) == 0
+    finally:
+        for sock in held:
+            sock.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(controller.pid, 9)
+        controller.wait(10)

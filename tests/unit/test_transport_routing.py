@@ -37,8 +37,17 @@ def test_preamble_round_trip_in_pieces() -> None:
     reader = routing.PreambleReader()
     for i in range(len(data) - 1):
         assert reader.feed(data[i : i + 1]) is None
-    assert reader.feed(data[-1:]) == "regency-ab-mesh-1"
-    assert routing.PreambleReader().feed(routing.preamble("")) == ""
+    assert reader.feed(data[-1:]) == routing.Route("regency-ab-mesh-1")
+    assert routing.PreambleReader().feed(routing.preamble("")) == routing.Route("")
+
+
+def test_preambles_say_what_follows() -> None:
+    assert routing.PreambleReader().feed(routing.preamble("p", tls=True)) == routing.Route(
+        "p", tls=True
+    )
+    token = os.urandom(16)
+    reverse = routing.PreambleReader().feed(routing.reverse_preamble(token))
+    assert reverse == routing.Route(token.hex(), reverse=True)
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,15 @@ authenticate:
   closed to make room, and the log says so at a bounded rate.
 
 TCP connections run TLS 1.3 (:mod:`regency._transport.tls`) before the secret handshake of
-:mod:`regency._transport.auth`; nothing is unpickled before both succeed. A TCP listener reads
-exactly the route preamble and no more, so a connection handed over to another process keeps
-the TLS bytes that follow it.
+:mod:`regency._transport.auth`; nothing is unpickled before both succeed. The dialer's preamble
+says whether TLS follows: a listener goes along with a dialer that starts TLS, and refuses one
+that does not where TLS applies (the connection arrived from another host, judged by the
+address it arrived at, or by the host a reverse connection was dialed to). So a listener on
+loopback, which a forwarded port (``kubectl port-forward``) reaches, runs TLS for a dialer on
+another machine that asks for it, and stripping the request on the way gets nothing: the dialer
+never goes without TLS it asked for. A TCP listener reads exactly the route preamble and no
+more, so a connection handed over to another process keeps the TLS bytes that follow it; the
+host tells the process whether they are TLS.
 """
 
 from __future__ import annotations
@@ -48,8 +54,9 @@ _BACKOFF_MAX = 1.0
 
 # (the authenticated socket, the peer's announced address)
 Ready = Callable[[tls.Stream, str], None]
-# Takes a connection whose preamble names key; False: it is for this process.
-Elsewhere = Callable[[str, socket.socket], bool]
+# Takes a connection whose preamble names another process (with whether TLS follows), or a
+# reverse connection; False: it is for this process.
+Elsewhere = Callable[[routing.Route, socket.socket, bool], bool]
 
 
 def _local_ip(sock: socket.socket) -> str:
@@ -71,14 +78,29 @@ def _peer_key(sock: socket.socket) -> str:
 class _Shake:
     """One connection on its way to authentication."""
 
-    __slots__ = ("fd", "preamble", "raw", "routed", "shake", "sslsock", "stream", "who")
+    __slots__ = (
+        "arrival",
+        "fd",
+        "preamble",
+        "raw",
+        "routed",
+        "shake",
+        "sslsock",
+        "stream",
+        "use_tls",
+        "who",
+    )
 
-    def __init__(self, sock: socket.socket, routed: bool) -> None:
+    def __init__(
+        self, sock: socket.socket, routed: bool, use_tls: bool | None, arrival: str | None
+    ) -> None:
         self.raw = sock
         self.fd = sock.fileno()
         self.routed = routed
         self.who = _peer_key(sock)
         self.preamble = routing.PreambleReader() if routed else None
+        self.use_tls = use_tls  # None: decided by the preamble, or by the arrival address
+        self.arrival = arrival  # the IP that decides whether TLS applies (None: where it arrived)
         self.sslsock: ssl.SSLSocket | None = None
         self.stream: tls.Stream | None = None
         self.shake: ListenerHandshake | None = None
@@ -182,12 +204,26 @@ class Inbound:
 
     # -- admission -----------------------------------------------------------------------------
 
-    def take(self, sock: socket.socket, routed: bool) -> None:
-        """Start authenticating an accepted (or handed-over) connection."""
+    def take(
+        self,
+        sock: socket.socket,
+        routed: bool,
+        *,
+        use_tls: bool | None = None,
+        arrival: str | None = None,
+    ) -> None:
+        """Start authenticating an accepted (or handed-over) connection.
+
+        ``routed``: it starts with a route preamble. ``use_tls``: whether it runs TLS, when
+        another process read its preamble (``None``: the preamble decides, or for a listener
+        without preambles the address it arrived at). ``arrival``: the IP that decides whether
+        TLS is required, instead of the one the socket arrived at (a reverse connection counts
+        as arriving from the host it was dialed to).
+        """
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:
             self._tune(sock)
-        shake = _Shake(sock, routed)
+        shake = _Shake(sock, routed, use_tls, arrival)
         if self._by_peer.get(shake.who, 0) >= self._per_peer:
             self._evict_oldest("too many unauthenticated connections from this address", shake.who)
         if len(self._pending) >= self._limit:
@@ -264,17 +300,32 @@ class Inbound:
         if not data:
             self._reject(shake, "peer hung up before naming a route")
             return
-        key = reader.feed(data)
-        if key is None:
+        route = reader.feed(data)
+        if route is None:
             return
         shake.preamble = None
+        if not route.reverse:
+            shake.use_tls = route.tls or self._refuse_plain(shake)
         # Out of the epoll set before the descriptor may travel to another process.
         self._loop.unregister(shake.fd)
-        if self._elsewhere(key, shake.raw):
+        if self._elsewhere(route, shake.raw, bool(shake.use_tls)):
             self._release(shake)  # handed over or refused there: no longer ours
+            return
+        if route.reverse:
+            self._reject(shake, "a reverse connection nobody here asked for")
             return
         self._loop.register(shake.fd, lambda ev: self._readable(shake, ev), _EVENTS)
         self._start_auth(shake)
+
+    def _refuse_plain(self, shake: _Shake) -> bool:
+        """A dialer that does not start TLS: fine where TLS does not apply (``False``), else
+        refused (``RouteError``)."""
+        if tls.applies(shake.arrival or _local_ip(shake.raw)):
+            raise routing.RouteError(
+                "the dialer did not start TLS, which connections from other hosts need "
+                "(is REGENCY_TLS=0 set on one end only?)"
+            )
+        return False
 
     def _start_auth(self, shake: _Shake) -> None:
         if self._limiter().blocked(peer_key(shake.raw)):
@@ -283,7 +334,10 @@ class Inbound:
                 log.debug("refused %s: too many failed handshakes", shake.name())
                 shake.close()
             return
-        if shake.raw.family != socket.AF_UNIX and tls.applies(_local_ip(shake.raw)):
+        use_tls = shake.use_tls
+        if use_tls is None:
+            use_tls = tls.applies(shake.arrival or _local_ip(shake.raw))
+        if shake.raw.family != socket.AF_UNIX and use_tls:
             shake.sslsock = tls.wrap_server(shake.raw, self._secrets())
             self._step_tls(shake)
         else:

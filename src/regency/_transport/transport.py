@@ -10,10 +10,12 @@ reported once through ``on_peer_lost`` (with a reason that starts "cannot connec
 
 Over TCP, each connection starts with a route preamble (:mod:`regency._transport.routing`), so a
 host's single port reaches every process it started; a process whose peers are on another
-machine reaches ``unix:`` addresses through the ``gateway`` of the controller's machine. TCP
-connections carry heartbeats (:mod:`regency._transport.heartbeat`) and run mutual TLS 1.3 below
-the secret handshake (:mod:`regency._transport.tls`); accepted connections are taken through
-authentication, within bounds and one deadline, by :mod:`regency._transport.inbound`.
+machine reaches ``unix:`` addresses through the ``gateway`` of the controller's machine, or over
+reverse connections the controller opens when it cannot be dialed (:mod:`regency._transport.
+reverse`). Dialing is :mod:`regency._transport.outbound`. TCP connections carry heartbeats
+(:mod:`regency._transport.heartbeat`) and run mutual TLS 1.3 below the secret handshake
+(:mod:`regency._transport.tls`); accepted connections are taken through authentication, within
+bounds and one deadline, by :mod:`regency._transport.inbound`.
 """
 
 from __future__ import annotations
@@ -22,15 +24,14 @@ import contextlib
 import errno
 import logging
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from regency._errors import RegencyError
 from regency._transport import address as addr
-from regency._transport import routing, tls
-from regency._transport.auth import AuthenticationError, dialer_handshake
+from regency._transport import outbound, reverse, routing
+from regency._transport.auth import AuthenticationError
 from regency._transport.bounded import BoundedDict
 from regency._transport.connection import Buffer, Connection, ConnectionClosedError
 from regency._transport.frames import KIND_HEARTBEAT, Frame, FrameError
@@ -45,7 +46,6 @@ log = logging.getLogger("regency.transport")
 
 FrameHandler = Callable[[Connection, Frame], None]
 LostHandler = Callable[[str, str], None]
-Router = Callable[[str, socket.socket], None]
 
 _HANDSHAKE_TIMEOUT = 10.0
 # How long the I/O thread lets a burst of posted frames gather before it flushes them (a
@@ -57,32 +57,6 @@ DEFAULT_HEARTBEAT = (1.0, 5.0)
 
 class PeerUnreachableError(RegencyError, ConnectionError):
     """A peer process could not be reached, or its connection was lost."""
-
-
-class _Queued:
-    """Frame buffers waiting for a connection, and whether they made it."""
-
-    __slots__ = ("buffers", "done", "sent")
-
-    def __init__(self, buffers: list[Buffer], done: threading.Event | None) -> None:
-        self.buffers = buffers
-        self.done = done
-        self.sent = False
-
-    def finish(self, sent: bool) -> None:
-        self.sent = sent
-        if self.done is not None:
-            self.done.set()
-
-
-class _Peer:
-    """Where frames to one peer go: a queue while dialing, then a connection."""
-
-    __slots__ = ("conn", "queue")
-
-    def __init__(self) -> None:
-        self.conn: Connection | None = None
-        self.queue: list[_Queued] = []
 
 
 class Transport:
@@ -106,10 +80,12 @@ class Transport:
         self.accepted: tuple[bytes, ...] = ()
         self.frame_limit = frame_limit
         self.connect_timeout = connect_timeout
-        # Where ``unix:`` peers are reached from another machine (None: they are local).
-        self.gateway: str | None = None
+        # How peers are reached that are not a plain connect away (gateway, forwards, reverse).
+        self.paths = outbound.Paths()
         # Takes TCP connections routed to another process of this host.
-        self.router: Router | None = None
+        self.router: routing.Switchboard | None = None
+        self._waits = reverse.Waits()  # this process's dials waiting for a reverse connection
+        self._reverse_peer: str | None = None  # who opens them (None: ask through the host)
         self._dial_secrets: dict[str, tuple[bytes, float]] = {}
         self.auth_failures = FailureLimiter()
         self._listeners: list[socket.socket] = []
@@ -117,7 +93,7 @@ class Transport:
         self._on_peer_lost = on_peer_lost
         self.loop = loop or IOLoop()
         self._lock = threading.Lock()
-        self._peers: dict[str, _Peer] = {}
+        self._peers: dict[str, outbound.Peer] = {}
         self._lost: dict[str, str] = BoundedDict()
         self._conns: set[Connection] = set()
         self._dirty: set[Connection] = set()
@@ -143,6 +119,23 @@ class Transport:
         if handoff is not None:
             handoff.setblocking(False)
             self.loop.register(handoff.fileno(), self._on_handoff)
+
+    @property
+    def gateway(self) -> str | None:
+        """Where ``unix:`` peers are reached from another machine (``None``: they are local,
+        or reached over reverse connections)."""
+        return self.paths.gateway
+
+    @gateway.setter
+    def gateway(self, value: str | None) -> None:
+        self.paths.gateway = value
+
+    def use_reverse(self, on: bool, through: str | None = None) -> None:
+        """Reach ``unix:`` peers (the controller's machine) over reverse connections (``on``),
+        asking peer ``through`` (the controller) for them, or this process's host when
+        ``None``; or stop doing so."""
+        self.paths.reverse = self._reverse_dial if on else None
+        self._reverse_peer = through if on else None
 
     def _add_listener(self, listener: socket.socket) -> None:
         self._listeners.append(listener)
@@ -170,7 +163,7 @@ class Transport:
 
     def is_local(self, peer: str) -> bool:
         """Whether ``peer`` runs on this machine (reached over a unix socket)."""
-        return peer.startswith("unix:") and self.gateway is None
+        return peer.startswith("unix:") and not self.paths.remote_unix()
 
     def _tcp_connections(self) -> list[Connection]:
         with self._lock:
@@ -243,7 +236,7 @@ class Transport:
 
     def _connection_or_queue(
         self, peer: str, buffers: Sequence[Buffer], wait: bool
-    ) -> tuple[Connection | None, _Queued | None]:
+    ) -> tuple[Connection | None, outbound.Queued | None]:
         """The peer's connection, or (while dialing) the queue entry the frame was put in."""
         with self._lock:
             reason = self._lost.get(peer)
@@ -251,7 +244,7 @@ class Transport:
                 raise PeerUnreachableError(f"cannot reach {peer}: {reason}")
             entry = self._peers.get(peer)
             if entry is None:
-                entry = self._peers[peer] = _Peer()
+                entry = self._peers[peer] = outbound.Peer()
                 threading.Thread(
                     target=self._dial, args=(peer, entry), name="regency-dial", daemon=True
                 ).start()
@@ -259,7 +252,7 @@ class Transport:
                 return entry.conn, None
             # Without wait the caller may reuse its memory once we return: keep a copy.
             kept: list[Buffer] = list(buffers) if wait else [bytes(b) for b in buffers]
-            item = _Queued(kept, threading.Event() if wait else None)
+            item = outbound.Queued(kept, threading.Event() if wait else None)
             entry.queue.append(item)
             return None, item
 
@@ -285,30 +278,36 @@ class Transport:
             item.finish(sent=False)
 
     def _connect(self, peer: str, secret: bytes, timeout: float) -> Stream:
-        """A connected, authenticated socket to ``peer`` (through its host or the gateway)."""
-        target, key = peer, None
-        if addr.is_tcp(peer):
-            key = addr.route_key(peer)
-        elif self.gateway is not None:
-            target, key = self.gateway, peer
-        raw = addr.dial(target, timeout=timeout)
-        sock: Stream = raw
-        try:
-            if key is not None:
-                self._tune(raw)
-                raw.sendall(routing.preamble(key))
-                if tls.applies(addr.tcp_host(target)):
-                    sock = tls.wrap_client(raw, secret)
-            dialer_handshake(sock, secret, self.address)
-        except ssl.SSLError as exc:
-            sock.close()
-            raise AuthenticationError(tls.failure(exc)) from None
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        """A connected, authenticated socket to ``peer`` (see :mod:`.outbound`)."""
+        return outbound.connect(peer, secret, timeout, self.address, self.paths, self._tune)
 
-    def _dial(self, peer: str, entry: _Peer) -> None:
+    # -- reverse connections (see regency._transport.reverse) ----------------------------------
+
+    def ask_reverse(self, token: bytes) -> bool:
+        """Ask for a reverse connection for ``token``: of the controller (a worker serving one
+        that cannot be dialed), or of this process's host (a proc there). ``False`` when there
+        is no one to ask."""
+        entry = self._peers.get(self._reverse_peer) if self._reverse_peer is not None else None
+        if entry is not None:
+            return reverse.ask(token, entry.conn, None)
+        return reverse.ask(token, None, self._handoff)
+
+    def _reverse_dial(self, timeout: float) -> socket.socket:
+        token = self._waits.new()
+        if not self.ask_reverse(token):
+            self._waits.cancel(token)
+            raise ConnectionRefusedError(
+                errno.ECONNREFUSED, "no connection to ask the controller for a reverse connection"
+            )
+        return self._waits.take(token, timeout)
+
+    def _answer_reverse(self, conn: Connection, frame: Frame) -> None:
+        def accept(sock: socket.socket, arrival: str) -> None:
+            self.loop.call_soon(lambda: self._inbound.take(sock, routed=True, arrival=arrival))
+
+        reverse.answer(conn, frame, self.paths.target, _HANDSHAKE_TIMEOUT, self._tune, accept)
+
+    def _dial(self, peer: str, entry: outbound.Peer) -> None:
         secret, timeout = self._dial_secrets.get(peer, (self.secret, self.connect_timeout))
         started = time.monotonic()
         deadline = started + timeout
@@ -359,7 +358,7 @@ class Transport:
                 else:
                     item.finish(sent=True)
 
-    def _fail_peer(self, peer: str, entry: _Peer, reason: str) -> None:
+    def _fail_peer(self, peer: str, entry: outbound.Peer, reason: str) -> None:
         with self._lock:
             self._lost[peer] = reason
             if self._peers.get(peer) is entry:
@@ -406,6 +405,9 @@ class Transport:
                 for frame in frames:
                     if frame.kind == KIND_HEARTBEAT:
                         continue
+                    if frame.kind == reverse.KIND_REVERSE:
+                        self._answer_reverse(conn, frame)
+                        continue
                     try:
                         self._on_frame(conn, frame)
                     except FrameError as exc:
@@ -444,18 +446,35 @@ class Transport:
             channel.close()
             self._handoff = None
             return
-        for sock in handed:
-            self._inbound.take(sock, routed=False)
+        for message in handed:
+            if message.sock is None:
+                continue
+            if message.kind == "R":
+                if not self._waits.deliver(message.data, message.sock):
+                    message.sock.close()  # its dial gave up
+            else:
+                self._inbound.take(message.sock, routed=False, use_tls=message.data == b"1")
 
-    def _route_elsewhere(self, key: str, sock: socket.socket) -> bool:
-        """Hand a routed connection to the process ``key`` names; False if it is this one."""
-        if key in ("", self.address):
+    def _route_elsewhere(self, route: routing.Route, sock: socket.socket, use_tls: bool) -> bool:
+        """Hand a routed connection to the process its route names, or a reverse connection to
+        the dial that waits for it; False if it is for this process to authenticate."""
+        if route.reverse:
+            try:
+                token = bytes.fromhex(route.key)
+            except ValueError:
+                token = b""
+            if self._waits.deliver(token, sock):
+                return True
+            if self.router is not None:
+                self.router.reverse(token, sock)
+                return True
+        elif route.key in ("", self.address):
             return False
-        if self.router is not None:
-            self.router(key, sock)
-        else:
-            log.warning("rejected a connection for %r: no such process here", key)
-            sock.close()
+        elif self.router is not None:
+            self.router.route(route.key, sock, use_tls)
+            return True
+        log.warning("rejected a connection for %r: no such process here", route.key)
+        sock.close()
         return True
 
     def _tune(self, sock: socket.socket) -> None:
@@ -467,7 +486,7 @@ class Transport:
         with self._lock:
             entry = self._peers.get(peer)
             if entry is None:
-                entry = _Peer()
+                entry = outbound.Peer()
                 entry.conn = conn
                 self._peers[peer] = entry
                 self._lost.pop(peer, None)
@@ -478,6 +497,7 @@ class Transport:
         """Close the listener and every connection."""
         self._closing = True
         self._heartbeat.stop()
+        self._waits.close()
         with self._lock:
             conns = list(self._conns)
         for conn in conns:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -76,21 +76,27 @@ class _AttachReply:
         self.pending.set_exception(AttachError(f"cannot attach worker {self.worker}: {reason}"))
 
 
-def _request_attach(worker: str, secret: bytes, timeout: float) -> _AttachReply:
+def _request_attach(worker: str, secret: bytes, timeout: float, via: str | None) -> _AttachReply:
     rt = runtime()
     handler = _AttachReply(worker)
     ref: PortRef = rt.open_port(handler)
     handler.port = ref.port
     rt.expect_new_process(worker)
     rt.transport.prepare_peer(worker, secret, timeout)
+    if via is not None:
+        # This process and the procs it starts on this machine reach the worker (and every proc
+        # behind its port) through the forward; the worker's side cannot dial back, so it is
+        # told to ask for reverse connections instead of using a gateway.
+        rt.transport.paths.via[worker] = via
     request = Attach(
         rt.address,
         rt.job_id,
         worker,
-        gateway_toward(worker) if address.is_tcp(worker) else None,
+        gateway_toward(worker) if address.is_tcp(worker) and via is None else None,
         wrap_secret(secret, rt.secret),
         config.get_global_config(),
         ref,
+        reverse=via is not None,
     )
     try:
         rt.send_control(worker, SERVICE_HOST, request, wait=False)
@@ -155,6 +161,24 @@ def ipc_to_unix(given: str) -> str:
     return "unix:" + given[len("ipc://") :] if given.startswith("ipc://") else given
 
 
+def _forwards(addresses: Sequence[str], forwarded: Mapping[str, str] | None) -> dict[str, str]:
+    """``forwarded`` checked against the workers: worker address -> local ``tcp://`` address."""
+    found = {}
+    for worker, local in (forwarded or {}).items():
+        key = dial_address(worker)
+        if key not in addresses or not address.is_tcp(key):
+            raise ValueError(
+                f"forwarded names {worker!r}, which is not one of the tcp:// workers {addresses}"
+            )
+        if not isinstance(local, str) or not address.is_tcp(local) or address.route_key(local):
+            raise ValueError(
+                f"forwarded[{worker!r}] must be the tcp://HOST:PORT that forwards to it, "
+                f"not {local!r}"
+            )
+        found[key] = local
+    return found
+
+
 def _resolve(worker: str | Future[str], deadline: float) -> str:
     if isinstance(worker, Future):
         resolved = worker.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -172,6 +196,7 @@ def attach_to_workers(
     secret: bytes | None = None,
     name: str | None = None,
     timeout: float = 30.0,
+    forwarded: Mapping[str, str] | None = None,
 ) -> HostMesh:
     """Attach this controller to running worker daemons, as a ``HostMesh`` over dim ``hosts``.
 
@@ -185,6 +210,14 @@ def attach_to_workers(
     derived from the secret (nothing to set up); a CA certificate (PEM bytes or a path) and
     ``private_key`` (PEM bytes or a path: the key and its certificate) use those instead, as
     ``REGENCY_TLS_{CA,CERT,KEY}`` do. The workers must trust the same CA.
+
+    ``forwarded`` maps a worker's address to the local ``tcp://HOST:PORT`` of a port forward to
+    it (what ``kubectl port-forward`` opens): a controller outside a cluster reaches that worker,
+    and every proc on it, only through the forward, and nothing on that worker's side needs to
+    dial back: the controller opens the connections they would (reverse connections, with TLS
+    and the secret handshake end to end). The worker keeps its own address in the mesh, so procs
+    in the cluster reach each other directly. Only this process and the procs it starts on its
+    own machine afterwards use the forward.
 
     Unlike Monarch, it returns once every worker answered. Raises :class:`AttachError` naming
     each worker that did not answer within ``timeout`` seconds, refused this controller's proof
@@ -202,7 +235,8 @@ def attach_to_workers(
             continue
         if not address.is_tcp(worker) or address.route_key(worker):
             raise ValueError(f"worker address {worker!r} is not tcp://HOST:PORT or ipc://PATH")
-    replies = [_request_attach(worker, key, timeout) for worker in addresses]
+    forwards = _forwards(addresses, forwarded)
+    replies = [_request_attach(worker, key, timeout, forwards.get(worker)) for worker in addresses]
     errors = []
     for reply in replies:
         if not reply.pending.wait(max(0.0, deadline - time.monotonic())):

@@ -18,31 +18,30 @@ Each mesh is ``num_replicas`` pods, one worker daemon per pod, ranked by a pod l
   created (the Jobs with foreground propagation, so their pods go first; the Services; the
   Secret) and waits until the pods are gone.
 
-The API objects are injected (``core_api``/``batch_api``); by default they come from the
-in-cluster service account when the controller runs in a pod, else from ``kubeconfig`` (default
-``~/.kube/config``). The controller dials pod IPs directly and the pods dial the controller back,
-so the controller must run in the cluster or on a network that routes pod IPs both ways (there
-is no port-forwarding).
-
-The ``kubernetes`` package is imported only when a job needs it: ``pip install
-'regency[kubernetes]'``.
+API objects: ``core_api``/``batch_api``, else the in-cluster service account in a pod, else
+``kubeconfig`` (default ``~/.kube/config``); the client is imported only when needed
+(``pip install 'regency[kubernetes]'``). The controller dials pod IPs and the pods dial it back,
+unless ``port_forward=True`` (out of the cluster): then each pod is reached only through a
+``kubectl port-forward`` of its own, and reaches the controller back over reverse connections
+through it (:mod:`regency.job._port_forward`).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from regency._transport.auth import SECRET_ENV
 from regency.job._errors import JobError
+from regency.job._kubernetes_client import api_client, client, model
 from regency.job._kubernetes_pods import job_finished, rank_pods
+from regency.job._port_forward import PortForward, port_forward_command
 from regency.job._trait import JobTrait
 from regency.job._worker import worker_command
 
@@ -55,19 +54,6 @@ JOB_LABEL = "regency.dev/job"
 MESH_LABEL = "regency.dev/mesh"
 _CONTAINER = "worker"
 _DELETE_TIMEOUT = 120.0
-_MISSING = (
-    "KubernetesJob needs the official Kubernetes client, which is not installed: "
-    "pip install 'regency[kubernetes]'"
-)
-
-
-def _client() -> Any:
-    """The ``kubernetes.client`` module, or an ``ImportError`` naming the extra to install."""
-    try:
-        import kubernetes.client
-    except ImportError as exc:
-        raise ImportError(_MISSING) from exc
-    return kubernetes.client
 
 
 def _not_found(exc: BaseException) -> bool:
@@ -130,6 +116,11 @@ class KubernetesJob(JobTrait):
         core_api: a ``kubernetes.client.CoreV1Api`` to use (default: built from the config).
         batch_api: a ``kubernetes.client.BatchV1Api`` to use (default: built from the config).
         poll_interval: seconds between pod listings while waiting.
+        port_forward: reach every pod through a ``kubectl port-forward`` of its own (started
+            by ``state()``, ended by ``kill()`` or when this process exits), for a controller
+            outside the cluster that cannot dial pod IPs and that the pods cannot dial.
+        kubectl: the kubectl command (a path, or an argv prefix such as ``["kubectl",
+            "--context", "prod"]``); ``kubeconfig`` is passed on to it.
 
     """
 
@@ -142,8 +133,14 @@ class KubernetesJob(JobTrait):
         core_api: Any = None,
         batch_api: Any = None,
         poll_interval: float = 1.0,
+        port_forward: bool = False,
+        kubectl: str | Sequence[str] = "kubectl",
     ) -> None:
         super().__init__()
+        self.port_forward = port_forward
+        self.kubectl = kubectl if isinstance(kubectl, str) else list(kubectl)
+        self._pod_names: dict[str, str] = {}  # worker address -> its pod's name
+        self._forwards: list[PortForward] = []
         self.namespace = namespace
         self.timeout = timeout
         self.kubeconfig = None if kubeconfig is None else os.fspath(kubeconfig)
@@ -185,7 +182,7 @@ class KubernetesJob(JobTrait):
         if isinstance(image_spec, str):
             image_spec = ImageSpec(image_spec)
         if pod_template is not None and isinstance(pod_template, Mapping):
-            pod_template = _model(dict(pod_template), "V1PodTemplateSpec")
+            pod_template = model(dict(pod_template), "V1PodTemplateSpec")
         mesh = _Mesh(
             name,
             num_replicas,
@@ -238,7 +235,7 @@ class KubernetesJob(JobTrait):
 
     def secret_manifest(self) -> Any:
         """The ``V1Secret`` holding the job secret (hex) under ``REGENCY_JOB_SECRET``."""
-        k8s = _client()
+        k8s = client()
         return k8s.V1Secret(
             api_version="v1",
             kind="Secret",
@@ -249,7 +246,7 @@ class KubernetesJob(JobTrait):
 
     def service_manifest(self, mesh: str) -> Any:
         """The headless ``V1Service`` over a provisioned mesh's pods."""
-        k8s = _client()
+        k8s = client()
         spec = self.meshes[mesh]
         labels = self._labels(spec)
         return k8s.V1Service(
@@ -268,7 +265,7 @@ class KubernetesJob(JobTrait):
 
     def job_manifest(self, mesh: str) -> Any:
         """The indexed ``V1Job`` running a provisioned mesh's worker daemons."""
-        k8s = _client()
+        k8s = client()
         spec = self.meshes[mesh]
         if not spec.provisioned:
             raise ValueError(f"mesh {mesh!r} attaches to running pods; it has no Job")
@@ -353,21 +350,48 @@ class KubernetesJob(JobTrait):
 
     def _apis(self) -> tuple[Any, Any]:
         if self._core is None or self._batch is None:
-            k8s = _client()
-            api_client = _api_client(self.kubeconfig)
-            self._core = self._core or k8s.CoreV1Api(api_client)
-            self._batch = self._batch or k8s.BatchV1Api(api_client)
+            k8s = client()
+            api = api_client(self.kubeconfig)
+            self._core = self._core or k8s.CoreV1Api(api)
+            self._batch = self._batch or k8s.BatchV1Api(api)
         return self._core, self._batch
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_core"] = state["_batch"] = None  # API clients belong to this process
+        state["_forwards"] = []  # so do the kubectl processes
         return state
 
     def _adopt(self, running: JobTrait) -> None:
-        apis = self._core, self._batch  # keep the API objects this spec was given
+        # How this controller reaches the cluster is its own, not the cached job's.
+        mine = self._core, self._batch, self.port_forward, self.kubectl, self.kubeconfig
         super()._adopt(running)
-        self._core, self._batch = apis
+        self._core, self._batch, self.port_forward, self.kubectl, self.kubeconfig = mine
+
+    def _forwarded(self, addresses: list[str]) -> dict[str, str]:
+        if not self.port_forward:
+            return {}
+        started: list[PortForward] = []
+        try:
+            for worker in addresses:
+                pod = self._pod_names[worker]
+                port = int(worker.rpartition(":")[2])
+                argv = port_forward_command(
+                    self.kubectl, self.namespace, pod, port, self.kubeconfig
+                )
+                started.append(PortForward(argv, pod))
+        except BaseException:
+            for forward in started:
+                forward.stop()
+            raise
+        self._forwards += started
+        return {worker: forward.local for worker, forward in zip(addresses, started, strict=True)}
+
+    def stop_port_forwards(self) -> None:
+        """End the ``kubectl port-forward`` processes ``state()`` started (``kill()`` does)."""
+        forwards, self._forwards = self._forwards, []
+        for forward in forwards:
+            forward.stop()
 
     # -- JobTrait hooks -------------------------------------------------------------------------
 
@@ -418,6 +442,7 @@ class KubernetesJob(JobTrait):
         return {name: self._wait_for_pods(core, mesh) for name, mesh in self.meshes.items()}
 
     def _kill(self) -> None:
+        self.stop_port_forwards()
         if not self.created:
             return
         core, batch = self._apis()
@@ -426,13 +451,13 @@ class KubernetesJob(JobTrait):
             "Service": core.delete_namespaced_service,
             "Secret": core.delete_namespaced_secret,
         }
-        client = _client()
+        k8s = client()
         for kind, name in reversed(self.created):
             try:
                 deleters[kind](
                     name,
                     self.namespace,
-                    body=client.V1DeleteOptions(propagation_policy="Foreground"),
+                    body=k8s.V1DeleteOptions(propagation_policy="Foreground"),
                 )
             except Exception as exc:
                 if not _not_found(exc):
@@ -464,7 +489,11 @@ class KubernetesJob(JobTrait):
         while True:
             ranked = rank_pods(self._pods(core, mesh), mesh)
             if not isinstance(ranked, str):
-                return [f"tcp://{pod.status.pod_ip}:{mesh.port}" for pod in ranked]
+                addresses = [f"tcp://{pod.status.pod_ip}:{mesh.port}" for pod in ranked]
+                self._pod_names.update(
+                    zip(addresses, (pod.metadata.name for pod in ranked), strict=True)
+                )
+                return addresses
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"KubernetesJob mesh {mesh.name!r} (namespace {self.namespace!r}, selector "
@@ -472,31 +501,3 @@ class KubernetesJob(JobTrait):
                     f"{ranked}"
                 )
             time.sleep(self.poll_interval)  # polling the API server, at poll_interval
-
-
-def _api_client(kubeconfig: str | None) -> Any:
-    """An ``ApiClient``: in-cluster config in a pod (unless a kubeconfig is named), else one."""
-    from kubernetes import config
-
-    k8s = _client()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        configuration = k8s.Configuration()
-        load_incluster: Any = config.load_incluster_config  # the client's functions are untyped
-        load_incluster(client_configuration=configuration)
-        return k8s.ApiClient(configuration)
-    from_file: Any = config.new_client_from_config
-    return from_file(config_file=kubeconfig)
-
-
-def _model(data: dict[str, Any], type_name: str) -> Any:
-    """A client model from its JSON-like dict (camelCase keys, as in a manifest)."""
-    api = _client().ApiClient()
-    try:
-        return api.deserialize(json.dumps(data), type_name, "application/json")
-    except TypeError:  # clients before the pydantic rewrite take a response object
-
-        class _Response:
-            def __init__(self, text: str) -> None:
-                self.data = text
-
-        return api.deserialize(_Response(json.dumps(data)), type_name)

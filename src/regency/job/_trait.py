@@ -262,7 +262,12 @@ class JobTrait(abc.ABC):
             self._telemetry_on = True
         state = JobState(
             {
-                name: attach_to_workers(addresses, secret=self.secret, name=name)
+                name: attach_to_workers(
+                    addresses,
+                    secret=self.secret,
+                    name=name,
+                    forwarded=self._forwarded(addresses) or None,
+                )
                 for name, addresses in self._worker_addresses().items()
             }
         )
@@ -279,6 +284,14 @@ class JobTrait(abc.ABC):
             if telemetry is not None:
                 state.telemetry_url = f"{self._admin.url}/v1/telemetry/endpoints"
         return state
+
+    def _forwarded(self, addresses: list[str]) -> dict[str, str]:
+        """The port forwards to reach ``addresses`` through (worker -> local address).
+
+        Empty unless this controller reaches those workers only that way (see
+        ``attach_to_workers(forwarded=)``).
+        """
+        return {}
 
     @abc.abstractmethod
     def _create(self) -> None:

@@ -7,7 +7,8 @@ controller from a thread of its own while enabled. Every request needs
 controller's), so whoever holds the secret can compute it and nobody else can (401 otherwise).
 It listens on loopback unless told otherwise, and refuses a non-loopback address unless
 ``allow_remote=True``. A running server is named in this user's controller file
-(:mod:`regency.observe.rendezvous`), where ``regency stacks`` finds it.
+(:mod:`regency.observe.rendezvous`), where ``regency stacks`` finds it. The same server serves
+the dashboard's page (:mod:`regency.observe.dashboard`), whose data requests carry the token.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from urllib.parse import parse_qs, unquote
 
 from regency._lowlevel import find, mesh_tree, runtime, stacks_of
 from regency.observe import rendezvous
+from regency.observe.dashboard import HEADERS as DASHBOARD_HEADERS
+from regency.observe.dashboard import dashboard_file, dashboard_link
 
 log = logging.getLogger("regency.admin")
 
@@ -54,7 +57,11 @@ def _is_loopback(host: str) -> bool:
 
 
 class AdminServer:
-    """A running admin API; ``url`` and ``token`` say how to reach it, ``stop()`` ends it."""
+    """A running admin API; ``url`` and ``token`` say how to reach it, ``stop()`` ends it.
+
+    ``dashboard_url`` opens its dashboard; it holds the token (in its fragment), so it admits
+    whoever has it, as the token does.
+    """
 
     def __init__(self, server: ThreadingHTTPServer, token: str) -> None:
         self._server = server
@@ -62,6 +69,7 @@ class AdminServer:
         host, port = str(server.server_address[0]), int(server.server_address[1])
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{port}"
+        self.dashboard_url = dashboard_link(self.url, token)
         self._thread = threading.Thread(
             target=server.serve_forever, name="regency-admin", daemon=True
         )
@@ -110,6 +118,10 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "regency-admin/1"
 
     def do_GET(self) -> None:
+        page = dashboard_file(self.path.split("?", 1)[0])
+        if page is not None:  # static and data-free: its script sends the token for data
+            self._send_page(*page)
+            return
         given = self.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), self.expected.encode()):
             self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
@@ -176,6 +188,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("WWW-Authenticate", 'Bearer realm="regency"')
         self.end_headers()
         self.wfile.write(data)
+
+    def _send_page(self, body: bytes, content_type: str) -> None:
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in DASHBOARD_HEADERS.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("admin %s: " + format, self.address_string(), *args)

@@ -250,7 +250,7 @@ class TransferService:
             self._loop,
             lambda: (self._secret,),
             self._authenticated,
-            lambda _key, _sock: False,
+            lambda _route, _sock, _tls: False,
             tune,
             limiter=lambda: _auth_failures,
         )

@@ -97,6 +97,8 @@ def serve(settings: dict[str, Any]) -> None:
         settings["job_id"],
         handoff=socket.socket(fileno=handoff) if handoff is not None else None,
         gateway=settings.get("gateway"),
+        reverse=bool(settings.get("reverse")),
+        via=settings.get("via"),
     )
     runtime.gateway_ips = list(settings.get("gateway_ips") or ())
     context.install_client(ClientInstance(runtime, is_root=False))

@@ -86,6 +86,8 @@ class HostSession:
     root: str  # the root controller's address
     secret: bytes  # the controller's secret, which every proc of its job holds
     gateway: str | None  # where this machine reaches the controller's unix addresses
+    # The controller cannot be dialed from here: it opens reverse connections instead.
+    reverse: bool = False
 
 
 class HostAgent:
@@ -100,8 +102,12 @@ class HostAgent:
         self._lock = threading.Lock()
         self._spawners: dict[str, set[str]] = {}
         self.launcher = Launcher(runtime.loop, self._exited)
-        self.switchboard = Switchboard(runtime.loop.call_later)
-        runtime.transport.router = self.switchboard.route
+        # Its procs' requests for reverse connections go on to the controller (worker hosts
+        # whose controller cannot be dialed; see regency._transport.reverse).
+        self.switchboard = Switchboard(
+            runtime.loop.call_later, runtime.loop, runtime.transport.ask_reverse
+        )
+        runtime.transport.router = self.switchboard
         self._output: OutputPump | None = None  # started with the first forwarded proc
 
     def handle(self, request: Any) -> None:
@@ -144,6 +150,9 @@ class HostAgent:
             "agent": session.agent,
             "root": session.root,
             "gateway": session.gateway,
+            "reverse": session.reverse,
+            # Forwarded ports of the hosts the controller reaches that way (its own machine).
+            "via": dict(self.runtime.transport.paths.via),
             "parent_pid": os.getpid(),
             "sys_path": list(sys.path),
             "cwd": os.getcwd(),

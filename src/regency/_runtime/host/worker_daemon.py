@@ -2,13 +2,15 @@
 
 A worker listens on one TCP port and holds its job's secret. A controller that proves the secret
 sends :class:`Attach`: it tells the worker the address the controller knows it by, where the
-controller's machine is reached (its gateway), the controller's own secret (wrapped with the
-job's, never in the clear) and its settings. From then on the worker's host agent starts procs
-for that controller; the procs hold the controller's secret and are reached through the worker's
-port. When the controller goes (its connection closes or falls silent), the worker stops every
-proc it started and waits for the next one; when the controller shuts the host down
-(``HostMesh.shutdown``), the worker stops them and exits. A second controller that attaches
-while one is served is refused with an error naming the one being served.
+controller's machine is reached (its gateway; or nowhere, when the controller reaches the worker
+through a forwarded port and cannot be dialed: then the controller opens every connection the
+worker's side needs, see :mod:`regency._transport.reverse`), the controller's own secret
+(wrapped with the job's, never in the clear) and its settings. From then on the worker's host
+agent starts procs for that controller; the procs hold the controller's secret and are reached
+through the worker's port. When the controller goes (its connection closes or falls silent), the
+worker stops every proc it started and waits for the next one; when the controller shuts the
+host down (``HostMesh.shutdown``), the worker stops them and exits. A second controller that
+attaches while one is served is refused with an error naming the one being served.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Attach:
     wrapped_secret: bytes  # the controller's secret, wrapped with the job's
     settings: dict[str, object]  # the controller's regency.config values
     reply: PortRef
+    reverse: bool = False  # the controller cannot be dialed: it opens reverse connections
 
 
 class WorkerAgent:
@@ -149,8 +152,14 @@ class WorkerAgent:
         transport.secret = secret
         transport.accepted = (self.job_secret,)
         transport.gateway = request.gateway
+        transport.use_reverse(request.reverse, request.controller)
         self.agent.session = HostSession(
-            request.job_id, request.address, request.controller, secret, request.gateway
+            request.job_id,
+            request.address,
+            request.controller,
+            secret,
+            request.gateway,
+            request.reverse,
         )
         self.runtime.open_port(
             PeerWatch(request.controller, self._controller_gone), watch=[request.controller]
@@ -159,7 +168,7 @@ class WorkerAgent:
         log.info(
             "serving controller %s through %s (job %s)",
             request.controller,
-            request.gateway,
+            "reverse connections" if request.reverse else request.gateway,
             request.job_id,
         )
         self._reply(request.reply, self._description())
@@ -177,6 +186,7 @@ class WorkerAgent:
         transport.secret = self.job_secret
         transport.accepted = ()
         transport.gateway = None
+        transport.use_reverse(False)
         config.clear_runtime_config()
         log.info("waiting for the next controller")
         self._start_idle_clock()

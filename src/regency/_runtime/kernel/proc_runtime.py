@@ -16,7 +16,11 @@ from regency._transport.transport import Transport
 
 
 class ProcRuntime(FrameRouter):
-    """The router of a real process: over the socket :class:`Transport` and its I/O loop."""
+    """The router of a real process: over the socket :class:`Transport` and its I/O loop.
+
+    ``gateway``, ``reverse`` and ``via`` say how it reaches other machines' processes (see
+    :class:`regency._transport.outbound.Paths`).
+    """
 
     def __init__(
         self,
@@ -25,6 +29,8 @@ class ProcRuntime(FrameRouter):
         job_id: str,
         handoff: socket.socket | None = None,
         gateway: str | None = None,
+        reverse: bool = False,
+        via: dict[str, str] | None = None,
     ) -> None:
         # The IPs other hosts reach the controller's machine on (set at a proc's start there).
         self.gateway_ips: list[str] = []
@@ -44,6 +50,8 @@ class ProcRuntime(FrameRouter):
                 handoff=handoff,
             )
             transport.gateway = gateway
+            transport.use_reverse(reverse)
+            transport.paths.via.update(via or {})
             # The seam's transport; the host layer also uses its socket-only parts.
             self.transport: Transport = transport
             return transport

@@ -1,0 +1,125 @@
+"""Dialing a peer: where to connect, the route preamble, TLS, the secret handshake.
+
+The dialer's counterpart of :mod:`regency._transport.inbound`. A peer's address says where it
+is; :class:`Paths` says how this process gets there when that is not a plain connect:
+
+- ``tcp://host:port[/NAME]``: connect to ``host:port`` (or to the local end of its forward,
+  ``via``), name ``NAME`` in the preamble;
+- ``unix:`` on this machine: connect to the socket;
+- ``unix:`` on the controller's machine, seen from another host: through the controller's
+  ``gateway`` (its TCP listener), naming the address in the preamble, or, when the controller
+  cannot be dialed from here, over a reverse connection it opens (``reverse``, see
+  :mod:`regency._transport.reverse`).
+
+TLS runs when it applies to the host the peer is on (the named host, not the local end of a
+forward); the preamble tells the listener so. :class:`Peer` and :class:`Queued` hold the frames
+sent to a peer while its connection is being dialed.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from regency._transport import address as addr
+from regency._transport import routing, tls
+from regency._transport.auth import AuthenticationError, dialer_handshake
+from regency._transport.connection import Buffer, Connection
+from regency._transport.tls import Stream
+
+# Opens a reverse connection to the controller's machine within the timeout.
+ReverseDial = Callable[[float], socket.socket]
+
+
+@dataclass
+class Paths:
+    """How this process reaches peers it cannot simply connect to."""
+
+    # Where ``unix:`` peers are reached from another machine (None: they are local).
+    gateway: str | None = None
+    # ``tcp://host:port`` of a worker -> the ``tcp://`` address that forwards to it (the
+    # local end of a ``kubectl port-forward``); the peer keeps its own address.
+    via: dict[str, str] = field(default_factory=dict)
+    # Opens reverse connections to the controller's machine (None: ``unix:`` peers are local
+    # or behind ``gateway``).
+    reverse: ReverseDial | None = None
+
+    def remote_unix(self) -> bool:
+        """Whether ``unix:`` peers are on another machine."""
+        return self.gateway is not None or self.reverse is not None
+
+    def target(self, host_port: str) -> str:
+        """The ``tcp://host:port`` to connect to for a host at ``host_port``."""
+        return self.via.get(host_port, host_port)
+
+
+def connect(
+    peer: str,
+    secret: bytes,
+    timeout: float,
+    own_address: str,
+    paths: Paths,
+    tune: Callable[[socket.socket], None],
+) -> Stream:
+    """A connected, authenticated socket to ``peer``, proving ``secret`` and announcing
+    ``own_address``."""
+    key: str | None = None
+    if addr.is_tcp(peer):
+        key, on_tls = addr.route_key(peer), tls.applies(addr.tcp_host(peer))
+        raw = addr.dial(paths.target(addr.host_port(peer)), timeout=timeout)
+    elif paths.gateway is not None:
+        gateway = paths.gateway
+        key, on_tls = peer, tls.applies(addr.tcp_host(gateway))
+        raw = addr.dial(paths.target(addr.host_port(gateway)), timeout=timeout)
+    elif paths.reverse is not None:
+        # The controller's machine is another host, however the connection got here.
+        key, on_tls = peer, tls.enabled()
+        raw = paths.reverse(timeout)
+        raw.settimeout(timeout)
+    else:
+        raw = addr.dial(peer, timeout=timeout)
+    sock: Stream = raw
+    try:
+        if key is not None:
+            tune(raw)
+            raw.sendall(routing.preamble(key, tls=on_tls))
+            if on_tls:
+                sock = tls.wrap_client(raw, secret)
+        dialer_handshake(sock, secret, own_address)
+    except ssl.SSLError as exc:
+        sock.close()
+        raise AuthenticationError(tls.failure(exc)) from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class Queued:
+    """Frame buffers waiting for a connection, and whether they made it."""
+
+    __slots__ = ("buffers", "done", "sent")
+
+    def __init__(self, buffers: list[Buffer], done: threading.Event | None) -> None:
+        self.buffers = buffers
+        self.done = done
+        self.sent = False
+
+    def finish(self, sent: bool) -> None:
+        """Record whether the frame went out, and wake a sender waiting for it."""
+        self.sent = sent
+        if self.done is not None:
+            self.done.set()
+
+
+class Peer:
+    """Where frames to one peer go: a queue while dialing, then a connection."""
+
+    __slots__ = ("conn", "queue")
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None
+        self.queue: list[Queued] = []
