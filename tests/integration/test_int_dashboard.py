@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _introspect_scenario import FAILURE, build
+from _introspect_scenario import FAILURE, Worker, build
 from _screenshots import keep
 
+from regency import config
 from regency.actor import ProcMesh
 from regency.observe import AdminServer, start_admin
+from regency.observe.telemetry import disable_telemetry, enable_telemetry
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -68,9 +70,7 @@ def page() -> Iterator[Any]:
 
 
 def _check_status(answer: Any, errors: list[str]) -> None:
-    # No telemetry route on this branch: the page asks and says so.
-    expected = answer.url.split("?")[0].endswith("/v1/telemetry/endpoints") and answer.status == 404
-    if answer.status >= 400 and not expected:
+    if answer.status >= 400:
         errors.append(f"HTTP {answer.status} for {answer.url}")
 
 
@@ -117,8 +117,8 @@ def test_dashboard_shows_the_failed_and_restarted_actors_and_stacks_on_a_click(
     # The proc the restart replaced is listed as failed (SIGKILL), next to its replacement.
     expect(page.locator('.proc[data-state="failed"] .reason')).to_contain_text("SIGKILL")
     expect(page.locator("#summary")).to_contain_text("3 actors (2 running, 1 failed)")
-    # No telemetry route on this server: the charts panel says so instead of breaking.
-    expect(page.locator(".telemetry-off")).to_contain_text("Telemetry off / not available")
+    # Telemetry is off in this controller: the charts panel says so instead of breaking.
+    expect(page.locator(".telemetry-off")).to_contain_text("Telemetry off")
 
     # A click on a running proc of `workers` shows its stacks.
     proc = page.locator('.proc[data-state="running"]', has_text="proc mesh workers rank 0")
@@ -146,6 +146,33 @@ def test_dashboard_shows_the_failed_and_restarted_actors_and_stacks_on_a_click(
     expect(page.locator("#status")).to_contain_text("cannot reach the controller", timeout=WAIT_MS)
     expect(page.locator("#status")).to_contain_text("showing the last answer")
     expect(page.locator('tr.actor[data-state="failed"]')).to_have_count(1)
+
+
+@pytest.fixture
+def charted(make_procs: Callable[..., ProcMesh], tmp_path: Path) -> Iterator[None]:
+    """Telemetry on, and five calls to ``charted.pid`` (before the page: see ``page``)."""
+    with config.configured(
+        telemetry_db=str(tmp_path / "telemetry.db"), otel_metric_export_interval="100ms"
+    ):
+        enable_telemetry()
+        try:
+            workers = make_procs(2, name="charted").spawn("charted", Worker)
+            for _ in range(5):
+                workers.pid.call().get()
+            yield
+        finally:
+            disable_telemetry()
+
+
+def test_dashboard_charts_each_endpoint_from_telemetry(
+    admin: AdminServer, charted: None, page: Any, tmp_path: Path
+) -> None:
+    page.goto(admin.dashboard_url)
+    card = page.locator('.endpoint[data-endpoint="charted.pid"]')
+    expect(card).to_contain_text("5 calls", timeout=WAIT_MS)
+    expect(card.locator("svg")).to_have_count(2)  # latency and calls per second
+    keep(_shot(page, tmp_path / "dashboard-telemetry.png"))
+    assert page.errors == []
 
 
 def test_without_the_token_the_page_asks_for_it_and_shows_no_data(

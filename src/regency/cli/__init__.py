@@ -22,6 +22,9 @@ the debugger of a running controller whose procs reached ``breakpoint()`` (see
 prints every proc's Python stacks through a running controller's admin API (see
 ``docs/observability.md``).
 
+``regency telemetry sql "SELECT ..." [--db PATH] [--json]`` queries the spans, metrics and
+failures that controllers with telemetry on recorded locally (see ``docs/introspection.md``).
+
 ``regency top [--pid PID | --url URL] [--interval SECONDS]`` shows a running controller's hosts,
 procs and actors live in the terminal (the ``tui`` extra), and ``regency dashboard [--open]``
 prints the link of its web dashboard (see ``docs/introspection.md``).
@@ -49,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     from regency.cli._logs import add_logs_parser
     from regency.cli._run import add_run_parser
     from regency.cli._stacks import add_stacks_parser
+    from regency.cli._telemetry import add_telemetry_parser
     from regency.cli._top import add_dashboard_parser, add_top_parser
 
     parser = argparse.ArgumentParser(prog="regency", description=__doc__.splitlines()[0])
@@ -75,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     add_logs_parser(commands)
     add_debug_parser(commands)
     add_stacks_parser(commands)
+    add_telemetry_parser(commands)
     add_top_parser(commands)
     add_dashboard_parser(commands)
     return parser
@@ -107,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from regency.cli._stacks import run_stacks
 
         return run_stacks(args)
+    if args.command == "telemetry":
+        from regency.cli._telemetry import run_telemetry
+
+        return run_telemetry(args)
     if args.command == "top":
         from regency.cli._top import run_top
 

@@ -1,7 +1,8 @@
 """The mesh-admin HTTP API: this controller's hosts, procs and actors as JSON, and proc stacks.
 
-Monarch's routes (``/v1/root``, ``/v1/tree``, ``/v1/{ref}``, ``/v1/pyspy/{proc}``), served by
-the controller from a thread of its own while enabled. Every request needs
+Monarch's routes (``/v1/root``, ``/v1/tree``, ``/v1/{ref}``, ``/v1/pyspy/{proc}``), and
+``/v1/telemetry/endpoints`` (per-endpoint call statistics for the dashboard), served by the
+controller from a thread of its own while enabled. Every request needs
 ``Authorization: Bearer TOKEN``; the token is derived from a secret (the job's, or this
 controller's), so whoever holds the secret can compute it and nobody else can (401 otherwise).
 It listens on loopback unless told otherwise, and refuses a non-loopback address unless
@@ -21,7 +22,7 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 from regency._lowlevel import find, mesh_tree, runtime, stacks_of
 from regency.observe import rendezvous
@@ -131,7 +132,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {path!r}"})
             return
         try:
-            self._route(parts[1:])
+            if parts[1:] == ["telemetry", "endpoints"]:
+                self._telemetry_endpoints()
+            else:
+                self._route(parts[1:])
         except Exception as exc:  # an answer, not a dropped connection
             log.exception("admin request %s failed", path)
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
@@ -162,6 +166,18 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.OK, node)
         else:
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {'/'.join(parts)!r}"})
+
+    def _telemetry_endpoints(self) -> None:
+        from regency.observe.telemetry import endpoints
+
+        query = parse_qs(self.path.partition("?")[2])
+        try:
+            window = float(query.get("window_s", ["60"])[-1])
+            body = endpoints.report(window, runtime().job_id)
+        except ValueError as exc:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+            return
+        self._send(HTTPStatus.OK, body)
 
     def _send(self, status: HTTPStatus, body: Any) -> None:
         data = json.dumps(body, indent=1).encode()
