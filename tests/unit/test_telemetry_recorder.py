@@ -87,3 +87,31 @@ def test_the_cli_prints_rows_and_refuses_writes_and_missing_files(
     assert "readonly" in capsys.readouterr().err
     assert main(["telemetry", "sql", "--db", str(db), "SELEKT"]) == 2
     assert "syntax error" in capsys.readouterr().err
+
+
+def test_a_stalled_writer_drops_new_batches_instead_of_holding_them_all(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sqlite3
+
+    rec = Recorder(tmp_path / "t.db", max_queued=4)
+    blocker = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+    try:
+        blocker.execute("BEGIN EXCLUSIVE")  # the writer now waits for the lock
+        now = time.time()
+        rec.ingest(_batch("first", now))
+        deadline = time.monotonic() + 10
+        while rec._queue.qsize():  # the writer took it and waits in its transaction
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for i in range(7):
+            rec.ingest(_batch(f"later{i}", now))
+        assert rec.dropped == 3
+        assert "dropped 1 batches so far" in caplog.text
+        blocker.execute("COMMIT")
+        assert rec.barrier()
+        jobs = run_sql("SELECT DISTINCT job FROM spans ORDER BY job", rec.path)[1]
+        assert [j for (j,) in jobs] == ["first", "later0", "later1", "later2", "later3"]
+    finally:
+        blocker.close()
+        rec.stop()

@@ -39,6 +39,10 @@ log = logging.getLogger("regency.telemetry")
 
 _SWEEP_EVERY = 5.0
 _BATCH_MAX = 256  # batches written in one transaction at most
+# Batches waiting for the writer at most: when the disk or a lock stalls it, newer batches are
+# dropped (counted, and said once a minute) rather than held in memory without bound.
+QUEUE_MAX = 4096
+_DROP_LOG_EVERY = 60.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS spans (
@@ -104,8 +108,11 @@ def _hex(value: int, width: int) -> str | None:
 class Recorder:
     """Writes batches to the database on a thread of its own."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, max_queued: int = QUEUE_MAX) -> None:
         self.path = path if path is not None else database_path()
+        self.max_queued = max_queued
+        self.dropped = 0  # batches refused because the writer was behind
+        self._last_drop_log = 0.0
         _prepare_file(self.path)
         self._conn = connect(self.path, readonly=False)
         self._retention = float(config.get("telemetry_retention"))
@@ -115,7 +122,20 @@ class Recorder:
         self._thread.start()
 
     def ingest(self, batch: dict[str, Any]) -> None:
-        """Queue a batch for writing (any thread)."""
+        """Queue a batch for writing (any thread); drop it when ``max_queued`` batches wait."""
+        if self._queue.qsize() >= self.max_queued:
+            self.dropped += 1
+            now = time.monotonic()
+            if now - self._last_drop_log >= _DROP_LOG_EVERY:
+                self._last_drop_log = now
+                log.warning(
+                    "telemetry: the writer of %s is behind (%d batches waiting): dropped %d "
+                    "batches so far",
+                    self.path,
+                    self.max_queued,
+                    self.dropped,
+                )
+            return
         self._queue.put(batch)
 
     def barrier(self, timeout: float = 10.0) -> bool:
