@@ -343,7 +343,7 @@ def inbox_port() -> Iterator[tuple[_Inbox, Any]]:
 
 
 def _envelope(method: str, reply: Any) -> bytes:
-    return pickle.dumps((method, reply, ("gpus",), (1,)), protocol=5)
+    return pickle.dumps((method, reply, ("gpus",), (1,), None), protocol=5)  # no trace context
 
 
 def _call_frame(proc: LiveProc, reply: Any, method: str, *args: Any) -> bytes:
