@@ -72,9 +72,11 @@ def serve(settings: dict[str, Any]) -> None:
 
     from regency import config
     from regency._runtime.actors.bootstrap_command import apply_cpus
+    from regency._runtime.host import heap
 
     apply_cpus(settings.get("bind"))
     config.configure(**settings["config"])
+    heap.keep_freed_memory(int(config.get("heap_keep_bytes")))  # before any thread starts
     if settings.get("log_file") is not None:
         os.environ[LOG_FILE_ENV] = settings["log_file"]
         _forwarded_output()
