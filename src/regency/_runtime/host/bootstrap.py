@@ -17,6 +17,8 @@ import threading
 import traceback
 from typing import Any
 
+from regency._runtime.host import heap
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -72,7 +74,6 @@ def serve(settings: dict[str, Any]) -> None:
 
     from regency import config
     from regency._runtime.actors.bootstrap_command import apply_cpus
-    from regency._runtime.host import heap
 
     apply_cpus(settings.get("bind"))
     config.configure(**settings["config"])
