@@ -4,7 +4,8 @@ Spawns one proc with a sink actor and sends it ``--calls`` ``bytes`` of ``--mib`
 one warm-up), then reports per call: the controller's wall time and CPU time, and the proc's
 CPU time and minor page faults (``getrusage`` inside the proc, all its threads; a minor fault
 is a page touched for the first time since it was mapped). With ``--pyspy DIR`` it also records
-the proc with py-spy (``--native``, every thread) into ``DIR/bytes-<mib>mib.svg``.
+the proc with py-spy (``--native``, every thread) into ``DIR/bytes-<mib>mib.svg``; py-spy then
+pauses the proc for every sample, so take the times from a run without it.
 
 Run it with a tree's ``src`` first on ``PYTHONPATH`` to profile that tree:
 
@@ -20,6 +21,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -57,13 +59,14 @@ def main() -> None:
         assert sink.take.call_one(data).get(timeout=120) == nbytes  # warm-up
         pid, proc_cpu, proc_faults = sink.usage.call_one().get(timeout=60)
         recorder = None
-        if args.pyspy and shutil.which("py-spy"):
+        pyspy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+        if args.pyspy and pyspy:
             args.pyspy.mkdir(parents=True, exist_ok=True)
             svg = args.pyspy / f"bytes-{args.mib}mib.svg"
-            command = ["py-spy", "record", "--pid", str(pid), "--native", "--threads"]
+            command = [pyspy, "record", "--pid", str(pid), "--native", "--threads"]
             command += ["--rate", "500", "--output", str(svg), "--format", "flamegraph"]
             recorder = subprocess.Popen(
-                [*command, "--nonblocking"],
+                command,  # --native samples pause the proc: time the calls without --pyspy
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
