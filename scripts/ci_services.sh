@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The real services the test suite uses, on a fresh Debian machine (run as root; idempotent):
 #   - packages: Slurm (slurmctld, slurmd, slurm-client) with munge; iproute2 and iputils-ping
-#     for the network-namespace hosts; openssh-server/-client for the SSH tests;
+#     for the network-namespace hosts; openssh-server/-client for the SSH tests; chromium (driven
+#     by Playwright, which never downloads a browser of its own) and fonts for the dashboard
+#     tests; tmux for the test that runs `regency top` in a real terminal;
 #   - a running two-node Slurm cluster on this machine (scripts/slurm_cluster.sh).
 # Tests that need a service skip, with the reason, when it is absent; in CI it is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(slurmctld slurmd slurm-client munge iproute2 iputils-ping openssh-server openssh-client)
+PACKAGES=(slurmctld slurmd slurm-client munge iproute2 iputils-ping openssh-server openssh-client
+    chromium fonts-dejavu-core tmux)
 
 if [[ $(id -u) -ne 0 ]]; then
     echo "ci_services: must run as root" >&2

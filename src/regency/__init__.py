@@ -62,6 +62,16 @@ def _debugger() -> Any:
 _plugins.register("debugger", _debugger)
 
 
+def _telemetry() -> Any:
+    """The telemetry layer's switch, for a process whose ``telemetry`` setting is on."""
+    import regency.observe.telemetry.switch
+
+    return regency.observe.telemetry.switch
+
+
+_plugins.register("telemetry", _telemetry)
+
+
 def __getattr__(name: str) -> Any:
     if name in _TENSOR_NAMES:
         import regency.tensor

@@ -31,7 +31,13 @@ The actor layer:
   has finished (the debugger ends a ``pdb`` session with it).
 - :func:`mesh_tree` / :func:`find` -- a snapshot of the hosts, procs and actors this controller
   runs, with their states, and one node of it by ``ref``; :func:`stacks_of` -- the stacks of
-  procs by address (``regency.observe``'s admin API serves these).
+  procs by address (``regency.observe``'s admin API serves these); :func:`live_proc_addresses`
+  -- the live procs this controller spawned.
+- :mod:`tracing` -- the runtime's telemetry seam (its ``probe``, the records the hot path
+  appends, the current span), :class:`SetTelemetry` -- a proc agent's switch for it,
+  :data:`SERVICE_PROC` / :data:`SERVICE_TELEMETRY` -- a proc's agent and the root's telemetry
+  intake, :class:`Service` -- a thread that serves requests to a service id,
+  :func:`root_address` -- where the root controller is.
 
 The host layer:
 
@@ -43,11 +49,13 @@ The host layer:
 from __future__ import annotations
 
 import regency._runtime.host.controller  # noqa: F401  (registers the controller's boot)
+from regency._runtime.actors import tracing
 from regency._runtime.actors.breakpoints import when_endpoint_finishes
+from regency._runtime.actors.control import SetTelemetry
 from regency._runtime.actors.endpoint_def import Actor, concurrent_endpoint, endpoint
 from regency._runtime.actors.errors import ActorError, SupervisionError
 from regency._runtime.actors.future import Future
-from regency._runtime.actors.introspect import find, mesh_tree
+from regency._runtime.actors.introspect import find, live_proc_addresses, mesh_tree
 from regency._runtime.actors.meshes import (
     HostInfo,
     HostMesh,
@@ -71,11 +79,14 @@ from regency._runtime.kernel.pending import Pending
 from regency._runtime.kernel.port_handlers import PortHandler
 from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import Part, PortRef
-from regency._runtime.kernel.state import runtime
-from regency._runtime.kernel.wire import SERVICE_HOST
+from regency._runtime.kernel.service import Service
+from regency._runtime.kernel.state import root_address, runtime
+from regency._runtime.kernel.wire import SERVICE_HOST, SERVICE_PROC, SERVICE_TELEMETRY
 
 __all__ = [
     "SERVICE_HOST",
+    "SERVICE_PROC",
+    "SERVICE_TELEMETRY",
     "Actor",
     "ActorError",
     "Attach",
@@ -91,6 +102,8 @@ __all__ = [
     "PortRef",
     "ProcMesh",
     "ProcRuntime",
+    "Service",
+    "SetTelemetry",
     "SupervisionError",
     "ValueMesh",
     "WorkerLease",
@@ -101,13 +114,16 @@ __all__ = [
     "gateway_ips",
     "gateway_toward",
     "get_or_spawn_controller",
+    "live_proc_addresses",
     "mesh_tree",
     "proc_log_root",
+    "root_address",
     "runtime",
     "serve_worker",
     "serve_worker_until_shutdown",
     "stacks_of",
     "start_worker",
     "this_host_mesh",
+    "tracing",
     "when_endpoint_finishes",
 ]

@@ -6,26 +6,34 @@ effective settings.
 
 Regency's own keys:
 
-=======================  ===========  ==========================================================
-key                      default      meaning
-=======================  ===========  ==========================================================
-``cast_fanout``          16           children per node of the casting tree
-``max_frame_bytes``      10 GiB       largest message a process sends or accepts
-``connect_timeout``      30.0         seconds to keep dialing a proc that is starting
-``stop_timeout``         10.0         seconds a stopping proc gets before it is killed
-``shm_arena_bytes``      1 GiB        shared memory a proc uses for large parts to same-host peers
-``heap_keep_bytes``      1 GiB        freed memory a proc's malloc keeps for reuse (glibc), so
+==========================  ========  ==========================================================
+key                         default   meaning
+==========================  ========  ==========================================================
+``cast_fanout``             16        children per node of the casting tree
+``max_frame_bytes``         10 GiB    largest message a process sends or accepts
+``connect_timeout``         30.0      seconds to keep dialing a proc that is starting
+``stop_timeout``            10.0      seconds a stopping proc gets before it is killed
+``shm_arena_bytes``         1 GiB     shared memory a proc uses for large parts to same-host peers
+``heap_keep_bytes``         1 GiB     freed memory a proc's malloc keeps for reuse (glibc), so
                                       large objects it rebuilds from messages land in warm pages;
                                       0 leaves glibc's defaults (``_runtime/host/heap.py``)
-``cleanup_timeout``      ``"3s"``     how long an actor's ``__cleanup__`` may take before it
+``cleanup_timeout``         ``"3s"``  how long an actor's ``__cleanup__`` may take before it
                                       counts as failed (a duration, or a number of seconds); also
                                       how long a stop waits for an actor busy in ``__init__`` or a
                                       handler before it goes on without it
-``heartbeat_interval``   1.0          seconds between heartbeats on an idle TCP connection (to
+``heartbeat_interval``      1.0       seconds between heartbeats on an idle TCP connection (to
                                       worker hosts and their procs); also the TCP keepalive period
-``heartbeat_timeout``    5.0          seconds of silence after which a TCP peer (a stopped
+``heartbeat_timeout``       5.0       seconds of silence after which a TCP peer (a stopped
                                       process, a host cut off) is declared lost
-=======================  ===========  ==========================================================
+``telemetry``               False     record spans and metrics (``docs/introspection.md``);
+                                      procs follow the controller's setting
+``telemetry_traces_per_s``  100.0     most new traces a process starts per second (calls and
+                                      spans inside a traced one always join its trace)
+``telemetry_retention``     3600.0    seconds the local recorder keeps spans and metrics
+``telemetry_max_rows``      1000000   most rows the recorder keeps per table
+``telemetry_db``            ``""``    the recorder's SQLite file (default: this user's
+                                      private ``$TMPDIR/regency-<uid>/telemetry/telemetry.db``)
+==========================  ========  ==========================================================
 
 Every key of Monarch's ``monarch.config`` is accepted too, with Monarch's types and defaults:
 durations are strings such as ``"30s"`` or ``"1m 30s"``, normalised when read (``"300s"`` reads
@@ -79,7 +87,14 @@ _DEFAULTS: dict[str, Any] = {
     "heap_keep_bytes": 1024**3,
     "heartbeat_interval": 1.0,
     "heartbeat_timeout": 5.0,
+    "telemetry": False,
+    "telemetry_traces_per_s": 100.0,
+    "telemetry_retention": 3600.0,
+    "telemetry_max_rows": 1_000_000,
+    "telemetry_db": "",
 }
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
 _KEYS = frozenset(_DEFAULTS) | frozenset(MONARCH_KEYS)
 # Monarch's durations that also take a number of seconds (regency's older form).
 _SECONDS_TOO = frozenset({"cleanup_timeout"})
@@ -132,6 +147,16 @@ def _type_error(key: str, value: Any, why: str) -> TypeError:
 
 def _coerce_regency(key: str, value: Any) -> Any:
     kind = type(_DEFAULTS[key])
+    if kind is bool:
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        if not isinstance(value, bool):
+            raise _type_error(key, value, "takes a bool")
+        return value
+    if kind is str:
+        if not isinstance(value, str):
+            raise _type_error(key, value, "takes a str")
+        return value
     if isinstance(value, str):
         try:
             value = kind(value)

@@ -243,19 +243,13 @@ def test_every_monarch_actor_name_exists_in_regency_actor() -> None:
     assert actor.config.prefix_python_logs_with_actor is True
 
 
-@pytest.mark.parametrize(
-    ("name", "issue"),
-    [
-        ("get_meter", "issue 14"),
-        ("span", "issue 14"),
-        ("traced", "issue 14"),
-    ],
-)
-def test_features_of_later_issues_say_which(name: str, issue: str) -> None:
+def test_monarchs_telemetry_helpers_are_telemetrys() -> None:
     import regency.actor as actor
+    import regency.observe.telemetry as telemetry
 
-    with pytest.raises(NotImplementedError, match=issue):
-        getattr(actor, name)()
+    assert actor.span is telemetry.span
+    assert actor.traced is telemetry.traced
+    assert actor.get_meter() is telemetry.get_meter()  # one meter per process, as in Monarch
 
 
 def test_attach_through_a_gateway_is_not_implemented() -> None:

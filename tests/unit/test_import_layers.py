@@ -215,6 +215,11 @@ UPWARD_EXCEPTIONS: dict[tuple[str, str], str] = {
         "regency.observe.pdb_session",
     ): "the debugger's loader, registered with regency._plugins for breakpoint() in a proc "
     "and imported on first use only, so the runtime never names it",
+    (
+        "regency",
+        "regency.observe.telemetry.switch",
+    ): "telemetry's switch, registered with regency._plugins for a process whose telemetry "
+    "setting is on and imported then only, so the runtime never names it",
 }
 
 

@@ -48,10 +48,7 @@ from regency.actor._extras import (
     attach,
     debug_controller,
     enable_transport,
-    get_meter,
     returns_future,
-    span,
-    traced,
 )
 from regency.actor._functions import (
     context,
@@ -62,6 +59,7 @@ from regency.actor._functions import (
     this_host,
     this_proc,
 )
+from regency.observe.telemetry import get_meter, span, traced
 from regency.shape import Extent, Point
 
 __all__ = [

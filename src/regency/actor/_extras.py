@@ -1,7 +1,8 @@
 """Monarch's smaller ``monarch.actor`` functions.
 
-Transports, ``returns_future``, and the names whose features belong to later issues (they raise
-``NotImplementedError`` saying which).
+Transports, ``returns_future``, the debugger's broker, and ``attach`` (which raises
+``NotImplementedError`` saying why). ``span``, ``traced`` and ``get_meter`` are
+:mod:`regency.observe.telemetry`'s.
 """
 
 from __future__ import annotations
@@ -210,18 +211,3 @@ def debug_controller() -> Any:
     from regency.observe.pdb_session import debug_controller as controller
 
     return controller()
-
-
-def get_meter(*args: Any, **kwargs: Any) -> NoReturn:
-    """Monarch's OpenTelemetry meter: telemetry is issue 14."""
-    _later("get_meter()", "issue 14: telemetry")
-
-
-def span(*args: Any, **kwargs: Any) -> NoReturn:
-    """Monarch's tracing span: telemetry is issue 14."""
-    _later("span()", "issue 14: telemetry")
-
-
-def traced(*args: Any, **kwargs: Any) -> NoReturn:
-    """Monarch's tracing decorator: telemetry is issue 14."""
-    _later("traced()", "issue 14: telemetry")

@@ -22,6 +22,13 @@ the debugger of a running controller whose procs reached ``breakpoint()`` (see
 prints every proc's Python stacks through a running controller's admin API (see
 ``docs/observability.md``).
 
+``regency telemetry sql "SELECT ..." [--db PATH] [--json]`` queries the spans, metrics and
+failures that controllers with telemetry on recorded locally (see ``docs/introspection.md``).
+
+``regency top [--pid PID | --url URL] [--interval SECONDS]`` shows a running controller's hosts,
+procs and actors live in the terminal (the ``tui`` extra), and ``regency dashboard [--open]``
+prints the link of its web dashboard (see ``docs/introspection.md``).
+
 ``regency run --nproc-per-node N [--job PATH] [-m] SCRIPT ARGS ...`` runs a torchrun script on
 ``N`` procs per host (this host, or the cached job's) with torchrun's environment, printing each
 rank's output with a ``[rankN]:`` prefix, and exits with the first failing rank's status (see
@@ -45,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     from regency.cli._logs import add_logs_parser
     from regency.cli._run import add_run_parser
     from regency.cli._stacks import add_stacks_parser
+    from regency.cli._telemetry import add_telemetry_parser
+    from regency.cli._top import add_dashboard_parser, add_top_parser
 
     parser = argparse.ArgumentParser(prog="regency", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -70,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     add_logs_parser(commands)
     add_debug_parser(commands)
     add_stacks_parser(commands)
+    add_telemetry_parser(commands)
+    add_top_parser(commands)
+    add_dashboard_parser(commands)
     return parser
 
 
@@ -100,6 +112,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from regency.cli._stacks import run_stacks
 
         return run_stacks(args)
+    if args.command == "telemetry":
+        from regency.cli._telemetry import run_telemetry
+
+        return run_telemetry(args)
+    if args.command == "top":
+        from regency.cli._top import run_top
+
+        return run_top(args)
+    if args.command == "dashboard":
+        from regency.cli._top import run_dashboard
+
+        return run_dashboard(args)
     return _worker(args)
 
 

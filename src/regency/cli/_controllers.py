@@ -1,7 +1,8 @@
 """Finding a running controller of this user, and the secret a client proves to it.
 
-``regency debug`` and ``regency stacks`` talk to a controller's services; each service says
-where it listens in the controller's file (:mod:`regency.observe.rendezvous`).
+``regency debug``, ``regency stacks``, ``regency top`` and ``regency dashboard`` talk to a
+controller's services; each service says where it listens in the controller's file
+(:mod:`regency.observe.rendezvous`).
 """
 
 from __future__ import annotations
@@ -66,3 +67,30 @@ def choose_controller(section: str, pid: int | None, command: str, service: str)
             file=sys.stderr,
         )
     return chosen
+
+
+def add_admin_args(parser: Any) -> None:
+    """``--url`` and the secret arguments: which controller's admin API, and how to prove."""
+    parser.add_argument("--url", help="the admin API's URL (default: the controller's file)")
+    add_secret_args(parser)
+
+
+def admin_target(args: argparse.Namespace, command: str) -> tuple[str, str]:
+    """The admin API's URL and the bearer token to send, from ``add_admin_args``' arguments."""
+    from regency.observe import admin_token
+
+    secret = given_secret(args)
+    if args.url is not None:
+        return args.url.rstrip("/"), admin_token(
+            secret if secret is not None else default_job_secret()
+        )
+    chosen = choose_controller(
+        "admin",
+        args.pid,
+        command,
+        "the admin API (start it with job.enable_admin() or regency.observe.start_admin(), "
+        "or give --url)",
+    )
+    section = chosen.sections["admin"]
+    token = admin_token(secret) if secret is not None else str(section["token"])
+    return str(section["url"]).rstrip("/"), token

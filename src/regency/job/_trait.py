@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from regency import config as settings
 from regency._lowlevel import HostMesh
 from regency._private_paths import (
     UnsafePathError,
@@ -27,6 +28,7 @@ from regency._private_paths import (
     write_private_file,
 )
 from regency.observe import AdminServer, start_admin
+from regency.observe.telemetry import disable_telemetry, enable_telemetry
 
 DEFAULT_JOB_PATH = ".regency/job_state.pkl"
 _STOP_TIMEOUT = 10.0
@@ -37,9 +39,11 @@ log = logging.getLogger("regency.job")
 class TelemetryConfig:
     """Monarch's telemetry settings, accepted by :meth:`JobTrait.enable_telemetry`.
 
-    Regency runs no telemetry, dashboard or snapshot services: the settings are recorded on the
-    job (``job.telemetry_config``) so Monarch scripts that configure them run unchanged, and the
-    ``JobState`` URLs stay ``None``. Use ``regency.observe`` for logs, spans and metrics.
+    ``state()`` then switches telemetry on (:func:`regency.observe.telemetry.enable_telemetry`)
+    in the controller and on every host, keeping spans and metrics for ``retention_secs`` (0:
+    the ``telemetry_retention`` setting) in the local recorder, and serves the admin API (its
+    ``/v1/telemetry`` routes are ``JobState.telemetry_url``). ``include_dashboard``,
+    ``dashboard_port`` and ``snapshot_interval_secs`` are recorded and change nothing yet.
     """
 
     retention_secs: int = 3600
@@ -69,8 +73,10 @@ class JobState:
 
     ``query_engine_client``, ``telemetry_url``, ``dashboard_url`` and ``admin_url`` are
     Monarch's service handles. ``admin_url`` is set when the job's admin API is enabled
-    (:meth:`JobTrait.enable_admin`), its bearer token being ``admin_token``; regency runs no
-    telemetry or dashboard service yet, so the others are ``None``.
+    (:meth:`JobTrait.enable_admin`), its bearer token being ``admin_token``; ``telemetry_url``
+    when telemetry is (:meth:`JobTrait.enable_telemetry`): the admin API's per-endpoint
+    statistics route. Regency has no query engine client or separate dashboard service: those
+    stay ``None`` (query with ``regency telemetry sql``).
     """
 
     query_engine_client: Any = None
@@ -112,6 +118,7 @@ class JobTrait(abc.ABC):
         self.apply_id: str | None = None
         self._state: JobState | None = None
         self._admin: AdminServer | None = None  # serving once enable_admin() and state()
+        self._telemetry_on = False  # this controller's telemetry, switched on by state()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -153,12 +160,16 @@ class JobTrait(abc.ABC):
     def kill(self) -> None:
         """Stop this controller's procs on the job's hosts, then tear the hosts down.
 
+        Telemetry that ``state()`` switched on is switched off (what it recorded stays).
         Idempotent.
         """
         state, self._state = self._state, None
         admin, self._admin = getattr(self, "_admin", None), None
         if admin is not None:
             admin.stop()
+        if getattr(self, "_telemetry_on", False):
+            self._telemetry_on = False
+            disable_telemetry()
         if state is not None:
             for name, mesh in state._meshes.items():
                 if mesh._lease is not None and mesh._lease.shut_down:
@@ -183,9 +194,10 @@ class JobTrait(abc.ABC):
         mesh_admin_config: MeshAdminConfig | None = None,
         **kwargs: Any,
     ) -> _J:
-        """Record Monarch's telemetry settings (built from ``kwargs`` if ``config`` is None).
+        """Switch telemetry on from ``state()`` on, with the admin API; returns ``self``.
 
-        Regency starts no telemetry services; see :class:`TelemetryConfig`. Returns ``self``.
+        The settings are built from ``kwargs`` if ``config`` is None; see
+        :class:`TelemetryConfig`.
         """
         self.telemetry_config = config if config is not None else TelemetryConfig(**kwargs)
         if mesh_admin_config is not None or self.admin_config is None:
@@ -225,6 +237,7 @@ class JobTrait(abc.ABC):
         state = dict(self.__dict__)
         state["_state"] = None  # meshes belong to the controller that attached them
         state["_admin"] = None  # so does its admin server
+        state["_telemetry_on"] = False  # and its telemetry
         return state
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -241,6 +254,12 @@ class JobTrait(abc.ABC):
         """Attach to every mesh's workers."""
         from regency.job._attach import attach_to_workers
 
+        telemetry = getattr(self, "telemetry_config", None)
+        if telemetry is not None:  # before attaching: the hosts take the controller's settings
+            if telemetry.retention_secs > 0:
+                settings.configure(telemetry_retention=float(telemetry.retention_secs))
+            enable_telemetry()
+            self._telemetry_on = True
         state = JobState(
             {
                 name: attach_to_workers(
@@ -262,6 +281,8 @@ class JobTrait(abc.ABC):
                 )
             assert self._admin is not None
             state.admin_url, state.admin_token = self._admin.url, self._admin.token
+            if telemetry is not None:
+                state.telemetry_url = f"{self._admin.url}/v1/telemetry/endpoints"
         return state
 
     def _forwarded(self, addresses: list[str]) -> dict[str, str]:

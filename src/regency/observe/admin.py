@@ -1,12 +1,14 @@
 """The mesh-admin HTTP API: this controller's hosts, procs and actors as JSON, and proc stacks.
 
-Monarch's routes (``/v1/root``, ``/v1/tree``, ``/v1/{ref}``, ``/v1/pyspy/{proc}``), served by
-the controller from a thread of its own while enabled. Every request needs
+Monarch's routes (``/v1/root``, ``/v1/tree``, ``/v1/{ref}``, ``/v1/pyspy/{proc}``), and
+``/v1/telemetry/endpoints`` (per-endpoint call statistics for the dashboard), served by the
+controller from a thread of its own while enabled. Every request needs
 ``Authorization: Bearer TOKEN``; the token is derived from a secret (the job's, or this
 controller's), so whoever holds the secret can compute it and nobody else can (401 otherwise).
 It listens on loopback unless told otherwise, and refuses a non-loopback address unless
 ``allow_remote=True``. A running server is named in this user's controller file
-(:mod:`regency.observe.rendezvous`), where ``regency stacks`` finds it.
+(:mod:`regency.observe.rendezvous`), where ``regency stacks`` finds it. The same server serves
+the dashboard's page (:mod:`regency.observe.dashboard`), whose data requests carry the token.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 from regency._lowlevel import find, mesh_tree, runtime, stacks_of
 from regency.observe import rendezvous
+from regency.observe.dashboard import HEADERS as DASHBOARD_HEADERS
+from regency.observe.dashboard import dashboard_file, dashboard_link
 
 log = logging.getLogger("regency.admin")
 
@@ -53,7 +57,11 @@ def _is_loopback(host: str) -> bool:
 
 
 class AdminServer:
-    """A running admin API; ``url`` and ``token`` say how to reach it, ``stop()`` ends it."""
+    """A running admin API; ``url`` and ``token`` say how to reach it, ``stop()`` ends it.
+
+    ``dashboard_url`` opens its dashboard; it holds the token (in its fragment), so it admits
+    whoever has it, as the token does.
+    """
 
     def __init__(self, server: ThreadingHTTPServer, token: str) -> None:
         self._server = server
@@ -61,6 +69,7 @@ class AdminServer:
         host, port = str(server.server_address[0]), int(server.server_address[1])
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{port}"
+        self.dashboard_url = dashboard_link(self.url, token)
         self._thread = threading.Thread(
             target=server.serve_forever, name="regency-admin", daemon=True
         )
@@ -109,6 +118,10 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "regency-admin/1"
 
     def do_GET(self) -> None:
+        page = dashboard_file(self.path.split("?", 1)[0])
+        if page is not None:  # static and data-free: its script sends the token for data
+            self._send_page(*page)
+            return
         given = self.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), self.expected.encode()):
             self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
@@ -119,7 +132,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {path!r}"})
             return
         try:
-            self._route(parts[1:])
+            if parts[1:] == ["telemetry", "endpoints"]:
+                self._telemetry_endpoints()
+            else:
+                self._route(parts[1:])
         except Exception as exc:  # an answer, not a dropped connection
             log.exception("admin request %s failed", path)
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
@@ -151,6 +167,18 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {'/'.join(parts)!r}"})
 
+    def _telemetry_endpoints(self) -> None:
+        from regency.observe.telemetry import endpoints
+
+        query = parse_qs(self.path.partition("?")[2])
+        try:
+            window = float(query.get("window_s", ["60"])[-1])
+            body = endpoints.report(window, runtime().job_id)
+        except ValueError as exc:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+            return
+        self._send(HTTPStatus.OK, body)
+
     def _send(self, status: HTTPStatus, body: Any) -> None:
         data = json.dumps(body, indent=1).encode()
         self.send_response(status)
@@ -160,6 +188,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("WWW-Authenticate", 'Bearer realm="regency"')
         self.end_headers()
         self.wfile.write(data)
+
+    def _send_page(self, body: bytes, content_type: str) -> None:
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in DASHBOARD_HEADERS.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("admin %s: " + format, self.address_string(), *args)

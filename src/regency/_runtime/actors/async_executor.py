@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from regency import config
-from regency._runtime.actors import context
+from regency._runtime.actors import context, tracing
 from regency._runtime.actors.endpoint_def import EndpointSpec
 from regency._runtime.actors.identity import wait_stopped_async
 from regency._runtime.actors.instance_core import STOP, SUPERVISE, WAKE, ActorCore, Control
@@ -145,11 +145,11 @@ class AsyncExecutor(ActorCore):
         prepared = self._prepare(item)
         if prepared is None:
             return
-        fn, spec, method, reply, point, args, kwargs = prepared
+        fn, spec, method, reply, point, args, kwargs, trace = prepared
         context.set_current(context.Context(self, point))
         if spec.concurrent:
             task = asyncio.ensure_future(
-                self._run_async(fn, spec, method, reply, point, args, kwargs)
+                self._run_async(fn, spec, method, reply, point, args, kwargs, trace)
             )
             tasks.add(task)
 
@@ -160,7 +160,7 @@ class AsyncExecutor(ActorCore):
 
             task.add_done_callback(finished)
             return
-        await self._run_async(fn, spec, method, reply, point, args, kwargs)
+        await self._run_async(fn, spec, method, reply, point, args, kwargs, trace)
 
     async def _run_async(
         self,
@@ -171,15 +171,20 @@ class AsyncExecutor(ActorCore):
         point: Point,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        trace: Any = None,
     ) -> None:
+        probe = tracing.probe
+        mark = None if probe is None or trace is None else probe.handling(trace, self.queued())
         try:
             result = await fn(self.actor, *args, **kwargs)
         except asyncio.CancelledError:
+            if mark is not None:
+                tracing.Probe.abandon(mark)
             raise
         except BaseException as exc:
-            self._settle(spec, method, reply, point, None, exc)
+            self._settle_traced(mark, spec, method, reply, point, None, exc)
             return
-        self._settle(spec, method, reply, point, result, None)
+        self._settle_traced(mark, spec, method, reply, point, result, None)
 
 
 def new_loop() -> asyncio.AbstractEventLoop:

@@ -67,6 +67,15 @@ class SetLogLevel:
 
 
 @dataclass(frozen=True, slots=True)
+class SetTelemetry:
+    """Switch a proc's telemetry on or off (the controller's ``enable_telemetry()``); ``settings``
+    are the controller's ``telemetry*`` configuration values."""
+
+    on: bool
+    settings: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
 class StopActor:
     """Ask a proc to stop its actor of mesh ``mesh_id``; ``done`` (if any) hears when it has."""
 

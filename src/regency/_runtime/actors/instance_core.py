@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from regency import config
-from regency._runtime.actors import breakpoints, context
+from regency._runtime.actors import breakpoints, context, tracing
 from regency._runtime.actors.control import SpawnActor
 from regency._runtime.actors.endpoint_def import EndpointSpec, plain_method
 from regency._runtime.actors.errors import ActorError, SupervisionError, failed_text, stopped_text
@@ -95,13 +95,16 @@ class ActorCore(InstanceBase):
     def stats(self) -> dict[str, object]:
         """What introspection shows of this actor: state, failure, messages handled, queued."""
         state = "failed" if self.failed is not None else "stopped" if self.stopped else "running"
-        queued = self._queue.qsize() + (len(self._inbox) if self._inbox is not None else 0)
         return {
             "state": state,
             "failure": self.failed,
             "messages_handled": self.handled,
-            "mailbox_depth": queued,
+            "mailbox_depth": self.queued(),
         }
+
+    def queued(self) -> int:
+        """Messages waiting in this actor's mailbox."""
+        return self._queue.qsize() + (len(self._inbox) if self._inbox is not None else 0)
 
     @property
     def proc_mesh(self) -> ProcMeshBase:
@@ -282,14 +285,15 @@ class ActorCore(InstanceBase):
         detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
         print(f"regency: actor {self}: {reason}\n{detail}", file=sys.stderr, flush=True)
 
-    def _open(self, item: Delivery) -> tuple[str, PortRef | None, Point, Sequence[Part]]:
+    def _open(self, item: Delivery) -> tuple[str, PortRef | None, Point, Sequence[Part], Any]:
+        """The method, reply port, point, payload and trace context of a message."""
         parts, rank, reply_override = item
         envelope = bytes(parts[0])  # small; and a view of a writable buffer cannot be hashed
         # Envelopes without a reply port (broadcasts) repeat byte for byte: decode them once.
         cached = self._envelopes.get((envelope, rank))
         if cached is not None and reply_override is None:
-            return cached[0], None, cached[1], parts[1:]
-        method, port, labels, sizes = pickle.loads(envelope)
+            return cached[0], None, cached[1], parts[1:], None
+        method, port, labels, sizes, trace = pickle.loads(envelope)
         if reply_override is not None:
             reply: PortRef | None = reply_override
         else:
@@ -300,11 +304,11 @@ class ActorCore(InstanceBase):
             if len(self._points) > _CACHE_MAX:
                 self._points.clear()
             point = self._points[key] = Point(rank, Extent(labels, sizes))
-        if port is None and reply_override is None:
+        if port is None and reply_override is None and trace is None:
             if len(self._envelopes) > _CACHE_MAX:
                 self._envelopes.clear()
             self._envelopes[(envelope, rank)] = (method, point)
-        return method, reply, point, parts[1:]
+        return method, reply, point, parts[1:], trace
 
     def _reject(self, item: Any) -> None:
         """Answer a message the actor will never run (it failed or stopped)."""
@@ -312,7 +316,7 @@ class ActorCore(InstanceBase):
             if item.kind is STOP:
                 item.arg()
             return
-        method, reply, point, _ = self._open(item)
+        method, reply, point, _, _ = self._open(item)
         if reply is None:
             return
         if self.failed is not None:
@@ -328,7 +332,7 @@ class ActorCore(InstanceBase):
         if self.failed is not None:
             self._reject(item)
             return None
-        method, reply, point, payload = self._open(item)
+        method, reply, point, payload, trace = self._open(item)
         entry = self._endpoints.get(method)
         try:
             if entry is None:
@@ -347,7 +351,7 @@ class ActorCore(InstanceBase):
         if spec.explicit_port:
             port: Any = Port(reply, point.rank) if reply is not None else _NullPort()
             args = (port, *args)
-        return fn, spec, method, reply, point, args, kwargs
+        return fn, spec, method, reply, point, args, kwargs, trace
 
     def _settle(
         self,
@@ -370,6 +374,34 @@ class ActorCore(InstanceBase):
         else:
             # A BaseException, or an explicit-port endpoint that raised instead of replying.
             self._die(method, reply, point, error)
+
+    def _settle_traced(
+        self,
+        mark: tracing.Handling | None,
+        spec: EndpointSpec,
+        method: str,
+        reply: PortRef | None,
+        point: Point,
+        result: Any,
+        error: BaseException | None,
+    ) -> None:
+        """:meth:`_settle`, and the message counted (and its spans ended: ``mark``) when
+        telemetry is on."""
+        probe = tracing.probe
+        if probe is None:
+            self._settle(spec, method, reply, point, result, error)
+            return
+        if mark is None:
+            try:
+                self._settle(spec, method, reply, point, result, error)
+            finally:
+                probe.count(self, method, error is not None)
+            return
+        settling = tracing.now()
+        try:
+            self._settle(spec, method, reply, point, result, error)
+        finally:
+            probe.handled(mark, self, method, settling, error)
 
     def _reply_value(self, reply: PortRef, rank: int, value: Any) -> BaseException | None:
         """Send ``value``; return a ``BaseException`` pickling it raised (the caller fails the

@@ -37,6 +37,13 @@ def owned_proc_meshes() -> list[ProcMesh]:
     return [m for m in context.client().owned if isinstance(m, ProcMesh)]
 
 
+def live_proc_addresses() -> list[str]:
+    """The addresses of the live procs of the proc meshes this process's root owns."""
+    dead = state.runtime().losses.dead
+    addrs = {info.addr for mesh in owned_proc_meshes() for info in _all_procs(mesh)}
+    return sorted(a for a in addrs if a not in dead)
+
+
 def mesh_tree(timeout: float = _STATS_TIMEOUT) -> Node:
     """The whole tree as JSON-ready dicts (asks every live proc for its actors' states)."""
     rt = state.runtime()

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from regency._runtime.actors import tracing
 from regency._runtime.actors.control import ProcInfo
 from regency._runtime.actors.errors import failed_text, process_failed, stopped_text
 from regency._runtime.actors.identity import segment
@@ -144,6 +145,9 @@ class MeshSupervisor:
                 event.reason,
                 f"failure on mesh {self.name} at rank {event.rank} with event: actor failed",
             )
+            probe = tracing.probe
+            if probe is not None:
+                probe.failure(event.actor, event.reason)
             delay = self._budget.admit(time.monotonic()) if self._budget is not None else None
             exceeded = self._budget is not None and delay is None
             if delay is not None:
@@ -213,6 +217,9 @@ class MeshSupervisor:
             self._waiters = [(c, p) for c, p in self._waiters if c > count]
         for pending in ready:
             pending.set_result(count)
+        probe = tracing.probe
+        if probe is not None:
+            probe.restart(self.name, ranks)
         self._notify(MeshRestarted(self.name, self.mesh, ranks, count))
 
     def when_restarted(self, count: int) -> Pending:

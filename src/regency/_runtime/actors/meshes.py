@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from regency import _plugins, config
-from regency._runtime.actors import context
+from regency._runtime.actors import context, tracing
 from regency._runtime.actors.actor_mesh import ActorMesh, NotOwnedError, spawn_actor_mesh
 from regency._runtime.actors.bootstrap_command import BootstrapCommand, launches_for
 from regency._runtime.actors.control import PingProc, ProcInfo
@@ -248,6 +248,7 @@ class HostMesh(MeshTrait):
                 procs.append(info)
                 by_agent.setdefault(host.agent, []).append(info)
         sink = LogSink(mesh_name, shape.extent)
+        tracing.follow_config()  # the procs take this process's settings: so must it
         recipe = ProcRecipe(
             codec.dumps_by_value(bootstrap) if bootstrap is not None else None,
             mesh_name,

@@ -10,12 +10,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from regency import config
+from regency import _plugins, config
 from regency._runtime.actors.control import (
     DumpStacks,
     PingProc,
     ProcStats,
     SetLogLevel,
+    SetTelemetry,
     SpawnActor,
     StopActor,
     StopProc,
@@ -69,6 +70,10 @@ class ProcAgent:
             return
         if isinstance(request, SetLogLevel):
             logging.getLogger().setLevel(request.level)
+            return
+        if isinstance(request, SetTelemetry):
+            config.configure(**request.settings)
+            _plugins.load("telemetry").follow(request.on)
             return
         if isinstance(request, ProcStats):
             with self._lock:

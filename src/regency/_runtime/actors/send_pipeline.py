@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from regency import config
-from regency._runtime.actors import context
+from regency._runtime.actors import context, tracing
 from regency._runtime.actors.errors import (
     SupervisionError,
     failed_text,
@@ -35,6 +35,7 @@ from regency._runtime.actors.proc_control import unique
 from regency._runtime.actors.supervision import UndeliverableMessageEnvelope, is_stop_reason
 from regency._runtime.kernel import casting, codec, state
 from regency._runtime.kernel.errors import PeerLostError
+from regency._runtime.kernel.pending import Pending
 from regency._runtime.kernel.refs import PortRef
 from regency._transport import frames
 
@@ -124,7 +125,16 @@ class SendPipeline:
         handler = GatherReply(len(route.bases), route.unique, self._describer(endpoint))
         reply = self._open(handler)
         self._send(
-            endpoint, method, args, kwargs, reply, route.addrs, route.ranks, True, route.unique
+            endpoint,
+            method,
+            args,
+            kwargs,
+            reply,
+            route.addrs,
+            route.ranks,
+            True,
+            route.unique,
+            handler.pending,
         )
         return handler
 
@@ -136,7 +146,16 @@ class SendPipeline:
         handler = StreamReply(len(route.bases), route.unique, self._describer(endpoint))
         reply = self._open(handler)
         self._send(
-            endpoint, method, args, kwargs, reply, route.addrs, route.ranks, False, route.unique
+            endpoint,
+            method,
+            args,
+            kwargs,
+            reply,
+            route.addrs,
+            route.ranks,
+            False,
+            route.unique,
+            handler.pendings[-1] if handler.pendings else None,
         )
         return handler
 
@@ -152,7 +171,18 @@ class SendPipeline:
         addr = self.route().addrs[index]
         handler = OnceReply((addr,), self._describer(endpoint))
         reply = self._open(handler)
-        self._send(endpoint, method, args, kwargs, reply, (addr,), (index,), False, (addr,))
+        self._send(
+            endpoint,
+            method,
+            args,
+            kwargs,
+            reply,
+            (addr,),
+            (index,),
+            False,
+            (addr,),
+            handler.pending,
+        )
         return handler
 
     def post(
@@ -276,6 +306,7 @@ class SendPipeline:
         ranks: Sequence[int],
         gather: bool,
         watch: Sequence[str] = (),
+        pending: Pending | None = None,
     ) -> None:
         rt = state.runtime()
         supervisor = self.supervisor
@@ -293,15 +324,22 @@ class SendPipeline:
                     self._refuse(endpoint, reply, self.describe_loss(endpoint, addr, reason))
                     return
         route = self.route()
-        if reply is None:
+        probe = tracing.probe
+        if probe is None:
+            start, traced, trace = 0, None, None
+        else:
+            start, traced = probe.begin(reply is not None)
+            trace = None if traced is None else (traced[0], traced[2], start)
+        if reply is None and trace is None:
             envelope = route.envelopes.get(endpoint)
             if envelope is None:
                 envelope = route.envelopes[endpoint] = pickle.dumps(
-                    (method, None, route.labels, route.sizes), protocol=5
+                    (method, None, route.labels, route.sizes, None), protocol=5
                 )
         else:
             # The reply port travels as a plain tuple: pickling a NamedTuple runs Python code.
-            envelope = pickle.dumps((method, tuple(reply), route.labels, route.sizes), protocol=5)
+            port = tuple(reply) if reply is not None else None
+            envelope = pickle.dumps((method, port, route.labels, route.sizes, trace), protocol=5)
         parts = [envelope, *codec.dumps_call(args, kwargs)]
         # Refuse oversize messages before taking sequence numbers: a gap would stall the
         # receiver's ordering of every later message from this sender.
@@ -336,6 +374,9 @@ class SendPipeline:
             return
         if reply is not None:
             rt.losses.watch(reply.port, watch)
+        if probe is not None:
+            name = f"{self.mesh_name}.{endpoint}"
+            probe.sent(name, start, traced, encoder.size, len(addrs), pending, gather)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # As a mesh received in a message: a reference that sends, without the owner's supervisor.

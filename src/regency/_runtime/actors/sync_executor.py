@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from regency import config
-from regency._runtime.actors import context
+from regency._runtime.actors import context, tracing
 from regency._runtime.actors.identity import wait_stopped
 from regency._runtime.actors.instance_core import STOP, SUPERVISE, ActorCore, Control
 from regency._runtime.kernel.mailbox import Delivery
@@ -115,13 +115,15 @@ class SyncExecutor(ActorCore):
         prepared = self._prepare(item)
         if prepared is None:
             return
-        fn, spec, method, reply, point, args, kwargs = prepared
+        fn, spec, method, reply, point, args, kwargs, trace = prepared
+        probe = tracing.probe
+        mark = None if probe is None or trace is None else probe.handling(trace, self.queued())
         token = context.set_current(context.Context(self, point))
         try:
             result = fn(self.actor, *args, **kwargs)
         except BaseException as exc:
-            self._settle(spec, method, reply, point, None, exc)
+            self._settle_traced(mark, spec, method, reply, point, None, exc)
             return
         finally:
             context.CURRENT.reset(token)
-        self._settle(spec, method, reply, point, result, None)
+        self._settle_traced(mark, spec, method, reply, point, result, None)

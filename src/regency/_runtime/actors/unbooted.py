@@ -31,7 +31,7 @@ class UnbootedInstance(ActorInstance):
         if not isinstance(item, tuple):  # a stop request (or a wake-up): nothing runs here
             super()._reject(item)
             return
-        method, reply, point, _ = self._open(item)
+        method, reply, point, _, _ = self._open(item)
         if reply is None:
             return
         error = ActorError(

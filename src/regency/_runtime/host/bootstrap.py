@@ -86,7 +86,7 @@ def serve(settings: dict[str, Any]) -> None:
 
     tls.install(settings.get("tls"))
 
-    from regency._runtime.actors import breakpoints, context
+    from regency._runtime.actors import breakpoints, context, tracing
     from regency._runtime.actors.instance import ClientInstance
     from regency._runtime.actors.proc_agent import ProcAgent
     from regency._runtime.kernel import state, wire
@@ -107,6 +107,7 @@ def serve(settings: dict[str, Any]) -> None:
     context.install_client(ClientInstance(runtime, is_root=False))
     breakpoints.install()
     state.install(runtime, settings["agent"], settings["root"])
+    tracing.follow_config()
 
     stop = threading.Event()
     watch_parent(runtime, settings["parent_pid"])
@@ -116,6 +117,7 @@ def serve(settings: dict[str, Any]) -> None:
     runtime.add_service(wire.SERVICE_PROC, Service("regency-proc-agent", agent.handle))
     agent.booted(_run_bootstrap(settings["bootstrap"]))
     stop.wait()
+    tracing.finish()
     runtime.close()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -12,7 +12,7 @@ import os
 import sys
 
 from regency import config
-from regency._runtime.actors import context, supervision
+from regency._runtime.actors import context, supervision, tracing
 from regency._runtime.actors.control import WarmZygote
 from regency._runtime.actors.instance import ClientInstance
 from regency._runtime.actors.proc_agent import ProcAgent
@@ -47,6 +47,7 @@ def bootstrap_controller() -> None:
     supervision.install_exit_path()
     atexit.register(_exit_code_after_fatal_failure)
     atexit.register(shutdown)
+    tracing.follow_config()
 
 
 def _exit_code_after_fatal_failure() -> None:
@@ -74,6 +75,7 @@ def shutdown(timeout: float | None = None) -> None:
         _host_agent.shutdown(timeout)
     if _proc_agent is not None:
         _proc_agent.stop_all(timeout)
+    tracing.finish()  # after the procs, whose last batches it records
     runtime.close()
     _host_agent = _proc_agent = None
     gateways.clear()

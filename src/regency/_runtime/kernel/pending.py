@@ -87,6 +87,10 @@ class Pending:
             return True
         return False
 
+    def failed(self) -> bool:
+        """Whether the outcome is an error, known without decoding it. Only valid once done."""
+        return self._raw_error if self._raw is not None else self._error is not None
+
     def add_done_callback(self, fn: Callable[[Pending], None]) -> None:
         """Call ``fn(self)`` once done (at once if already done), on the filling thread."""
         with _STATE:

@@ -22,6 +22,7 @@ SERVICE_HOST: Final = 2  # a host agent: spawn/stop procs on its machine
 SERVICE_SUPERVISION: Final = 3  # failure reports for actors owned in this proc
 SERVICE_SINGLETONS: Final = 5  # the root's registry of get_or_spawn_controller singletons
 SERVICE_BULK: Final = 6  # every proc: a receiver released a shared-memory region
+SERVICE_TELEMETRY: Final = 7  # the root, while telemetry is on: procs' spans and metrics
 SERVICES: Final = frozenset({SERVICE_PROC, SERVICE_HOST, SERVICE_SUPERVISION, SERVICE_SINGLETONS})
 
 

@@ -1,0 +1,74 @@
+"""``regency telemetry sql "SELECT ..."``: query the local telemetry recorder, no server needed.
+
+Reads the SQLite file that controllers with telemetry on write (``telemetry_db``, by default
+this user's ``$TMPDIR/regency-<uid>/telemetry/telemetry.db``), read-only: a statement that
+would change it fails. Prints an aligned table, or JSON rows with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+_USAGE = 2
+_WIDTH_MAX = 60
+
+
+def add_telemetry_parser(commands: Any) -> None:
+    """Add ``telemetry`` to the ``regency`` subcommands."""
+    parser = commands.add_parser(
+        "telemetry",
+        help="query the local telemetry recorder",
+        description="Query the spans, metrics and failures that controllers with telemetry on "
+        "recorded (see docs/introspection.md for the tables).",
+    )
+    actions = parser.add_subparsers(dest="telemetry_command", required=True)
+    sql = actions.add_parser("sql", help="run one read-only SQL statement")
+    sql.add_argument("statement", help='e.g. "SELECT name, duration_ms FROM spans LIMIT 5"')
+    sql.add_argument("--db", metavar="PATH", help="the database (default: this user's recorder)")
+    sql.add_argument("--json", action="store_true", help="print the rows as JSON objects")
+
+
+def run_telemetry(args: argparse.Namespace) -> int:
+    """Run ``regency telemetry sql``; return the exit status."""
+    from regency.observe.telemetry.recorder import database_path, run_sql
+
+    path = Path(args.db).expanduser() if args.db else database_path()
+    try:
+        columns, rows = run_sql(args.statement, path)
+    except FileNotFoundError as exc:
+        print(f"regency telemetry: {exc}", file=sys.stderr)
+        return 1
+    except sqlite3.Error as exc:
+        print(f"regency telemetry: {type(exc).__name__}: {exc} (in {path})", file=sys.stderr)
+        return _USAGE
+    if args.json:
+        for row in rows:
+            print(json.dumps(dict(zip(columns, row, strict=True))))
+        return 0
+    print(_table(columns, rows))
+    return 0
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".")
+    text = str(value)
+    return text if len(text) <= _WIDTH_MAX else text[: _WIDTH_MAX - 3] + "..."
+
+
+def _table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in cells:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    lines.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(lines)

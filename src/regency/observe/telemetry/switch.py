@@ -1,0 +1,181 @@
+"""Switching telemetry on and off in this process, and in the controller's procs.
+
+The runtime reaches this module through ``regency._plugins`` (``"telemetry"``): it calls
+:func:`follow` as a process starts with the ``telemetry`` setting on, when a proc is told to
+by its controller (``SetTelemetry``), and as a process stops (to send what is left).
+
+In every process telemetry is the runtime's probe plus a :class:`~.collector.Collector`. In the
+controller (the root) the collector's batches, and those its procs send to its
+``SERVICE_TELEMETRY``, go to the :class:`~.recorder.Recorder` and, when the environment asks,
+to OTLP export; in a proc they go to the controller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any
+
+from regency import config
+from regency._lowlevel import (
+    SERVICE_PROC,
+    SERVICE_TELEMETRY,
+    PeerLostError,
+    Service,
+    SetTelemetry,
+    live_proc_addresses,
+    root_address,
+    runtime,
+    tracing,
+)
+from regency.observe.telemetry import otlp
+from regency.observe.telemetry.collector import Batch, Collector, identity
+from regency.observe.telemetry.recorder import Recorder
+
+log = logging.getLogger("regency.telemetry")
+
+# What a proc is told when its controller switches telemetry (besides ``telemetry`` itself).
+_FOLLOWED = (
+    "telemetry_traces_per_s",
+    "enable_otel_tracing",
+    "enable_otel_metrics",
+    "otel_metric_export_interval",
+)
+
+
+class _Sink:
+    """The controller's end: records each batch, and exports it over OTLP when asked to."""
+
+    def __init__(self) -> None:
+        self.recorder = Recorder()
+        self.otlp = otlp.OtlpExport() if otlp.wanted() else None
+
+    def ingest(self, batch: Batch) -> None:
+        self.recorder.ingest(batch)
+        if self.otlp is not None:
+            self.otlp.export(batch)
+
+    def stop(self) -> None:
+        self.recorder.stop()
+        if self.otlp is not None:
+            self.otlp.stop()
+
+
+class _Flushed:
+    """Posted behind the procs' batches in the telemetry service: set once they are through."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+_lock = threading.RLock()
+_collector: Collector | None = None
+_sink: _Sink | None = None
+_service_added = False
+
+
+def running() -> bool:
+    """Whether telemetry is on in this process."""
+    return _collector is not None
+
+
+def sink() -> _Sink | None:
+    """The controller's sink while telemetry is on there."""
+    return _sink
+
+
+def follow(on: bool) -> None:
+    """Start (``on``) or stop this process's telemetry; stopping sends what is left."""
+    with _lock:
+        if on and _collector is None:
+            _start()
+        elif not on and _collector is not None:
+            _stop()
+
+
+def _start() -> None:
+    global _collector, _sink, _service_added
+    rt = runtime()
+    probe = tracing.Probe(
+        float(config.get("telemetry_traces_per_s")), bool(config.get("enable_otel_tracing"))
+    )
+    if root_address() == rt.address:
+        _sink = _Sink()
+        if not _service_added:
+            rt.add_service(SERVICE_TELEMETRY, Service("regency-telemetry-in", _from_proc))
+            _service_added = True
+        collector = Collector(probe, _sink.ingest, identity(rt.address, rt.job_id))
+    else:
+        collector = Collector(probe, _to_root, identity(rt.address, rt.job_id))
+    _collector = collector
+    tracing.install(probe)
+    collector.start()
+
+
+def _stop() -> None:
+    global _collector, _sink
+    tracing.install(None)
+    collector, _collector = _collector, None
+    if collector is not None:
+        collector.stop()
+    sink, _sink = _sink, None
+    if sink is not None:
+        flushed = _Flushed()  # the procs' batches that arrived before now are written too
+        runtime().post_service(SERVICE_TELEMETRY, flushed)
+        flushed.done.wait(10)
+        sink.stop()
+
+
+def _from_proc(request: Any) -> None:
+    """A proc's batch (or our own flush marker), on the telemetry service's thread."""
+    if isinstance(request, _Flushed):
+        request.done.set()
+        return
+    sink = _sink
+    if sink is not None and isinstance(request, dict):
+        sink.ingest(request)
+
+
+def _to_root(batch: Batch) -> None:
+    try:
+        runtime().send_control(root_address(), SERVICE_TELEMETRY, batch)
+    except PeerLostError as exc:
+        log.debug("telemetry batch dropped: the controller is gone (%s)", exc)
+
+
+def _push_to_procs(on: bool) -> None:
+    """Tell every live proc of this controller to follow its setting."""
+    settings: dict[str, object] = {key: config.get(key) for key in _FOLLOWED}
+    settings["telemetry"] = on
+    rt = runtime()
+    for addr in live_proc_addresses():
+        with contextlib.suppress(PeerLostError):
+            rt.send_control(addr, SERVICE_PROC, SetTelemetry(on, settings))
+
+
+def flush(timeout: float = 10.0) -> None:
+    """Record what this process has collected so far, now rather than within the interval.
+
+    In the controller, wait until it is written. Procs' batches come on their own.
+    """
+    collector, sink = _collector, _sink
+    if collector is not None:
+        collector.flush()
+    if sink is not None:
+        sink.recorder.barrier(timeout)
+
+
+def enable_telemetry() -> None:
+    """Switch telemetry on in this controller and in every proc it runs, now and later."""
+    config.configure(telemetry=True)
+    follow(True)
+    _push_to_procs(True)
+
+
+def disable_telemetry() -> None:
+    """Switch telemetry off here and in the procs; what was recorded stays in the database."""
+    if running():
+        _push_to_procs(False)
+    config.configure(telemetry=False)
+    follow(False)
