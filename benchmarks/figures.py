@@ -490,7 +490,40 @@ def rdma_backend(a: RDMAAdapter, owner: Any, backend: str, plan: Plan) -> Metric
         a.drop(buf)
     except Exception as exc:  # the numbers stand; say that the drop failed
         metrics[f"rdma_{backend}_drop_error"] = describe(exc, 300)
+    if backend == "default":
+        metrics.update(rdma_end_to_end(a, owner, dst_array, plan))
     return metrics
+
+
+def rdma_end_to_end(a: RDMAAdapter, owner: Any, dst_array: Any, plan: Plan) -> Metrics:
+    """A buffer's whole life, timed: the owner registers it and returns it, one ``read_into``
+    of all of it, ``drop`` (issue 17: at least half the steady-state read rate)."""
+    nbytes = plan.rdma_mib * MIB
+    dst = a.local(dst_array)
+    # Where each of the three steps spends its time, per cycle (ms).
+    steps: list[tuple[float, float, float]] = []
+
+    def cycle() -> None:
+        start = time.perf_counter()
+        buf, _ = a.register(owner, "default")
+        registered = time.perf_counter()
+        a.read_into(buf, dst)
+        read = time.perf_counter()
+        a.drop(buf)
+        steps.append((registered - start, read - registered, time.perf_counter() - read))
+
+    samples = gbps_samples(nbytes, cycle, plan.rdma_reps)
+    if sha256(dst_array) != a.digest(owner):
+        raise AssertionError("end to end: read_into delivered bytes that differ from the owner's")
+    timed = steps[1:]  # the first is the warm-up
+    return {
+        "rdma_e2e_read_gbps": median(samples),
+        "rdma_e2e_read_samples_gbps": [round(s, 3) for s in samples],
+        **{
+            f"rdma_e2e_{step}_ms": median([t[i] * 1e3 for t in timed])
+            for i, step in enumerate(("register", "read", "drop"))
+        },
+    }
 
 
 def fig_rdma(a: RDMAAdapter, plan: Plan) -> Metrics:

@@ -14,6 +14,9 @@ key                         default   meaning
 ``connect_timeout``         30.0      seconds to keep dialing a proc that is starting
 ``stop_timeout``            10.0      seconds a stopping proc gets before it is killed
 ``shm_arena_bytes``         1 GiB     shared memory a proc uses for large parts to same-host peers
+``heap_keep_bytes``         1 GiB     freed memory a proc's malloc keeps for reuse (glibc), so
+                                      large objects it rebuilds from messages land in warm pages;
+                                      0 leaves glibc's defaults (``_runtime/host/heap.py``)
 ``cleanup_timeout``         ``"3s"``  how long an actor's ``__cleanup__`` may take before it
                                       counts as failed (a duration, or a number of seconds); also
                                       how long a stop waits for an actor busy in ``__init__`` or a
@@ -81,6 +84,7 @@ _DEFAULTS: dict[str, Any] = {
     "connect_timeout": 30.0,
     "stop_timeout": 10.0,
     "shm_arena_bytes": 1024**3,
+    "heap_keep_bytes": 1024**3,
     "heartbeat_interval": 1.0,
     "heartbeat_timeout": 5.0,
     "telemetry": False,
@@ -94,6 +98,8 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 _KEYS = frozenset(_DEFAULTS) | frozenset(MONARCH_KEYS)
 # Monarch's durations that also take a number of seconds (regency's older form).
 _SECONDS_TOO = frozenset({"cleanup_timeout"})
+# Regency's keys where 0 turns the feature off (the others must be positive).
+_ZERO_IS_OFF = frozenset({"heap_keep_bytes"})
 _U64 = 2**64
 _TRANSPORT_SHORTCUTS = {
     "tcp": ChannelTransport.TcpWithHostname,
@@ -160,6 +166,8 @@ def _coerce_regency(key: str, value: Any) -> Any:
         raise _type_error(key, value, f"takes a {kind.__name__}")
     if kind is int and not isinstance(value, int):
         raise _type_error(key, value, "takes an int")
+    if value == 0 and key in _ZERO_IS_OFF:
+        return kind(value)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"config {key!r} must be a positive, finite number, got {value!r}")
     return kind(value)

@@ -336,3 +336,22 @@ def test_as_endpoint_calls_a_plain_method(procs2):
 def test_unknown_attribute_on_actor_mesh_is_attribute_error(counters):
     with pytest.raises(AttributeError):
         counters.no_such_endpoint
+
+
+# --- large buffers (issue 17) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 100, 2 << 20])
+@pytest.mark.parametrize("kind", [bytes, bytearray])
+def test_bytes_and_bytearray_arguments_keep_their_type(counters, kind, size):
+    data = kind(os.urandom(size))
+    (args, _) = counters.slice(gpus=0).echo.call_one(data).get(timeout=CALL_TIMEOUT)
+    assert type(args[0]) is kind
+    assert args[0] == data
+
+
+@pytest.mark.deviation("regency delivers a memoryview as a memoryview, not bytes", skip="regency")
+def test_memoryview_argument_arrives_as_bytes(counters):
+    (args, _) = counters.slice(gpus=0).echo.call_one(memoryview(b"abc")).get(timeout=CALL_TIMEOUT)
+    assert type(args[0]) is bytes
+    assert args[0] == b"abc"

@@ -6,6 +6,7 @@ visible in values: that the zero-copy path is taken, and that every region comes
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import time
@@ -39,11 +40,12 @@ def arena_in_use() -> int:
 
 
 def backing(x: np.ndarray) -> str:
-    """The type of the memory under an array: "mmap" when it was mapped from an arena."""
+    """What the memory under an array is: "arena" when it is a region of a sender's arena."""
     base = x.base
     while isinstance(base, np.ndarray):
         base = base.base
-    return type(base.obj).__name__ if isinstance(base, memoryview) else type(base).__name__
+    owner = base.obj if isinstance(base, memoryview) else base
+    return "arena" if isinstance(owner, ctypes.Array) else type(owner).__name__
 
 
 class Sink(Actor):
@@ -86,7 +88,7 @@ def test_large_arrays_arrive_mapped_and_regions_are_reused(small_arena: ProcMesh
     for i in range(20):
         data = rng.integers(0, 255, 3 * MIB, dtype=np.uint8)
         backing, nbytes, checksum = sink.inspect.call_one(data).get(timeout=T)
-        assert (backing, nbytes) == ("mmap", data.nbytes), f"send {i} did not use the arena"
+        assert (backing, nbytes) == ("arena", data.nbytes), f"send {i} did not use the arena"
         assert checksum == int(data[::4096].astype(np.int64).sum())
         assert wait_until(lambda: arena_in_use() == 0), "the receiver never released its region"
 
@@ -95,7 +97,7 @@ def test_large_replies_come_back_mapped_and_are_released(small_arena: ProcMesh) 
     sink = small_arena.spawn("sink", Sink)
     for value in (1, 2, 3):
         array = sink.make.call_one(5 * MIB, value).get(timeout=T)
-        assert backing(array) == "mmap"
+        assert backing(array) == "arena"
         assert array.nbytes == 5 * MIB
         assert int(array[0]) == value
         assert int(array[-1]) == value
@@ -127,9 +129,9 @@ def test_a_full_arena_falls_back_to_the_socket(small_arena: ProcMesh) -> None:
     # a 4 MiB reply cannot fit and must come through the socket instead.
     sink = small_arena.spawn("sink", Sink)
     held = sink.make.call_one(6 * MIB, 1).get(timeout=T)
-    assert backing(held) == "mmap"
+    assert backing(held) == "arena"
     second = sink.make.call_one(4 * MIB, 5).get(timeout=T)
-    assert backing(second) != "mmap"
+    assert backing(second) != "arena"
     assert second.nbytes == 4 * MIB
     assert int(second[0]) == 5
     assert int(second[-1]) == 5
@@ -166,10 +168,10 @@ def test_a_dead_senders_arena_file_is_closed_and_its_data_stays_readable(
     sink = small_arena.spawn("sink", Sink)
     pid = sink.pid.call_one().get(timeout=T)
     array = sink.make.call_one(2 * MIB, 7).get(timeout=T)
-    assert backing(array) == "mmap"
+    assert backing(array) == "arena"
     bulk = state.runtime().bulk
-    assert any(key[1] == pid for key in bulk._files), "we opened the proc's arena"
+    assert any(key[1] == pid for key in bulk._maps), "we opened the proc's arena"
     os.kill(pid, signal.SIGKILL)
-    assert wait_until(lambda: not any(key[1] == pid for key in bulk._files))
+    assert wait_until(lambda: not any(key[1] == pid for key in bulk._maps))
     assert int(array[0]) == 7
     assert int(array[-1]) == 7

@@ -18,6 +18,7 @@ DEFAULTS = {
     "connect_timeout": 30.0,
     "stop_timeout": 10.0,
     "shm_arena_bytes": 1024**3,
+    "heap_keep_bytes": 1024**3,
     "cleanup_timeout": "3s",
     "heartbeat_interval": 1.0,
     "heartbeat_timeout": 5.0,
@@ -144,6 +145,14 @@ def test_bad_type_is_a_type_error(key: str, value: object) -> None:
 def test_non_positive_is_a_value_error(key: str, value: object) -> None:
     with pytest.raises(ValueError, match=key):
         config.configure(**{key: value})
+
+
+def test_heap_keep_bytes_takes_zero_to_turn_it_off_but_not_a_negative() -> None:
+    config.configure(heap_keep_bytes=0)
+    assert config.get("heap_keep_bytes") == 0
+    with pytest.raises(ValueError, match="heap_keep_bytes"):
+        config.configure(heap_keep_bytes=-1)
+    assert config.get("heap_keep_bytes") == 0
 
 
 @pytest.mark.parametrize("value", [math.nan, "nan"])

@@ -3,18 +3,22 @@
 Copying 128 MiB through a unix socket costs two copies plus page faults on freshly allocated
 memory in the receiver (very slow on VMs). Instead, the sender copies each large part into its
 *arena* — one memfd per process, whose pages stay mapped and warm — and sends a small
-descriptor. The receiver maps the region (no copy, no fresh pages) and the value it unpickles
-(a numpy array, say) reads straight from it. When the receiver's last reference to the region
-goes away, it tells the sender, which then reuses the region.
+descriptor. The receiver hands out the region (no copy, no fresh pages) and the value it
+unpickles (a numpy array, say) reads straight from it. When the receiver's last reference to the
+region goes away, it tells the sender, which then reuses the region.
 
 The receiver opens the sender's memfd through ``/proc/PID/fd/N`` (same host, same user: the
-transport only uses this for unix-socket peers of this job).
+transport only uses this for unix-socket peers of this job) and maps all of it once, for as long
+as the sender lives: a region is a slice of that mapping, so the page tables of regions used
+before stay filled. Mapping each region afresh cost a page fault per 4 KiB page touched, as
+much time as copying the region once (a ``bytes`` rebuilt from a 128 MiB part took twice as
+long).
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
+import ctypes
 import logging
 import mmap
 import os
@@ -37,6 +41,15 @@ Descriptor = tuple[int, int, int, int, int]  # (part index, pid, fd, offset, len
 
 def _nbytes(part: Part) -> int:
     return part.nbytes if isinstance(part, memoryview) else len(part)
+
+
+def _spare_core() -> bool:
+    """Whether a second copying thread would find a core of its own: the 1-minute load average
+    is below the CPUs this process may run on, less one. On a busy machine the helper waits for
+    a core, and two threads copy slower than one: a 128 MiB ``bytes`` argument went at 3.3-3.4
+    GB/s on two threads against 4.2 on one, numpy arrays 5.3-6.0 against 7.8-8.1 (2 cores,
+    load 6.5, issue 17)."""
+    return os.getloadavg()[0] < len(os.sched_getaffinity(0)) - 1
 
 
 class Arena:
@@ -67,11 +80,12 @@ class Arena:
         return None
 
     def write(self, offset: int, part: Part) -> None:
-        """Copy ``part`` into the arena at ``offset`` (large parts on two threads at once)."""
+        """Copy ``part`` into the arena at ``offset`` (large parts on two threads at once, when
+        the machine has a core to spare)."""
         view = memoryview(part).cast("B")
         size = view.nbytes
         numpy = sys.modules.get("numpy")
-        if numpy is None or size < _PARALLEL_COPY_MIN:
+        if numpy is None or size < _PARALLEL_COPY_MIN or not _spare_core():
             self._view[offset : offset + size] = view
             return
         # numpy releases the GIL while copying: two halves on two cores nearly double the rate.
@@ -121,8 +135,9 @@ class Bulk:
         self._arena: Arena | None = None
         self._arena_lock = threading.Lock()
         self._release = release
-        self._files: dict[tuple[str, int, int], int] = {}  # (sender, pid, fd) -> our fd
-        self._files_lock = threading.Lock()
+        # (sender, pid, fd) -> the sender's whole arena, mapped here
+        self._maps: dict[tuple[str, int, int], mmap.mmap] = {}
+        self._maps_lock = threading.Lock()
 
     def _get_arena(self) -> Arena | None:
         if self._arena is None:
@@ -164,30 +179,37 @@ class Bulk:
             self._arena.free(offset)
 
     def peer_lost(self, peer: str) -> None:
-        """Free the regions a lost peer held and close the lost sender's arena file.
+        """Free the regions a lost peer held and forget the lost sender's arena.
 
-        Mappings already made stay valid: closing the file does not unmap them.
+        Its regions still held here stay valid: each keeps the mapping (and so the memory).
         """
         if self._arena is not None:
             self._arena.free_peer(peer)
-        with self._files_lock:
-            for key in [k for k in self._files if k[0] == peer]:
-                with contextlib.suppress(OSError):
-                    os.close(self._files.pop(key))
+        with self._maps_lock:
+            for key in [k for k in self._maps if k[0] == peer]:
+                del self._maps[key]
 
     def import_(self, peer: str, parts: list[Any], descriptor: Part) -> list[Any]:
-        """Replace descriptor placeholders in ``parts`` by mappings of the sender's regions."""
+        """Replace descriptor placeholders in ``parts`` by the sender's regions (no copy).
+
+        A region is a ``ctypes`` array over the sender's mapped arena, because a memoryview
+        cannot be watched for its end: when the last view of it goes, the sender is told.
+        """
         for index, pid, fd, offset, size in pickle.loads(descriptor):
-            region = mmap.mmap(self._file(peer, pid, fd), size, offset=offset)
+            region = (ctypes.c_char * size).from_buffer(self._mapping(peer, pid, fd), offset)
             weakref.finalize(region, self._release, peer, offset)
-            parts[index] = memoryview(region)
+            parts[index] = memoryview(region).cast("B")
         return parts
 
-    def _file(self, peer: str, pid: int, fd: int) -> int:
+    def _mapping(self, peer: str, pid: int, fd: int) -> mmap.mmap:
         key = (peer, pid, fd)
-        with self._files_lock:
-            mine = self._files.get(key)
-            if mine is None:
-                mine = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
-                self._files[key] = mine
-            return mine
+        with self._maps_lock:
+            whole = self._maps.get(key)
+            if whole is None:
+                file = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    whole = mmap.mmap(file, 0)  # all of it
+                finally:
+                    os.close(file)
+                self._maps[key] = whole
+            return whole

@@ -1,8 +1,15 @@
 """Message bodies: pickle protocol 5 with out-of-band buffers, cloudpickle for code by value.
 
-``dumps`` returns ``[body, *buffers]``; large buffers (numpy arrays, bytearrays, CPU torch tensors
-and top-level ``bytes`` arguments) are not copied into the body but travel as separate parts that
-``sendmsg`` writes straight from the object's memory.
+``dumps`` returns ``[body, *buffers]``; large buffers (numpy arrays, CPU torch tensors,
+memoryviews, and ``bytes``/``bytearray`` values that are top-level arguments or return values) are
+not copied into the body but travel as separate parts that ``sendmsg`` writes straight from the
+object's memory.
+
+What arrives: a ``bytes`` as ``bytes`` and a ``bytearray`` as ``bytearray`` (each one copy out of
+the received part, which frees it); a ``memoryview`` as a ``memoryview`` straight over the
+received part (no copy), with the sender's ``format`` and ``shape`` where ``memoryview.cast`` can
+express them (a native single-character format and no zero in the shape; otherwise format ``B``,
+one dimension), read-only if the sender's view was.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ class _Large:
     """Marks a large ``bytes``/``bytearray`` value so it travels out of band.
 
     The C pickler writes these types in-band without consulting any hook, so large top-level
-    arguments and return values are wrapped before pickling.
+    arguments and return values are wrapped before pickling. The receiver rebuilds the value
+    with ``bytes(part)`` / ``bytearray(part)``: one copy out of the received part.
     """
 
     __slots__ = ("data",)
@@ -37,6 +45,26 @@ class _Large:
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         return (type(self.data), (pickle.PickleBuffer(self.data),))
+
+
+def _memoryview_from_buffer(
+    buf: Any, fmt: str, shape: tuple[int, ...], readonly: bool
+) -> memoryview:
+    view = memoryview(buf)
+    if view.readonly and not readonly:  # a part received read-only: the copy is the receiver's
+        view = memoryview(bytearray(view))
+    if fmt != "B" or len(shape) != 1:
+        flat: Any = view.cast("B")  # typeshed types cast() for literal formats only
+        view = flat.cast(fmt, shape)
+    return view.toreadonly() if readonly else view
+
+
+def _reduce_memoryview(view: memoryview) -> tuple[Any, ...]:
+    data = view if view.c_contiguous else memoryview(view.tobytes())
+    fmt, shape = view.format.removeprefix("@"), view.shape or ()
+    if len(fmt) != 1 or 0 in shape:  # what memoryview.cast cannot rebuild travels as bytes
+        fmt, shape = "B", (view.nbytes,)
+    return (_memoryview_from_buffer, (pickle.PickleBuffer(data), fmt, shape, view.readonly))
 
 
 def _tensor_from_buffer(buf: Any, dtype: str, shape: tuple[int, ...]) -> Any:
@@ -71,6 +99,8 @@ def _code_with_filename(code: types.CodeType, filename: str) -> types.CodeType:
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is memoryview:
+            return _reduce_memoryview(obj)
         if type(obj).__module__ == "torch":
             reduced = _reduce_tensor(obj)
             if reduced is not NotImplemented:
@@ -89,10 +119,20 @@ def dumps_by_value(obj: Any) -> bytes:
     return out.getvalue()
 
 
-def _wrap_large(value: Any) -> Any:
-    if type(value) in _WRAPPED and len(value) >= OUT_OF_BAND_MIN:
+def _wrap_large(value: Any, wrapped: dict[int, _Large] | None = None) -> Any:
+    """``value`` marked to travel out of band if it is a large ``bytes``/``bytearray``.
+
+    ``wrapped`` keeps one marker per object, so that an object passed twice arrives as one
+    object, as pickle's memo makes it for everything else.
+    """
+    if type(value) not in _WRAPPED or len(value) < OUT_OF_BAND_MIN:
+        return value
+    if wrapped is None:
         return _Large(value)
-    return value
+    marker = wrapped.get(id(value))
+    if marker is None:
+        marker = wrapped[id(value)] = _Large(value)
+    return marker
 
 
 _WRAPPED = (bytes, bytearray)
@@ -105,8 +145,9 @@ def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Part]:
         return [pickle.dumps(call, protocol=5)]
     for value in (*args, *kwargs.values()):
         if type(value) in _WRAPPED:
-            args = tuple(_wrap_large(a) for a in args)
-            kwargs = {k: _wrap_large(v) for k, v in kwargs.items()}
+            wrapped: dict[int, _Large] = {}
+            args = tuple(_wrap_large(a, wrapped) for a in args)
+            kwargs = {k: _wrap_large(v, wrapped) for k, v in kwargs.items()}
             break
     return dumps((args, kwargs))
 
