@@ -167,6 +167,50 @@ class Wait:
     event: int
 
 
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """Move the value of ``src`` to ``out`` (another stream's from now on: ``src`` is forgotten)
+    and signal ``event``, which that stream waits for before its first use of ``out``."""
+
+    src: int
+    out: int
+    event: int
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Hand a copy of each ``(ref, slot)`` shard to the actor call that names ``slot`` (see
+    ``handoff``); ``sites`` describes controller call sites the workers did not know yet."""
+
+    pairs: tuple[tuple[int, int], ...]
+    site: int
+    sites: dict[int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Collect:
+    """Define ``outs`` as the tensor results an ``rref`` endpoint deposits in ``slot`` (which
+    must have the ``metas``: shape and dtype each; ``None``: results are not kept), waiting
+    for them."""
+
+    slot: int
+    outs: tuple[int, ...]
+    metas: tuple[tuple[tuple[int, ...], Any], ...] | None
+    site: int
+
+
 Command = (
-    CallOp | CallFunction | RankTensor | Delete | InitWorld | Reduce | Move | Alias | Signal | Wait
+    CallOp
+    | CallFunction
+    | RankTensor
+    | Delete
+    | InitWorld
+    | Reduce
+    | Move
+    | Alias
+    | Signal
+    | Wait
+    | Handover
+    | Publish
+    | Collect
 )
