@@ -125,6 +125,18 @@ def test_dropped_is_a_type_error(procs: ProcMesh) -> None:
         regency.fetch_shard(a)
 
 
+def test_drop_drops_every_alias(procs: ProcMesh) -> None:
+    with procs.activate():
+        base = torch.ones(4)
+        head, tail = base[:2], base[2:]
+        other = torch.ones(4)
+        tail.drop()  # as Monarch's drop: the views of its storage and what they view
+        for gone in (base, head, tail):
+            with pytest.raises(TypeError, match="DROPPED"):
+                torch.add(gone, 1)
+        assert regency.inspect(other + 1).tolist() == [2.0] * 4
+
+
 def _ref_counts(mesh: ProcMesh) -> list[int]:
     root = engine.known_root(mesh)
     assert root is not None

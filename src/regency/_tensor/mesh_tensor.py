@@ -85,9 +85,14 @@ class MeshTensor(torch.Tensor):
         return self._view.mesh
 
     def drop(self) -> None:
-        """Free this tensor on the workers now; any later use raises ``TypeError(DROPPED)``."""
-        self._dropped = True
-        self._finalizer()
+        """Free this tensor and its aliases (the views of it, or what it is a view of: every
+        tensor sharing its storage, as Monarch's ``drop`` does) on the workers now; any later
+        use of them raises ``TypeError(DROPPED)``."""
+        aliases = list(self._storage.aliases) if self._storage is not None else []
+        for t in [self, *(a for a in aliases if isinstance(a, MeshTensor))]:
+            if not t._dropped:
+                t._dropped = True
+                t._finalizer()
 
     @property
     def dropped(self) -> bool:
