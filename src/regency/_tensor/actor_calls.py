@@ -131,8 +131,9 @@ def actor_rref(
     bases = view.shape.ranks()
     # Learned here, not on the I/O thread that forwards failures (the first time it waits).
     ports = {base: view.root.handoff_port(base) for base in bases}
-    replies = _RrefReplies(ports, bases, slot, site)
-    reply = runtime().open_port(replies)
+    addrs = pipeline.route().addrs
+    replies = _RrefReplies(ports, bases, addrs, slot, site)
+    reply = runtime().open_port(replies, watch=sorted(set(addrs)))
     replies.port = reply.port
     try:
         pipeline.post(name, spec.name, args, {**kwargs, RREF_KEY: ResultSlot(slot)}, reply)
@@ -153,8 +154,8 @@ def actor_rref(
 
 def _propagated(propagate: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What ``propagate`` returns for fake versions of the call's arguments, as metadata."""
-    fakes = pytree.tree_map_only(MeshTensor, lambda t: fake_of(t._meta), (args, kwargs))
-    with fake_mode():
+    with fake_mode():  # also inside activate(): the fakes are not made on the workers
+        fakes = pytree.tree_map_only(MeshTensor, lambda t: fake_of(t._meta), (args, kwargs))
         return describe(propagate(*fakes[0], **fakes[1]))
 
 
@@ -162,32 +163,40 @@ class _RrefReplies:
     """The replies of an ``rref`` call, on the controller's I/O thread: a rank whose call
     failed (the endpoint raised, the actor had failed or stopped, ...) has the failure
     forwarded to its process's handoff port (``ports``, by root rank), where the stream's
-    ``Collect`` waits for it."""
+    ``Collect`` waits for it. The port closes once every rank replied or its process is gone
+    (which takes the stream waiting there with it)."""
 
-    def __init__(self, ports: dict[int, PortRef], bases: list[int], slot: int, site: int) -> None:
+    def __init__(
+        self, ports: dict[int, PortRef], bases: list[int], addrs: list[str], slot: int, site: int
+    ) -> None:
         self._ports = ports
         self._bases = bases
+        self._addrs = addrs
         self._slot = slot
         self._site = site
-        self._left = len(bases)
+        self._waiting = set(range(len(bases)))
         self.port = -1
-        """This handler's port (closed after the last reply)."""
+        """This handler's port."""
 
     def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
-        """One rank's reply; failures go on to that rank's process."""
-        self._left -= 1
+        """One rank's reply; a failure goes on to that rank's process."""
         if flags & FLAG_ERROR:
             base = self._bases[rank]
             failure = Poisoned(self._site, base, _error_text(parts))
             message = pickle.dumps((self._slot, failure), protocol=5)
-            # A process that is gone took the stream waiting for this with it.
-            with contextlib.suppress(PeerLostError):
+            with contextlib.suppress(PeerLostError):  # gone: so is the stream waiting there
                 runtime().send_port(self._ports[base], 0, 0, [message])
-        if self._left <= 0:
-            runtime().close_port(self.port)
+        self._done({rank})
 
     def peer_lost(self, addr: str, reason: str) -> None:
-        """Not watched: a lost process takes the stream waiting there with it."""
+        """The ranks there will not reply."""
+        self._done({i for i, a in enumerate(self._addrs) if a == addr})
+
+    def _done(self, ranks: set[int]) -> None:
+        if self._waiting:
+            self._waiting -= ranks
+            if not self._waiting:
+                runtime().close_port(self.port, sorted(set(self._addrs)))
 
 
 def _error_text(parts: Sequence[Part]) -> str:
