@@ -214,3 +214,25 @@ Command = (
     | Publish
     | Collect
 )
+
+
+def may_name(cmd: Command, refs: set[int]) -> bool:
+    """Whether ``cmd`` may read or define any of ``refs`` (``True`` for any command but an
+    aten op, a remote function or a reduction, whose refs are all in their fields)."""
+    if isinstance(cmd, Reduce):
+        return cmd.src in refs or cmd.out in refs
+    if isinstance(cmd, (CallOp, CallFunction)):
+        if refs.intersection(cmd.outs) or refs.intersection(cmd.mutates):
+            return True
+        return _names_ref((cmd.args, cmd.kwargs), refs)
+    return True
+
+
+def _names_ref(obj: Any, refs: set[int]) -> bool:
+    if isinstance(obj, Ref):
+        return obj.id in refs
+    if isinstance(obj, (tuple, list)):
+        return any(_names_ref(x, refs) for x in obj)
+    if isinstance(obj, dict):
+        return any(_names_ref(x, refs) for x in obj.values())
+    return False

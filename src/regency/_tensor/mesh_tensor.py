@@ -362,23 +362,32 @@ def build(
     """Mesh tensors for the ``TensorMeta`` leaves of ``described`` (refs appended to ``outs``);
     a result the schema says is a written input is that input object itself."""
     returns = signature.returns if signature is not None else ()
-
-    def leaf(obj: Any, index: int | None) -> Any:
-        if isinstance(obj, TensorMeta):
-            alias = returns[index] if index is not None and index < len(returns) else None
-            if alias is not None:
-                same = inputs[alias]
-                outs.append(same._ref)
-                return same
-            ref = new_ref()
-            outs.append(ref)
-            return MeshTensor._make(obj, ref, view)
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(leaf(x, None) for x in obj)
-        if isinstance(obj, dict):
-            return {k: leaf(v, None) for k, v in obj.items()}
-        return obj
-
     if isinstance(described, tuple) and signature is not None:
-        return tuple(leaf(x, i) for i, x in enumerate(described))
-    return leaf(described, 0)
+        return tuple(_leaf(x, i, returns, inputs, view, outs) for i, x in enumerate(described))
+    return _leaf(described, 0, returns, inputs, view, outs)
+
+
+def _leaf(
+    obj: Any,
+    index: int | None,
+    returns: tuple[int | None, ...],
+    inputs: list[MeshTensor],
+    view: View,
+    outs: list[int],
+) -> Any:
+    # A module function, not a closure: a recursive closure is a reference cycle, which kept
+    # every op's inputs alive (and their shards on the workers) until the next collection.
+    if isinstance(obj, TensorMeta):
+        alias = returns[index] if index is not None and index < len(returns) else None
+        if alias is not None:
+            same = inputs[alias]
+            outs.append(same._ref)
+            return same
+        ref = new_ref()
+        outs.append(ref)
+        return MeshTensor._make(obj, ref, view)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_leaf(x, None, returns, inputs, view, outs) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _leaf(v, None, returns, inputs, view, outs) for k, v in obj.items()}
+    return obj
