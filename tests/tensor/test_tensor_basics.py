@@ -176,13 +176,13 @@ def test_a_big_tensor_freed_by_the_next_op_is_deleted_before_it(procs: ProcMesh)
         y = x * 3  # frees the old y
         last, before = root.buffer[-1], root.buffer[-2]
         assert isinstance(before, c.Delete)
-        assert before.refs == (old,)
+        assert old in before.refs  # with whatever deletes were pending for these procs
         assert isinstance(last, c.CallOp)
         assert last.outs == (y._ref,)
         old = y._ref
         y = y + 1  # reads the old y: its delete must come after
         assert isinstance(root.buffer[-1], c.Delete)
-        assert root.buffer[-1].refs == (old,)
+        assert old in root.buffer[-1].refs
     assert regency.inspect(y[:2], gpus=1).tolist() == [4.0, 4.0]
 
 
