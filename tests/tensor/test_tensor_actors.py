@@ -126,6 +126,9 @@ def test_mesh_tensor_arrives_as_each_ranks_local_shard(procs: ProcMesh) -> None:
 def test_the_call_sees_the_ops_issued_before_it_and_a_copy_of_them(
     procs: ProcMesh, tmp_path: Path
 ) -> None:
+    # The stream's worker is busy while the actors' messages arrive, so each actor decodes its
+    # message before the worker decodes the batch that publishes its shard: the order in which
+    # an earlier version, waiting inside unpickling (under the import lock), hung.
     actors = procs.spawn("keeper", Summer)
     flag = tmp_path / "go"
     with procs.activate():
