@@ -17,6 +17,11 @@ The kernel, for messages that are not actor calls:
   error, translated by the router).
 - :class:`Pending` -- a reply not yet there, which a :class:`Future` wraps
   (``Future._from_pending``).
+- :func:`carry` -- for a value that travels in an actor call as a reference its own layer
+  resolves (a mesh tensor): called while the call's arguments are pickled or unpickled, it
+  hands the value to the send pipeline and the receiving actor, which pass what was carried to
+  the tensor engine (``before_actor_send``, ``bind_arrivals``). :data:`FLAG_ERROR` marks a port
+  message whose parts are a pickled exception (an endpoint's error reply).
 - :func:`gateway_toward` / :func:`gateway_ips` -- the controller's listeners that other hosts
   reach it on (RDMA listens there too).
 
@@ -73,6 +78,7 @@ from regency._runtime.host.worker_daemon import Attach
 from regency._runtime.host.worker_daemon import serve as serve_worker
 from regency._runtime.host.worker_daemon import serve_until_shutdown as serve_worker_until_shutdown
 from regency._runtime.host.worker_daemon import start as start_worker
+from regency._runtime.kernel.codec import carry
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.gateways import gateway_ips, gateway_toward
 from regency._runtime.kernel.pending import Pending
@@ -81,9 +87,10 @@ from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._runtime.kernel.service import Service
 from regency._runtime.kernel.state import root_address, runtime
-from regency._runtime.kernel.wire import SERVICE_HOST, SERVICE_PROC, SERVICE_TELEMETRY
+from regency._runtime.kernel.wire import FLAG_ERROR, SERVICE_HOST, SERVICE_PROC, SERVICE_TELEMETRY
 
 __all__ = [
+    "FLAG_ERROR",
     "SERVICE_HOST",
     "SERVICE_PROC",
     "SERVICE_TELEMETRY",
@@ -107,6 +114,7 @@ __all__ = [
     "SupervisionError",
     "ValueMesh",
     "WorkerLease",
+    "carry",
     "concurrent_endpoint",
     "current_context",
     "endpoint",

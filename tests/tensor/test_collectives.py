@@ -147,6 +147,15 @@ class Coll(Actor):
         }
 
     @endpoint
+    def run_large(self, reduction: str, dtype: torch.dtype, numel: int) -> dict[str, Any]:
+        """A not-in-place reduction over the world of a tensor big enough to be copied and
+        reduced in pieces; the result, and whether the input kept its value."""
+        t = local_input(self.rank, dtype, (numel,))
+        before = t.clone()
+        out = reduce(t, reduction, WORLD.group(range(N)))
+        return {"out": out, "is_input": out is t, "input_unchanged": torch.equal(t, before)}
+
+    @endpoint
     def run_in_my_group(
         self, groups: list[tuple[int, ...]], reduction: str, scatter: bool, dtype: torch.dtype
     ) -> tuple[tuple[int, ...], torch.Tensor]:
@@ -231,6 +240,25 @@ def coll(procs: ProcMesh) -> ActorMesh[Coll]:
 
 def by_rank(results: Any) -> dict[int, Any]:
     return {point["gpus"]: value for point, value in results.items()}
+
+
+@pytest.mark.parametrize(
+    ("reduction", "dtype"),
+    [("sum", torch.float32), ("avg", torch.float32), ("max", torch.int64), ("bor", torch.int64)],
+)
+def test_a_large_reduction_copied_in_pieces_is_exact(
+    coll: ActorMesh[Coll], reduction: str, dtype: torch.dtype
+) -> None:
+    """Over 2 MiB the input is copied and reduced in pieces that overlap (3 unequal ones
+    here); every element must still be right, and the input untouched."""
+    numel = 3 * (1 << 20) // dtype.itemsize + 5
+    assert numel * dtype.itemsize // collectives._OVERLAP_MIN_BYTES == 3
+    out = by_rank(coll.run_large.call(reduction, dtype, numel).get(timeout=T))
+    want = expected(reduction, False, list(range(N)), 0, dtype, (numel,))
+    for rank in range(N):
+        assert not out[rank]["is_input"]
+        assert out[rank]["input_unchanged"]
+        assert torch.equal(out[rank]["out"], want)
 
 
 def test_world_sum_and_stack_of_ranks(coll: ActorMesh[Coll]) -> None:

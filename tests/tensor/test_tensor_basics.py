@@ -9,6 +9,7 @@ import torch
 
 import regency
 from conftest import flushes
+from regency._tensor import commands as c
 from regency._tensor import engine
 from regency.actor import ProcMesh
 
@@ -125,6 +126,18 @@ def test_dropped_is_a_type_error(procs: ProcMesh) -> None:
         regency.fetch_shard(a)
 
 
+def test_drop_drops_every_alias(procs: ProcMesh) -> None:
+    with procs.activate():
+        base = torch.ones(4)
+        head, tail = base[:2], base[2:]
+        other = torch.ones(4)
+        tail.drop()  # as Monarch's drop: the views of its storage and what they view
+        for gone in (base, head, tail):
+            with pytest.raises(TypeError, match="DROPPED"):
+                torch.add(gone, 1)
+        assert regency.inspect(other + 1).tolist() == [2.0] * 4
+
+
 def _ref_counts(mesh: ProcMesh) -> list[int]:
     root = engine.known_root(mesh)
     assert root is not None
@@ -150,6 +163,27 @@ def test_garbage_collected_refs_are_deleted_in_one_batch(procs: ProcMesh) -> Non
     assert _ref_counts(procs) == start
     assert flushes(procs) == before + 1  # one message carried all 50 deletes
     assert regency.inspect(keep).shape == (1,)
+
+
+def test_a_big_tensor_freed_by_the_next_op_is_deleted_before_it(procs: ProcMesh) -> None:
+    """``y = f(x)`` in a loop: the old ``y``'s delete goes before the op making the new one
+    (so the worker can reuse its memory), unless that op reads it."""
+    root = engine.View(procs).root
+    with procs.activate(), regency.coalescing():
+        x = torch.ones(engine.BIG_DELETE)
+        y = x * 2
+        old = y._ref
+        y = x * 3  # frees the old y
+        last, before = root.buffer[-1], root.buffer[-2]
+        assert isinstance(before, c.Delete)
+        assert old in before.refs  # with whatever deletes were pending for these procs
+        assert isinstance(last, c.CallOp)
+        assert last.outs == (y._ref,)
+        old = y._ref
+        y = y + 1  # reads the old y: its delete must come after
+        assert isinstance(root.buffer[-1], c.Delete)
+        assert old in root.buffer[-1].refs
+    assert regency.inspect(y[:2], gpus=1).tolist() == [4.0, 4.0]
 
 
 def test_coalescing_sends_one_message(procs: ProcMesh) -> None:

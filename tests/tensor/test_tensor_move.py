@@ -4,6 +4,8 @@ before anything is sent, poisoning."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -169,8 +171,6 @@ def test_bad_moves_raise_before_anything_is_sent(procs4: ProcMesh, procs: ProcMe
         x.to_mesh("h0")
     with pytest.raises(TypeError, match="REQUIRES_GRAD"):
         weight.to_mesh(procs4)
-    with pytest.raises(NotImplementedError, match="stream"):
-        x.to_mesh(h0, stream=regency.Stream("elsewhere"))
     with pytest.raises(TypeError, match="DROPPED"):
         gone.to_mesh(procs4)
     assert root.flushes == sent
@@ -205,7 +205,13 @@ def test_a_poisoned_shard_poisons_its_destination(procs4: ProcMesh) -> None:
     assert regency.inspect(good.to_mesh(h1), gpus=1).tolist() == [5.0] * 3
 
 
-def test_on_another_stream(procs4: ProcMesh) -> None:
+@regency.remote(propagate=lambda t: t.clone())
+def slowly(t: torch.Tensor) -> torch.Tensor:
+    time.sleep(0.3)
+    return t.clone()
+
+
+def test_on_another_stream(procs4: ProcMesh, procs: ProcMesh) -> None:
     side = regency.Stream("side")
     h0, h1 = procs4.slice(hosts=0), procs4.slice(hosts=1)
     with side.activate(), h0.activate():
@@ -214,6 +220,20 @@ def test_on_another_stream(procs4: ProcMesh) -> None:
     assert moved.stream is side
     with side.activate():
         assert regency.inspect(moved, gpus=1).item() == 41
+        late = slowly(x)  # side's copy is made after this: "main" must wait for it
+    main = regency.get_active_stream()
+    onto = late.to_mesh(h1, stream=main)
+    assert onto.stream is main
+    assert onto.mesh is h1
+    with h1.activate():
+        doubled = onto * 2  # on "main", as a tensor made there
+    assert regency.inspect(doubled, gpus=1).item() == 82
+    third = regency.Stream("third")
+    there = late.to_mesh(procs.rename(gpus="gpus"), stream=third)  # another proc mesh too
+    with third.activate():
+        assert regency.inspect(there + 1, gpus=0).item() == 41
+    with pytest.raises(TypeError, match="WRONG_STREAM"):
+        torch.add(onto, moved)  # main's and side's tensors on one mesh
 
 
 def test_between_two_proc_meshes(procs4: ProcMesh, procs: ProcMesh) -> None:

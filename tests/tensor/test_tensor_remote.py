@@ -93,3 +93,25 @@ def test_call_on_shard_and_fetch(procs: ProcMesh) -> None:
     value, n = got.get(timeout=60)
     assert n == 7
     torch.testing.assert_close(value, torch.full((2,), 2.0))
+
+
+def scale_(t: torch.Tensor, k: float) -> torch.Tensor:
+    if k < 0:
+        raise ValueError("no negative scales")
+    return t.mul_(k)
+
+
+scale_in_place = regency.remote(scale_, propagate=lambda t, k: t.mul_(k))
+
+
+def test_a_function_that_writes_its_input(procs: ProcMesh) -> None:
+    with procs.activate():
+        t = torch.ones(2)
+        out = scale_in_place(t, 3.0)  # propagation writes t: the call is known to write t
+        assert regency.inspect(t).tolist() == [3.0, 3.0]
+        assert regency.inspect(out).tolist() == [3.0, 3.0]
+        scale_in_place(t, -1.0)  # fails: t, which it was writing, is poisoned too
+        with pytest.raises(regency.RemoteException, match="no negative scales"):
+            regency.inspect(t, gpus=1)
+        with pytest.raises(regency.RemoteException, match="no negative scales"):
+            regency.inspect(t, gpus=0)

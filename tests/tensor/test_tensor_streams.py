@@ -100,6 +100,11 @@ def test_mutable_borrow_writes_the_original(procs: ProcMesh) -> None:
     assert regency.inspect(z, gpus=1).tolist() == [12.0] * 3
 
 
+@regency.remote(propagate=lambda t: t.add_(1))
+def add_one_(t: torch.Tensor) -> torch.Tensor:
+    return t.add_(1)
+
+
 def test_type_errors(procs: ProcMesh) -> None:
     side = Stream("checks")
     with procs.activate():
@@ -124,6 +129,8 @@ def test_type_errors(procs: ProcMesh) -> None:
             v.mul_(2)  # a view made before the borrow shares its storage
         with side.activate(), pytest.raises(TypeError, match="MUTATING_BORROW"):
             r.add_(1)
+        with pytest.raises(TypeError, match="MUTATING_BORROW"):
+            add_one_(x)  # a remote function whose propagation writes its input
         with pytest.raises(RuntimeError, match="Cannot borrow this tensor mutably"):
             side.borrow(x, mutable=True)
         ok = x + 1

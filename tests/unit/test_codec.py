@@ -245,3 +245,35 @@ def test_a_bytearray_passed_twice_arrives_as_one_object() -> None:
     assert type(args[0]) is bytearray
     assert args[0] is args[1]
     assert args[0] == data
+
+
+class Ticket:
+    """A value that travels as a reference: it announces itself to whoever (un)pickles it."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def __reduce__(self) -> tuple[object, ...]:
+        assert codec.carry(("sent", self.number))
+        return (_arrive, (self.number,))
+
+
+def _arrive(number: int) -> Ticket:
+    ticket = Ticket(number)
+    assert codec.carry(("arrived", number))
+    return ticket
+
+
+def test_values_that_travel_as_references_are_handed_to_both_ends() -> None:
+    args, kwargs = (Ticket(1), [Ticket(2)]), {"k": Ticket(3), "plain": 4}
+    parts, carried = codec.dumps_call_carrying(args, kwargs)
+    assert carried == [("sent", 1), ("sent", 2), ("sent", 3)]
+    (back_args, back_kwargs), arrived = codec.loads_carrying([bytes(p) for p in parts])
+    assert arrived == [("arrived", 1), ("arrived", 2), ("arrived", 3)]
+    assert [t.number for t in (back_args[0], *back_args[1], back_kwargs["k"])] == [1, 2, 3]
+    # A plain call carries nothing, and outside these calls nothing collects.
+    assert codec.dumps_call_carrying((1, "a"), {"b": 2.0})[1] == []
+    assert codec.loads_carrying(codec.dumps_call((1,), {}))[1] == []
+    assert codec.carry("nobody listens") is False
+    with pytest.raises(AssertionError):
+        pickle.dumps(Ticket(5))  # its __reduce__ insists on being carried

@@ -1,4 +1,6 @@
-"""What proc meshes and the public module call: activation, rank tensors, process groups."""
+"""What proc meshes, actor calls and the public module call: activation, rank tensors,
+process groups, mesh tensors in actor calls (``before_actor_send``, ``bind_arrivals``,
+``actor_rref``, from :mod:`regency._tensor.actor_calls` and :mod:`regency._tensor.handoff`)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from regency._tensor import commands as c
+from regency._tensor.actor_calls import actor_rref, before_actor_send
 from regency._tensor.engine import View, active_view, new_ref, pushed
 from regency._tensor.fetching import check_errors
+from regency._tensor.handoff import bind_arrivals
 from regency._tensor.mesh_tensor import Interceptor, MeshSliceTensor, MeshTensor
 from regency._tensor.meta import TensorMeta
 from regency._tensor.process_group import RemoteProcessGroup
@@ -20,6 +24,22 @@ from regency.shape import Point
 
 if TYPE_CHECKING:
     from regency._tensor.streams import Stream
+
+__all__ = [
+    "activate",
+    "actor_rref",
+    "before_actor_send",
+    "bind_arrivals",
+    "get_active_mesh",
+    "no_mesh",
+    "process_group",
+    "rank_tensor",
+    "rank_tensors",
+    "reduce",
+    "reduce_",
+    "slice_mesh",
+    "to_mesh",
+]
 
 
 @contextmanager

@@ -47,6 +47,10 @@ _OPS = {
 # a sum then a division on NCCL too, so that one integer average (truncating) holds everywhere.
 _PORTABLE = frozenset({"sum", "product", "min", "max"})
 _NATIVE = {"gloo": _PORTABLE | {"band", "bor", "bxor"}}
+# A not-in-place all-reduce of at least _OVERLAP_MIN_BYTES * 2 copies its input in up to
+# _OVERLAP_PIECES pieces, each reduced while the next is copied (_copy_all_reduce).
+_OVERLAP_PIECES = 4
+_OVERLAP_MIN_BYTES = 1 << 20
 
 
 class WorldGroups:
@@ -235,6 +239,32 @@ def _all_reduce(t: torch.Tensor, reduction: str, group: dist.ProcessGroup) -> to
     return t
 
 
+def _copy_all_reduce(t: torch.Tensor, reduction: str, group: dist.ProcessGroup) -> torch.Tensor:
+    """The all-reduce of contiguous ``t`` in a new tensor, ``t`` untouched.
+
+    A large tensor is copied in pieces, each piece's all-reduce started (asynchronously) as soon
+    as it is copied, so the copy of the next piece overlaps the transfer of the one before: a
+    whole copy then one all-reduce took ~1.4x the in-place all-reduce of 16 MiB over 4 gloo
+    procs, pieces ~1.1-1.2x (RESULTS.md). Every rank cuts the same pieces (they depend on the
+    size only), so the collectives match.
+    """
+    pieces = min(_OVERLAP_PIECES, t.numel() * t.element_size() // _OVERLAP_MIN_BYTES)
+    native = _NATIVE.get(_backend_of(t, group), _PORTABLE)
+    if pieces < 2 or (reduction not in native and reduction != "avg"):
+        return _all_reduce(t.clone(), reduction, group)
+    op = _OPS[reduction] if reduction in native else dist.ReduceOp.SUM
+    out = torch.empty_like(t)
+    works = []
+    for source, piece in zip(t.view(-1).chunk(pieces), out.view(-1).chunk(pieces), strict=True):
+        piece.copy_(source)
+        works.append(dist.all_reduce(piece, op=op, group=group, async_op=True))
+    for work in works:
+        work.wait()
+    if reduction == "avg":
+        _divide_(out, group.size())
+    return out
+
+
 def _reduce_scatter(t: torch.Tensor, reduction: str, group: dist.ProcessGroup) -> torch.Tensor:
     """Reduce contiguous ``t`` of shape ``(n, *r)`` across ``group``; rank ``i`` gets the
     reduction of every rank's ``t[i]``."""
@@ -271,7 +301,9 @@ def _run(t: torch.Tensor, reduction: str, group: dist.ProcessGroup, scatter: boo
         return _all_to_all(src, group) if scatter else _all_gather(src, group)
     if scatter:
         return _reduce_scatter(src, reduction, group)
-    return _all_reduce(src.clone() if src is t else src, reduction, group)
+    if src is t:  # t keeps its value: the result is a copy
+        return _copy_all_reduce(t, reduction, group)
+    return _all_reduce(src, reduction, group)
 
 
 def reduce(

@@ -167,6 +167,72 @@ class Wait:
     event: int
 
 
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """Move the value of ``src`` to ``out`` (another stream's from now on: ``src`` is forgotten)
+    and signal ``event``, which that stream waits for before its first use of ``out``."""
+
+    src: int
+    out: int
+    event: int
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Hand a copy of each ``(ref, slot)`` shard to the actor call that names ``slot`` (see
+    ``handoff``); ``sites`` describes controller call sites the workers did not know yet."""
+
+    pairs: tuple[tuple[int, int], ...]
+    site: int
+    sites: dict[int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Collect:
+    """Define ``outs`` as the tensor results an ``rref`` endpoint deposits in ``slot`` (which
+    must have the ``metas``: shape and dtype each; ``None``: results are not kept), waiting
+    for them."""
+
+    slot: int
+    outs: tuple[int, ...]
+    metas: tuple[tuple[tuple[int, ...], Any], ...] | None
+    site: int
+
+
 Command = (
-    CallOp | CallFunction | RankTensor | Delete | InitWorld | Reduce | Move | Alias | Signal | Wait
+    CallOp
+    | CallFunction
+    | RankTensor
+    | Delete
+    | InitWorld
+    | Reduce
+    | Move
+    | Alias
+    | Signal
+    | Wait
+    | Handover
+    | Publish
+    | Collect
 )
+
+
+def may_name(cmd: Command, refs: set[int]) -> bool:
+    """Whether ``cmd`` may read or define any of ``refs`` (``True`` for any command but an
+    aten op, a remote function or a reduction, whose refs are all in their fields)."""
+    if isinstance(cmd, Reduce):
+        return cmd.src in refs or cmd.out in refs
+    if isinstance(cmd, (CallOp, CallFunction)):
+        if refs.intersection(cmd.outs) or refs.intersection(cmd.mutates):
+            return True
+        return _names_ref((cmd.args, cmd.kwargs), refs)
+    return True
+
+
+def _names_ref(obj: Any, refs: set[int]) -> bool:
+    if isinstance(obj, Ref):
+        return obj.id in refs
+    if isinstance(obj, (tuple, list)):
+        return any(_names_ref(x, refs) for x in obj)
+    if isinstance(obj, dict):
+        return any(_names_ref(x, refs) for x in obj.values())
+    return False

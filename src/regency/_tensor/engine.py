@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, cast
 
+from regency._lowlevel import PortRef
 from regency._tensor import commands as c
 from regency._tensor.streams import DEFAULT_NAME, get_active_stream
 from regency._tensor.table import Poisoned
@@ -65,12 +66,15 @@ class Root:
         # Workers push each failure that starts with them; activate() exit raises unfetched ones.
         port, self._errors = Channel[Poisoned].open()
         self._next_error = self._errors.recv()
+        # Each process's first worker tells its handoff port (for rref failures).
+        handoffs, self._handoffs = Channel[tuple[int, PortRef]].open()
+        self._handoff_ports: dict[int, PortRef] = {}
         self.workers = cast(
             "ActorMesh[TensorWorker]",
-            whole.spawn("tensor_worker", TensorWorker, envs, port),
+            whole.spawn("tensor_worker", TensorWorker, envs, port, handoffs),
         )
-        # Another stream's workers are spawned on its first command: (name, envs, errors).
-        self._spawn_args = (whole, envs, port)
+        # Another stream's workers are spawned on its first command.
+        self._spawn_args = (whole, envs, port, handoffs)
         self._streams: dict[str, ActorMesh[TensorWorker]] = {DEFAULT_NAME: self.workers}
         self._views: dict[tuple[Shape, str], ActorMesh[TensorWorker]] = {}
         self.buffer: list[c.Command] = []
@@ -90,14 +94,28 @@ class Root:
             self._next_error = self._errors.recv()
         return found
 
+    def handoff_port(self, rank: int) -> PortRef:
+        """The handoff port of the process of root rank ``rank`` (``handoff.HandoffPort``).
+
+        The first call waits until the default stream's workers have started (each announced
+        its port before its start was reported); a proc that died raises its
+        ``SupervisionError``.
+        """
+        if not self._handoff_ports:
+            self.workers.initialized.get()
+            while len(self._handoff_ports) < self.size:
+                announced, ref = self._handoffs.recv().get(timeout=60.0)
+                self._handoff_ports[announced] = ref
+        return self._handoff_ports[rank]
+
     def stream_workers(self, stream: str) -> ActorMesh[TensorWorker]:
         """The worker actors (one per proc) of ``stream``, spawned on first use."""
         workers = self._streams.get(stream)
         if workers is None:
-            whole, envs, port = self._spawn_args
+            whole, envs, port, handoffs = self._spawn_args
             workers = cast(
                 "ActorMesh[TensorWorker]",
-                whole.spawn(f"tensor_worker_{stream}", TensorWorker, envs, port, stream),
+                whole.spawn(f"tensor_worker_{stream}", TensorWorker, envs, port, handoffs, stream),
             )
             self._streams[stream] = workers
         return workers
@@ -128,13 +146,23 @@ class Root:
         self, shape: Shape, ref: int, stream: str = DEFAULT_NAME, big: bool = False
     ) -> None:
         """A mesh tensor was freed: delete it with the next batch to its procs' ``stream``; a
-        ``big`` one (with the deletes pending there) in the batch being built, if it goes there."""
+        ``big`` one (with the deletes pending there) in the batch being built, if it goes there.
+
+        Such a delete goes before the batch's last command when that command does not name
+        the freed refs: in ``y = f(x)`` in a loop, the old ``y`` is freed just after the
+        command making the new one, and deleting it first lets the worker put the new value
+        in the old one's memory instead of faulting in fresh pages (a 16 MiB ``reduce`` loop).
+        """
         key = (shape, stream)
         pending = self.deletes[key]
         pending.append(ref)
         if big and shape == self.buffer_shape and stream == self.buffer_stream:
             del self.deletes[key]
-            self.buffer.append(c.Delete(tuple(pending)))
+            delete = c.Delete(tuple(pending))
+            if self.buffer and not c.may_name(self.buffer[-1], set(pending)):
+                self.buffer.insert(len(self.buffer) - 1, delete)
+            else:
+                self.buffer.append(delete)
 
     def flush(self) -> None:
         """Send the buffered commands (with the deletes for the same procs) as one message."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 
 class RemoteException(Exception):  # noqa: N818 - Monarch's name
     """A command failed on a worker: its text has the controller call site that issued it,
@@ -12,6 +14,32 @@ class RemoteException(Exception):  # noqa: N818 - Monarch's name
         super().__init__(message)
         self.rank = rank
         self.site = site
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in an actor (a poisoned argument), it travels back inside the ActorError.
+        return (RemoteException, (str(self), self.rank, self.site))
+
+
+class Failure(Protocol):
+    """What a worker reports of a failed command (``table.Poisoned``)."""
+
+    @property
+    def rank(self) -> int:
+        """The rank it failed on."""
+
+    @property
+    def text(self) -> str:
+        """The worker's traceback."""
+
+
+def remote_text(failure: Failure, site: str) -> str:
+    """The text of a ``RemoteException``: the rank, the controller call site ``site`` and the
+    worker's traceback."""
+    return (
+        f"A remote command failed on rank {failure.rank}.\n"
+        f"Controller call site:\n  {site}\n"
+        f"Worker traceback (rank {failure.rank}):\n{failure.text.rstrip()}"
+    )
 
 
 class DataDependentError(RuntimeError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from regency._tensor.table import TABLE
+from regency._tensor.table import IDENTITY, TABLE, Poisoned
 
 _events: dict[int, threading.Event] = {}
 _lock = threading.Lock()
@@ -28,6 +28,15 @@ def alias(src: int, out: int) -> None:
     value = TABLE.get(src)
     if value is not None:
         TABLE[out] = value
+
+
+def handover(src: int, out: int, event: int) -> None:
+    """``out`` takes the value (or poison) of ``src``, which is forgotten; then ``event``."""
+    value = TABLE.pop(src, None)
+    if value is None:
+        value = Poisoned(-1, IDENTITY.get("rank", -1), f"ref {src} is not defined on this worker")
+    TABLE[out] = value
+    signal(event)
 
 
 def signal(event: int) -> None:

@@ -12,7 +12,7 @@ from regency._tensor import commands as c
 from regency._tensor import sites
 from regency._tensor.access import fetch_stream
 from regency._tensor.engine import View
-from regency._tensor.errors import RemoteException
+from regency._tensor.errors import RemoteException, remote_text
 from regency._tensor.mesh_tensor import MeshTensor, common_view
 from regency._tensor.table import Poisoned
 from regency.actor import Future
@@ -26,13 +26,7 @@ def remote_exception(poison: Poisoned) -> RemoteException:
     """The controller-side error for a worker failure."""
     _seen.add((poison.site, poison.rank, poison.text))
     site = sites.describe(poison.site)
-    return RemoteException(
-        f"A remote command failed on rank {poison.rank}.\n"
-        f"Controller call site:\n  {site}\n"
-        f"Worker traceback (rank {poison.rank}):\n{poison.text.rstrip()}",
-        poison.rank,
-        site,
-    )
+    return RemoteException(remote_text(poison, site), poison.rank, site)
 
 
 def unseen(poison: Poisoned) -> bool:

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from regency._lowlevel import carry
 from regency._tensor import access, sites
 from regency._tensor import commands as c
 from regency._tensor.engine import BIG_DELETE, View, new_ref
 from regency._tensor.errors import data_dependent, misuse
+from regency._tensor.handoff import arrival
 from regency._tensor.meta import OpSignature, TensorMeta, fake_of, propagate
 from regency._tensor.moving import plan_move
 from regency._tensor.process_group import RemoteProcessGroup
@@ -83,9 +85,14 @@ class MeshTensor(torch.Tensor):
         return self._view.mesh
 
     def drop(self) -> None:
-        """Free this tensor on the workers now; any later use raises ``TypeError(DROPPED)``."""
-        self._dropped = True
-        self._finalizer()
+        """Free this tensor and its aliases (the views of it, or what it is a view of: every
+        tensor sharing its storage, as Monarch's ``drop`` does) on the workers now; any later
+        use of them raises ``TypeError(DROPPED)``."""
+        aliases = list(self._storage.aliases) if self._storage is not None else []
+        for t in [self, *(a for a in aliases if isinstance(a, MeshTensor))]:
+            if not t._dropped:
+                t._dropped = True
+                t._finalizer()
 
     @property
     def dropped(self) -> bool:
@@ -132,7 +139,8 @@ class MeshTensor(torch.Tensor):
         own mesh included, or of another proc mesh), whose dims match by name: the proc at
         some coordinates gets the shard at the same coordinates here, a dim only ``mesh`` has
         is a broadcast. The shards move point to point between the workers
-        (``torch.distributed``), on this tensor's stream.
+        (``torch.distributed``), on this tensor's stream; the copy belongs to ``stream``
+        (by default this tensor's), which waits for it before its first use.
 
         Mismatched dims raise ``ValueError`` before anything is sent.
         """
@@ -146,11 +154,6 @@ class MeshTensor(torch.Tensor):
     def _move(self, source: View, mesh: Any, stream: Stream | None) -> MeshTensor:
         if self._dropped:
             raise misuse("DROPPED", f"{self!r} was dropped and cannot be used")
-        if stream is not None and stream is not self._stream:
-            raise NotImplementedError(
-                f"to_mesh(..., stream={stream!r}) onto another stream than the tensor's own "
-                f"({self._stream!r}) is not built; borrow the result onto that stream"
-            )
         if torch.is_grad_enabled() and self.requires_grad:
             raise misuse(
                 "REQUIRES_GRAD",
@@ -159,7 +162,14 @@ class MeshTensor(torch.Tensor):
             )
         access.check_readable(self)
         meta, out, view = plan_move(source, self._ref, self._meta, self._stream, mesh)
-        return MeshTensor._make(meta, out, view, self._stream)
+        if stream is None or stream is self._stream:
+            return MeshTensor._make(meta, out, view, self._stream)
+        # The copy is made on this tensor's stream, then handed to ``stream``, which waits for
+        # it: nothing else names the copy, so it can change hands without a borrow.
+        mine, event = new_ref(), new_ref()
+        view.root.append(view.shape, c.Handover(out, mine, event), self._stream.key)
+        view.root.append(view.shape, c.Wait(event), stream.key)
+        return MeshTensor._make(meta, mine, view, stream)
 
     def tolist(self) -> NoReturn:
         """Raises: the data is on the workers."""
@@ -178,13 +188,18 @@ class MeshTensor(torch.Tensor):
             f"mesh={self._view.mesh!r}, stream={self._stream.name!r}, ref={self._ref})"
         )
 
-    def __reduce_ex__(self, protocol: Any) -> NoReturn:
-        # Handing a shard to an actor in the same process (Monarch's rref path) is not built:
-        # refuse clearly rather than pickling a wrapper that has no data.
-        raise TypeError(
-            "a mesh tensor cannot be pickled (e.g. passed to an actor endpoint) yet; pass "
-            "regency.inspect(t, **coords) for one shard's value"
-        )
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        # In an actor call: a slot the receiving rank's shard is handed over in (see
+        # actor_calls). Anywhere else there is nothing to pickle: the data is on the workers.
+        if self._dropped:
+            raise misuse("DROPPED", f"{self!r} was dropped and cannot be used")
+        slot = new_ref()
+        if not carry((self, slot)):
+            raise TypeError(
+                f"{self!r} can be pickled only as an argument of an actor endpoint (which "
+                "receives its rank's shard); for a shard's value use regency.inspect(t, **coords)"
+            )
+        return (arrival, (slot, self._stream.key, self.dtype, self.device))
 
 
 class MeshSliceTensor:
@@ -347,23 +362,32 @@ def build(
     """Mesh tensors for the ``TensorMeta`` leaves of ``described`` (refs appended to ``outs``);
     a result the schema says is a written input is that input object itself."""
     returns = signature.returns if signature is not None else ()
-
-    def leaf(obj: Any, index: int | None) -> Any:
-        if isinstance(obj, TensorMeta):
-            alias = returns[index] if index is not None and index < len(returns) else None
-            if alias is not None:
-                same = inputs[alias]
-                outs.append(same._ref)
-                return same
-            ref = new_ref()
-            outs.append(ref)
-            return MeshTensor._make(obj, ref, view)
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(leaf(x, None) for x in obj)
-        if isinstance(obj, dict):
-            return {k: leaf(v, None) for k, v in obj.items()}
-        return obj
-
     if isinstance(described, tuple) and signature is not None:
-        return tuple(leaf(x, i) for i, x in enumerate(described))
-    return leaf(described, 0)
+        return tuple(_leaf(x, i, returns, inputs, view, outs) for i, x in enumerate(described))
+    return _leaf(described, 0, returns, inputs, view, outs)
+
+
+def _leaf(
+    obj: Any,
+    index: int | None,
+    returns: tuple[int | None, ...],
+    inputs: list[MeshTensor],
+    view: View,
+    outs: list[int],
+) -> Any:
+    # A module function, not a closure: a recursive closure is a reference cycle, which kept
+    # every op's inputs alive (and their shards on the workers) until the next collection.
+    if isinstance(obj, TensorMeta):
+        alias = returns[index] if index is not None and index < len(returns) else None
+        if alias is not None:
+            same = inputs[alias]
+            outs.append(same._ref)
+            return same
+        ref = new_ref()
+        outs.append(ref)
+        return MeshTensor._make(obj, ref, view)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_leaf(x, None, returns, inputs, view, outs) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _leaf(v, None, returns, inputs, view, outs) for k, v in obj.items()}
+    return obj

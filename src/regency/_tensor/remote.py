@@ -11,8 +11,8 @@ from regency._tensor.access import check_access
 from regency._tensor.engine import View, active_view
 from regency._tensor.fetching import mapped, rank_at, remote_exception
 from regency._tensor.functions import FunctionRef
-from regency._tensor.mesh_tensor import _Walk, build, common_view, fake_args
-from regency._tensor.meta import describe, fake_mode
+from regency._tensor.mesh_tensor import MeshTensor, _Walk, build, common_view
+from regency._tensor.meta import describe, fake_mode, fake_of
 from regency._tensor.streams import get_active_stream
 from regency.actor import Future, ValueMesh
 
@@ -57,21 +57,33 @@ class Remote(Generic[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         walk, enc_args, enc_kwargs, key, view = self._encode(args, kwargs)
-        check_access(walk.tensors, ())
-        described = self._outputs(walk, enc_args, enc_kwargs, key, view)
+        described, mutated = self._outputs(walk, enc_args, enc_kwargs, key, view)
+        check_access(walk.tensors, mutated)
         outs: list[int] = []
         result = build(described, None, walk.tensors, view, outs)
-        view.send(c.CallFunction(self._ref, enc_args, enc_kwargs, tuple(outs), (), sites.capture()))
+        mutates = tuple(t._ref for t in mutated)
+        cmd = c.CallFunction(self._ref, enc_args, enc_kwargs, tuple(outs), mutates, sites.capture())
+        view.send(cmd)
         return result  # type: ignore[no-any-return]
 
-    def _outputs(self, walk: _Walk, enc_args: Any, enc_kwargs: Any, key: Any, view: View) -> Any:
+    def _outputs(
+        self, walk: _Walk, enc_args: Any, enc_kwargs: Any, key: Any, view: View
+    ) -> tuple[Any, list[MeshTensor]]:
+        """What the call returns (``TensorMeta`` leaves) and the inputs it writes: those a
+        ``propagate`` callable writes in place, as Monarch tells them (by their fakes'
+        version counters); other kinds of propagation cannot tell, so none."""
         if self._propagate == "inspect":
-            return None
+            return None, []
         if callable(self._propagate):
-            metas = {t._ref: t._meta for t in walk.tensors}
             with fake_mode():
-                fake = self._propagate(*fake_args(enc_args, metas), **fake_args(enc_kwargs, metas))
-            return describe(fake)
+                fakes = {t._ref: fake_of(t._meta) for t in walk.tensors}
+                versions = {ref: fake._version for ref, fake in fakes.items()}
+                fake = self._propagate(*_faked(enc_args, fakes), **_faked(enc_kwargs, fakes))
+            written = {ref for ref, fake in fakes.items() if fake._version != versions[ref]}
+            return describe(fake), [t for t in walk.tensors if t._ref in written]
+        return self._cached(enc_args, enc_kwargs, key, view), []
+
+    def _cached(self, enc_args: Any, enc_kwargs: Any, key: Any, view: View) -> Any:
         try:
             return self._cache[key]
         except KeyError:
@@ -148,3 +160,14 @@ def call_on_shard_and_fetch(
     """Run ``fn`` on one shard of the active mesh and fetch its result."""
     target = fn if isinstance(fn, Remote) else Remote(fn, "inspect")
     return target.call_on_shard(shard, *args, **kwargs)
+
+
+def _faked(obj: Any, fakes: dict[int, Any]) -> Any:
+    """``obj`` with each ``Ref`` replaced by its fake tensor in ``fakes``."""
+    if isinstance(obj, c.Ref):
+        return fakes[obj.id]
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_faked(x, fakes) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _faked(v, fakes) for k, v in obj.items()}
+    return obj

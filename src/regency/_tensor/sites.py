@@ -31,6 +31,11 @@ def capture() -> int:
     return site
 
 
+def count() -> int:
+    """How many call sites were captured so far (their ids are ``0 .. count() - 1``)."""
+    return len(_sites)
+
+
 def describe(site: int) -> str:
     """``File "...", line N, in fn`` and the source line, as a traceback shows it."""
     if not 0 <= site < len(_sites):

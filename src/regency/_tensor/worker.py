@@ -14,10 +14,13 @@ from typing import Any
 
 import torch
 
+from regency._lowlevel import PortRef
 from regency._tensor import commands as c
-from regency._tensor import events
+from regency._tensor import events, handoff
+from regency._tensor.devices import assign_device
 from regency._tensor.move_worker import run_move
 from regency._tensor.reduce_worker import init_world, run_reduce
+from regency._tensor.streams import DEFAULT_NAME
 from regency._tensor.table import (
     IDENTITY,
     TABLE,
@@ -72,21 +75,50 @@ def _keep_freed_memory() -> None:
 
 
 class TensorWorker(Actor):
-    """Holds this process's shards; runs what the controller sends, never replies per op."""
+    """Holds this process's shards; runs what the controller sends, never replies per op.
+
+    ``handoffs`` hears this process's handoff port (``handoff.HandoffPort``, opened by the
+    process's first worker) as ``(rank, port)``.
+    """
 
     def __init__(
-        self, envs: dict[int, dict[str, str]], errors: Port[Poisoned], stream: str = ""
+        self,
+        envs: dict[int, dict[str, str]],
+        errors: Port[Poisoned],
+        handoffs: Port[tuple[int, PortRef]],
+        stream: str = "",
     ) -> None:
         self._rank = current_rank().rank
         self._stream = stream  # the process-group tag of this stream's reductions
+        self._key = stream or DEFAULT_NAME  # the controller's name for this stream
         self._errors = errors
-        os.environ.update(envs[self._rank])
-        IDENTITY["rank"] = self._rank
-        _freeze_startup_objects()
+        try:
+            os.environ.update(envs[self._rank])
+            assign_device(os.environ)
+            IDENTITY["rank"] = self._rank
+            _freeze_startup_objects()
+            port = handoff.handoff_port()
+            if port is not None:
+                handoffs.send((self._rank, port))
+        except BaseException as exc:
+            handoff.stream_down(self._key, f"failed to start: {exc!r}")
+            raise
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        """Actors waiting for this stream's shards give up (it failed or stopped)."""
+        handoff.stream_down(self._key, "stopped" if exc is None else f"failed: {exc}")
 
     @endpoint
     def execute(self, batch: list[c.Command]) -> None:
         """Run ``batch`` in order; a failing command poisons its outputs and nothing else."""
+        try:
+            self._execute(batch)
+        except BaseException as exc:
+            # The actor dies of this (nobody to report to): nothing after it will run.
+            handoff.stream_down(self._key, f"failed: {exc!r}")
+            raise
+
+    def _execute(self, batch: list[c.Command]) -> None:
         for cmd in batch:
             if isinstance(cmd, c.CallOp):
                 self._call(
@@ -110,6 +142,14 @@ class TensorWorker(Actor):
                 events.wait(cmd.event)
             elif isinstance(cmd, c.Move):
                 run_move(cmd, self._rank, self._stream)
+            elif isinstance(cmd, c.Handover):
+                events.handover(cmd.src, cmd.out, cmd.event)
+            elif isinstance(cmd, c.Publish):
+                handoff.publish(cmd, self._rank)
+            elif isinstance(cmd, c.Collect):
+                failure = handoff.collect(cmd, self._rank)
+                if failure is not None:
+                    self._errors.send(failure)
             else:
                 run_reduce(cmd, self._rank, self._stream)
 

@@ -1,4 +1,5 @@
-"""Endpoint adverbs: ``call``, ``call_one``, ``choose``, ``stream``, ``broadcast`` and ``send``."""
+"""Endpoint adverbs: ``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``, ``send``
+and the tensor engine's ``rref``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
+from regency import _plugins
 from regency._errors import RegencyError
 from regency._runtime.actors.future import Future
 from regency._runtime.actors.mesh_trait import EmptySliceError
@@ -81,6 +83,21 @@ class Endpoint(Generic[R]):
         """Send to every actor without waiting; an exception there kills that actor."""
         self._check_arguments(args, kwargs)
         self._pipeline.post(self._name, self._spec.name, args, kwargs, None)
+
+    def rref(self, *args: Any, **kwargs: Any) -> Any:
+        """Tensor engine: run the endpoint on every rank, its mesh tensor arguments arriving as
+        that rank's local tensors, and leave its tensor results on the workers.
+
+        Returns at once, without waiting: mesh tensors (on this actor mesh's procs, on the
+        active stream) whose shapes come from the endpoint's ``propagate`` callable, usable in
+        later ops and fetches; ``None`` for ``propagate="inspect"``. A failure of the endpoint
+        poisons them (a fetch raises ``RemoteException``).
+        """
+        self._check_arguments(args, kwargs)
+        self._nonempty("rref")
+        return _plugins.load("tensor").actor_rref(
+            self._pipeline, self._name, self._spec, args, kwargs
+        )
 
     def _send(
         self,

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from regency import config
+from regency import _plugins, config
 from regency._runtime.actors import breakpoints, context, tracing
 from regency._runtime.actors.control import SpawnActor
 from regency._runtime.actors.endpoint_def import EndpointSpec, plain_method
@@ -340,14 +340,17 @@ class ActorCore(InstanceBase):
                 entry = plain_method(type(self.actor), wire_name, self._is_async)
             if entry is None:
                 raise AttributeError(f"{self.class_name} has no endpoint {method!r}")
-            args, kwargs = codec.loads(payload)
+            fn, spec = entry
+            (args, kwargs), carried = codec.loads_carrying(payload)
+            if carried:
+                # Mesh tensors among the arguments: the call waits for their shards first.
+                fn = _plugins.load("tensor").bind_arrivals(fn, spec.is_async, carried)
         except Exception as exc:
             self._on_error(method, reply, point, exc)
             return None
         except BaseException as exc:  # SystemExit from a __reduce__: as if the endpoint raised it
             self._die(method, reply, point, exc)
             return None
-        fn, spec = entry
         if spec.explicit_port:
             port: Any = Port(reply, point.rank) if reply is not None else _NullPort()
             args = (port, *args)

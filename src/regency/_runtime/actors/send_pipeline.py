@@ -16,7 +16,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from regency import config
+from regency import _plugins, config
 from regency._runtime.actors import context, tracing
 from regency._runtime.actors.errors import (
     SupervisionError,
@@ -73,7 +73,16 @@ class SendPipeline:
     ``method`` the name its message carries (``EndpointSpec.name``).
     """
 
-    __slots__ = ("_procs", "_route", "actor_class", "mesh_id", "mesh_name", "shape", "supervisor")
+    __slots__ = (
+        "_procs",
+        "_route",
+        "actor_class",
+        "mesh_id",
+        "mesh_name",
+        "proc_mesh",
+        "shape",
+        "supervisor",
+    )
 
     def __init__(
         self,
@@ -91,6 +100,9 @@ class SendPipeline:
         self.supervisor: MeshSupervisor | None = None
         self._procs = procs  # shared with the mesh's views and its supervisor
         self._route: Route | None = None
+        self.proc_mesh: Any = None
+        """The proc mesh the actors were spawned on (set by the actor mesh; the tensor engine
+        checks that mesh tensors sent here live on it)."""
 
     def route(self) -> Route:
         """Where this view's messages go (computed once per view, again after a restart)."""
@@ -340,10 +352,16 @@ class SendPipeline:
             # The reply port travels as a plain tuple: pickling a NamedTuple runs Python code.
             port = tuple(reply) if reply is not None else None
             envelope = pickle.dumps((method, port, route.labels, route.sizes, trace), protocol=5)
-        parts = [envelope, *codec.dumps_call(args, kwargs)]
+        body, carried = codec.dumps_call_carrying(args, kwargs)
+        parts = [envelope, *body]
         # Refuse oversize messages before taking sequence numbers: a gap would stall the
         # receiver's ordering of every later message from this sender.
         encoder = frames.Encoder(parts, rt.frame_limit)
+        if carried:
+            # Mesh tensors among the arguments: the tensor engine hands their shards to these
+            # ranks (or refuses, raising) before the message that names them goes out.
+            bases = [route.bases[r] for r in ranks]
+            _plugins.load("tensor").before_actor_send(carried, self, bases)
         sender = current_instance()
         mesh_id = self.mesh_id
         uid = sender.uid

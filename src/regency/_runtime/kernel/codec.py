@@ -138,6 +138,39 @@ def _wrap_large(value: Any, wrapped: dict[int, _Large] | None = None) -> Any:
 _WRAPPED = (bytes, bytearray)
 
 
+_carrying = threading.local()
+
+
+def carry(obj: Any) -> bool:
+    """Hand ``obj`` to whoever pickles or unpickles a message on this thread now.
+
+    For values that travel as references their own layer resolves (a mesh tensor: a ref on the
+    way out, a placeholder on the way in), called from their ``__reduce_ex__`` or from the
+    function their pickle calls back: :func:`dumps_call_carrying` and :func:`loads_carrying`
+    return what was carried. ``False`` when neither is running on this thread.
+    """
+    carried: list[Any] | None = getattr(_carrying, "objects", None)
+    if carried is None:
+        return False
+    carried.append(obj)
+    return True
+
+
+def dumps_call_carrying(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[list[Part], list[Any]]:
+    """:func:`dumps_call`, and the objects :func:`carry` was called with while pickling."""
+    if _is_plain((args, kwargs)):  # no value of a plain call can carry anything
+        return [pickle.dumps((args, kwargs), protocol=5)], []
+    carried: list[Any] = []
+    outer = getattr(_carrying, "objects", None)
+    _carrying.objects = carried
+    try:
+        return dumps_call(args, kwargs), carried
+    finally:
+        _carrying.objects = outer
+
+
 def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Part]:
     """Pickle a call's arguments, large top-level ``bytes``/``bytearray`` ones out of band."""
     call = (args, kwargs)
@@ -215,3 +248,23 @@ def loads(parts: Sequence[Part]) -> Any:
         return pickle.loads(body, buffers=parts[1:])
     with _importing:
         return pickle.loads(body, buffers=parts[1:])
+
+
+def loads_carrying(parts: Sequence[Part]) -> tuple[Any, list[Any]]:
+    """:func:`loads`, and the objects :func:`carry` was called with while unpickling.
+
+    Whatever the carried objects stand for must be waited for after this returns, never while
+    unpickling: that may hold the import lock, which another thread of the process needs to
+    decode the very message that would end the wait.
+    """
+    body = parts[0]
+    if _NAMES_A_MODULE.search(body) is None:  # nothing named, nothing called back
+        return pickle.loads(body, buffers=parts[1:]), []
+    carried: list[Any] = []
+    outer = getattr(_carrying, "objects", None)
+    _carrying.objects = carried
+    try:
+        with _importing:
+            return pickle.loads(body, buffers=parts[1:]), carried
+    finally:
+        _carrying.objects = outer
