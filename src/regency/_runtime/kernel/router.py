@@ -258,6 +258,12 @@ class FrameRouter:
         )
         self._link.send(head.addr, buffers, wait)
 
+    @staticmethod
+    def posts(parts: Sequence[Part]) -> bool:
+        """Whether :meth:`send_port` posts a message of these parts: returns at once, never
+        waiting for the peer to take bytes (a small message of our own buffers)."""
+        return len(parts) <= _OWN_PARTS and buffers_size(parts) <= _COALESCE_MAX
+
     def send_port(
         self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
     ) -> None:
