@@ -322,7 +322,10 @@ class SendPipeline:
                     casting.Dest(addr, next_seq(addr, mesh_id), rank)
                     for addr, rank in zip(addrs, ranks, strict=True)
                 ]
-                for group in casting.plan(dests, route.fanout):
+                # Subtrees headed here last (see FrameRouter._on_cast).
+                here = rt.address
+                groups = casting.plan(dests, route.fanout)
+                for group in sorted(groups, key=lambda g: g.head.addr == here):
                     rt.send_cast(group, mesh_id, uid, reply, gather, parts)
         except PeerLostError as exc:
             name = self.mesh_name
