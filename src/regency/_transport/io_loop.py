@@ -18,8 +18,9 @@ log = logging.getLogger("regency.io")
 Handler = Callable[[int], None]
 
 # A thread waiting for a reply polls without sleeping this long first: a quick reply then
-# neither wakes it nor pays for waking it (costly on VMs). Idle readers do not spin: with many
-# procs per core, spinning steals the CPU the others need.
+# neither wakes it nor pays for waking it (costly on VMs). It does so only while its replies
+# come that quickly (kernel/waiting.py). Idle readers do not spin: with many procs per core,
+# spinning steals the CPU the others need.
 REPLY_SPIN_SECONDS = 50e-6
 _RECHECK_MS = 100
 # Beyond this many connections, taking them from the loop costs more syscalls than it saves.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from regency._runtime.kernel import state
@@ -82,7 +83,14 @@ def wait_pending(pending: Pending, timeout: float | None) -> bool:
     fd = thread_eventfd()
     wake = waker(fd)
     pending.add_done_callback(lambda _: wake())
-    result = wait_until(lambda: pending.done, fd, timeout, REPLY_SPIN_SECONDS)
+    # Spin only while this thread's replies come back within the spin: one waiting for long
+    # calls (a training step per call) would burn the spin every time, right after waking the
+    # ranks, which on a busy machine may be queued on this very CPU.
+    quick = getattr(_local, "quick", True)
+    began = time.monotonic()
+    result = wait_until(lambda: pending.done, fd, timeout, REPLY_SPIN_SECONDS if quick else 0.0)
+    if result:
+        _local.quick = time.monotonic() - began <= REPLY_SPIN_SECONDS
     if result is None:
         runtime = state.existing()
         if runtime is not None:
