@@ -37,12 +37,12 @@ from regency._runtime.kernel import casting, codec, state
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.refs import PortRef
 from regency._transport import frames
+from regency.shape import Shape
 
 if TYPE_CHECKING:
     from regency._runtime.actors.control import ProcInfo
     from regency._runtime.actors.identity import InstanceBase
     from regency._runtime.actors.mesh_supervisor import MeshSupervisor
-    from regency.shape import Shape
 
 
 class Route(NamedTuple):
@@ -72,7 +72,16 @@ class SendPipeline:
     ``method`` the name its message carries (``EndpointSpec.name``).
     """
 
-    __slots__ = ("_procs", "_route", "actor_class", "mesh_id", "mesh_name", "shape", "supervisor")
+    __slots__ = (
+        "_dense",
+        "_procs",
+        "_route",
+        "actor_class",
+        "mesh_id",
+        "mesh_name",
+        "shape",
+        "supervisor",
+    )
 
     def __init__(
         self,
@@ -90,6 +99,16 @@ class SendPipeline:
         self.supervisor: MeshSupervisor | None = None
         self._procs = procs  # shared with the mesh's views and its supervisor
         self._route: Route | None = None
+        self._dense: Shape | None = None
+
+    @property
+    def dense_shape(self) -> Shape:
+        """The shape of a reply's ``ValueMesh``: this view's extent, ranks numbered from 0
+        (made once: every ``call`` on the view returns one)."""
+        dense = self._dense
+        if dense is None:
+            dense = self._dense = Shape.from_extent(self.shape.extent)
+        return dense
 
     def route(self) -> Route:
         """Where this view's messages go (computed once per view, again after a restart)."""
