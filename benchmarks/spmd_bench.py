@@ -426,6 +426,7 @@ def run(
         "rounds": rounds,
         "warmup": warmup,
         "steps": steps,
+        "trials": trials,
         "load_avg": os.getloadavg(),
         "raw": raw,
         "median": med,
@@ -450,8 +451,10 @@ def render(doc: dict[str, Any]) -> str:
         f"Run {doc['date']}, {doc['rounds']} rounds (configurations alternating; medians), "
         f"load average at the end {doc['load_avg'][0]:.2f}. 2 ranks, gloo, one torch thread "
         f"per rank, the MLP of `spmd_work.py` ({spmd_work.WIDTH}-wide, batch "
-        f"{spmd_work.BATCH}); per-step figures over {doc['steps']} steps after "
-        f"{doc['warmup']} warm-up steps.\n\n"
+        f"{spmd_work.BATCH}); per-step figures: {doc.get('trials', 40)} trials per round of "
+        f"{doc['steps']} steps after {doc['warmup']} warm-up steps, the three configurations "
+        "alternating in a rotating order; the ratios are medians of the ratios within a trial."
+        "\n\n"
         "| figure | regency | peer | ratio | target |\n|---|---|---|---|---|\n"
         + row("DDP step, loop inside the actor", "actor_loop_step_s", "mp_step_s",
               "actor_loop_vs_mp", "≤ 1.05x torch.multiprocessing")
@@ -462,7 +465,8 @@ def render(doc: dict[str, Any]) -> str:
         + row("start to first step, `regency run --preload ''`", "regency_first_cold_s",
               "torchrun_first_s", "first_step_cold_vs_torchrun", "—")
         + row("SIGKILL of rank 1 to training again (torch preloaded)", "regency_recovery_s",
-              "torchrun_recovery_s", "recovery_vs_torchrun", "next to `torchrun --max-restarts 1`")
+              "torchrun_recovery_s", "recovery_vs_torchrun",
+              "next to `torchrun --max-restarts 1` (unshared store, see below)")
         + row("SIGKILL of rank 1 to training again, cold procs", "regency_recovery_cold_s",
               "torchrun_recovery_s", "recovery_cold_vs_torchrun", "—")
     )  # fmt: skip
