@@ -479,7 +479,7 @@ def write_results(section: str, path: Path) -> None:
     if MARK_START in text and MARK_END in text:
         head, rest = text.split(MARK_START, 1)
         tail = rest.split(MARK_END, 1)[1].lstrip("\n")
-        text = head + block + tail
+        text = head + block + ("\n" + tail if tail else "")
     else:
         text = text.rstrip("\n") + "\n\n" + block
     path.write_text(text)
