@@ -7,14 +7,17 @@ Figures (2 ranks, gloo, the MLP of ``spmd_work.py``, one torch thread per rank):
 * ``first_step``: from starting the command to rank 0's first finished step,
   ``regency run`` (with and without the torch preload) next to ``torchrun --standalone``.
 * ``recovery``: from SIGKILL of rank 1 to rank 0's first step after the restart,
-  ``examples/ddp_train.py`` (one_for_all) next to ``torchrun --max-restarts 1``.
+  ``examples/ddp_train.py`` (one_for_all) next to ``torchrun --max-restarts 1`` (with
+  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: see ``TORCHRUN_ENV``).
 * ``call_cost`` (not in the default set): per call to both ranks, of a noop endpoint and of the
-  step, the seconds, and each rank's CPU seconds and voluntary context switches (``getrusage``,
-  every thread of the proc): counts of wake-ups that the machine's load hardly moves.
+  step, the seconds, each rank's CPU seconds, the CPU seconds of the controller's calling
+  thread and the voluntary context switches of each regency thread of the ranks and the
+  controller (the actor's, the I/O loop's, the main thread): counts of wake-ups that the
+  machine's load hardly moves.
 
-Configurations alternate within each round and the medians are reported, since other work on
-the machine moves every figure. ``--write-results`` puts the table into ``RESULTS.md`` (between
-the ``spmd-bench`` markers).
+Configurations alternate within each round (short per-step trials, in a rotating order) and the
+medians are reported, since other work on the machine moves every figure. ``--write-results``
+puts the table into ``RESULTS.md`` (between the ``spmd-bench`` markers).
 
     .venv/bin/python benchmarks/spmd_bench.py --rounds 3 --write-results
 """
@@ -32,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -124,9 +128,9 @@ class Gang:
                 pass
 
             @endpoint
-            def usage(self) -> tuple[float, int]:
+            def usage(self) -> dict[str, float]:
                 used = resource.getrusage(resource.RUSAGE_SELF)
-                return used.ru_utime + used.ru_stime, used.ru_nvcsw
+                return {"cpu": used.ru_utime + used.ru_stime, **thread_switches()}
 
             @endpoint
             def close(self) -> None:
@@ -150,24 +154,49 @@ class Gang:
             self.bench.step.call().get(timeout=60)
         return (time.perf_counter() - began) / steps
 
-    def call_cost(self, endpoint: str, calls: int) -> tuple[float, float, float]:
-        """Per call of ``endpoint``: seconds, and a rank's CPU seconds and voluntary context
-        switches (the mean of the ranks)."""
+    def call_cost(self, endpoint: str, calls: int) -> dict[str, float]:
+        """Per call of ``endpoint``: ``call`` seconds; ``rank_cpu`` seconds and the voluntary
+        context switches of each thread (``rank_*``: the mean of the ranks; ``controller_*``:
+        the controller's) as :func:`thread_switches` names them; ``controller_cpu``, the
+        seconds of the calling thread."""
         call = getattr(self.bench, endpoint).call
         before = list(self.bench.usage.call().get(timeout=60).values())
+        ours = thread_switches()
         began = time.perf_counter()
         for _ in range(calls):
             call().get(timeout=60)
         took = time.perf_counter() - began
+        ours = {k: v - ours.get(k, 0) for k, v in thread_switches().items()}
         after = list(self.bench.usage.call().get(timeout=60).values())
+        cost = {"call": took}
         pairs = list(zip(after, before, strict=True))
-        cpu = statistics.fmean(a[0] - b[0] for a, b in pairs) / calls
-        switches = statistics.fmean(a[1] - b[1] for a, b in pairs) / calls
-        return took / calls, cpu, switches
+        for key in after[0]:
+            cost[f"rank_{key}"] = statistics.fmean(a[key] - b[key] for a, b in pairs)
+        cost.update({f"controller_{k}": v for k, v in ours.items()})
+        return {k: v / calls for k, v in cost.items()}
 
     def close(self) -> None:
         self.bench.close.call().get(timeout=60)
         self.procs.stop().get(timeout=60)
+
+
+def thread_switches() -> dict[str, float]:
+    """This process's voluntary context switches per regency thread (``io``, the I/O loop;
+    ``actor``, the bench actor's thread; ``main``) and the calling thread's CPU seconds
+    (``thread_cpu``): counts of wake-ups that the machine's load hardly moves."""
+    names = {"regency-io": "io", "regency-actor-bench": "actor", "MainThread": "main"}
+    found: dict[str, float] = {}
+    for thread in threading.enumerate():
+        name = names.get(thread.name)
+        if name is None:
+            continue
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+            found[f"{name}_switches"] = float(
+                status.split("voluntary_ctxt_switches:")[1].split()[0]
+            )
+    found["thread_cpu"] = time.thread_time()
+    return found
 
 
 # -- start to first step ---------------------------------------------------------------------
@@ -204,6 +233,12 @@ def regency_first_step(preload: str) -> float:
 
 # -- kill to training again ------------------------------------------------------------------
 
+# torchrun (torch 2.13, c10d rendezvous) shares its agent's TCPStore with the workers and keeps
+# it across restarts, and the workers' process group keys carry no attempt prefix: a restarted
+# rank may read the killed attempt's gloo addresses (connectFullMesh refused) unless its peers
+# wrote theirs first. Without sharing, each attempt's rank 0 hosts a fresh store, as before
+# torch 2.5 (pytorch/pytorch#135712).
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 TRAIN = ["--epochs", "3", "--samples", "512", "--batch", "16", "--ckpt-every", "4"]
 KILL_AT = 8
 
@@ -246,7 +281,9 @@ def torchrun_recovery() -> float:
             str(first), "--step-delay", "0.01",
         ]  # fmt: skip
         log = open(Path(tmp) / "torchrun.log", "w")  # noqa: SIM115 (closed below)
-        proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=log, start_new_session=True, env={**os.environ, **TORCHRUN_ENV}
+        )
         try:
             step_file = Path(f"{ckpt}.step")
             deadline = time.time() + 240
@@ -308,7 +345,7 @@ def _median(values: list[float]) -> float:
 
 
 def run(
-    rounds: int, warmup: int, steps: int, figures: set[str], trials: int = 10
+    rounds: int, warmup: int, steps: int, figures: set[str], trials: int = 40
 ) -> dict[str, Any]:
     raw: dict[str, list[float]] = {}
     errors: list[str] = []
@@ -327,13 +364,20 @@ def run(
     for r in range(rounds):
         print(f"round {r + 1}/{rounds}", file=sys.stderr, flush=True)
         if "per_step" in figures:
-            # Both gangs stay up; short trials alternate, so drifting load hits both alike.
+            # Both gangs stay up; short trials alternate, in a rotating order, so drifting
+            # load hits all three alike.
             baseline, gang = Baseline(), Gang()
             try:
-                for _ in range(trials):
-                    mp_s = baseline.timed(warmup, steps)
-                    loop_s = gang.loop(warmup, steps)
-                    call_s = gang.per_call(warmup, steps)
+                for trial in range(trials):
+                    kinds = [
+                        ("mp", baseline.timed),
+                        ("loop", gang.loop),
+                        ("call", gang.per_call),
+                    ]
+                    times = {}
+                    for kind, fn in kinds[trial % 3 :] + kinds[: trial % 3]:
+                        times[kind] = fn(warmup, steps)
+                    mp_s, loop_s, call_s = times["mp"], times["loop"], times["call"]
                     add("mp_step_s", mp_s)
                     add("actor_loop_step_s", loop_s)
                     add("actor_call_step_s", call_s)
@@ -347,10 +391,8 @@ def run(
             try:
                 for _ in range(trials):
                     for endpoint in ("noop", "step"):
-                        took, cpu, switches = gang.call_cost(endpoint, steps)
-                        add(f"{endpoint}_call_s", took)
-                        add(f"{endpoint}_rank_cpu_s", cpu)
-                        add(f"{endpoint}_rank_switches", switches)
+                        for key, value in gang.call_cost(endpoint, steps).items():
+                            add(f"{endpoint}_{key}", value)
             finally:
                 gang.close()
         if "first_step" in figures:
@@ -384,6 +426,7 @@ def run(
         "rounds": rounds,
         "warmup": warmup,
         "steps": steps,
+        "trials": trials,
         "load_avg": os.getloadavg(),
         "raw": raw,
         "median": med,
@@ -408,8 +451,10 @@ def render(doc: dict[str, Any]) -> str:
         f"Run {doc['date']}, {doc['rounds']} rounds (configurations alternating; medians), "
         f"load average at the end {doc['load_avg'][0]:.2f}. 2 ranks, gloo, one torch thread "
         f"per rank, the MLP of `spmd_work.py` ({spmd_work.WIDTH}-wide, batch "
-        f"{spmd_work.BATCH}); per-step figures over {doc['steps']} steps after "
-        f"{doc['warmup']} warm-up steps.\n\n"
+        f"{spmd_work.BATCH}); per-step figures: {doc.get('trials', 40)} trials per round of "
+        f"{doc['steps']} steps after {doc['warmup']} warm-up steps, the three configurations "
+        "alternating in a rotating order; the ratios are medians of the ratios within a trial."
+        "\n\n"
         "| figure | regency | peer | ratio | target |\n|---|---|---|---|---|\n"
         + row("DDP step, loop inside the actor", "actor_loop_step_s", "mp_step_s",
               "actor_loop_vs_mp", "≤ 1.05x torch.multiprocessing")
@@ -420,7 +465,8 @@ def render(doc: dict[str, Any]) -> str:
         + row("start to first step, `regency run --preload ''`", "regency_first_cold_s",
               "torchrun_first_s", "first_step_cold_vs_torchrun", "—")
         + row("SIGKILL of rank 1 to training again (torch preloaded)", "regency_recovery_s",
-              "torchrun_recovery_s", "recovery_vs_torchrun", "next to `torchrun --max-restarts 1`")
+              "torchrun_recovery_s", "recovery_vs_torchrun",
+              "next to `torchrun --max-restarts 1` (unshared store, see below)")
         + row("SIGKILL of rank 1 to training again, cold procs", "regency_recovery_cold_s",
               "torchrun_recovery_s", "recovery_cold_vs_torchrun", "—")
     )  # fmt: skip
@@ -433,7 +479,7 @@ def write_results(section: str, path: Path) -> None:
     if MARK_START in text and MARK_END in text:
         head, rest = text.split(MARK_START, 1)
         tail = rest.split(MARK_END, 1)[1].lstrip("\n")
-        text = head + block + tail
+        text = head + block + ("\n" + tail if tail else "")
     else:
         text = text.rstrip("\n") + "\n\n" + block
     path.write_text(text)
@@ -442,9 +488,9 @@ def write_results(section: str, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=100, help="steps per per-step trial")
-    parser.add_argument("--trials", type=int, default=10, help="alternating trials per round")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=25, help="steps per per-step trial")
+    parser.add_argument("--trials", type=int, default=40, help="alternating trials per round")
     parser.add_argument("--figures", default="per_step,first_step,recovery")
     parser.add_argument("--write-results", action="store_true")
     parser.add_argument("--json", type=Path, default=None)

@@ -101,6 +101,40 @@ def test_direct_message_overtaking_a_cast_waits_for_it() -> None:
     assert got["unix:@b"] == [(0, "first")]
 
 
+def _queued_when_delivered(net: Loopback, router: FrameRouter) -> list[int]:
+    """Attach a sink to ``router``'s mailbox of MESH that records how many frames were queued
+    on the loopback (sent, not yet delivered) each time a message reached its actor."""
+    queued: list[int] = []
+    router.mailbox(MESH).attach(lambda _: queued.append(net.in_flight))
+    return queued
+
+
+def test_a_cast_head_forwards_before_its_own_actor_gets_the_message() -> None:
+    net, root, procs = _mesh(3)
+    head = procs["unix:@p0"]
+    _actors({a: r for a, r in procs.items() if r is not head})
+    queued = _queued_when_delivered(net, head)
+    tree = casting.Group(
+        casting.Dest("unix:@p0", 1, 0),
+        (casting.Dest("unix:@p1", 1, 1), casting.Dest("unix:@p2", 1, 2)),
+    )
+    with config.configured(cast_fanout=2):
+        root.send_cast(tree, MESH, SENDER, None, False, [pickle.dumps("hi")])
+        assert net.step()  # the cast frame reaches the head
+    # Both subtrees' frames had left when the head's actor got the message.
+    assert queued == [2]
+
+
+def test_a_senders_own_actor_gets_a_direct_message_after_the_others() -> None:
+    net, root, procs = _mesh(2)
+    _actors(procs)
+    queued = _queued_when_delivered(net, root)
+    targets = [(root.address, 1, 0), ("unix:@p0", 1, 1), ("unix:@p1", 1, 2)]
+    root.send_actor(targets, MESH, SENDER, _body("hi"))
+    assert queued == [2]
+    assert net.pump() == 2
+
+
 def _cast(root: FrameRouter, procs: Sequence[str], fanout: int, reply: PortRef | None) -> None:
     dests = [casting.Dest(addr, 1, rank) for rank, addr in enumerate(procs)]
     for group in casting.plan(dests, fanout):

@@ -1,4 +1,5 @@
-"""``IOLoop.wait_reading``: which thread reads the stolen descriptors while several wait."""
+"""``IOLoop.wait_reading`` and ``claim``: which thread reads the stolen descriptors while several
+wait, and what a thread that claimed them ahead of its wait gets."""
 
 from __future__ import annotations
 
@@ -110,3 +111,65 @@ def test_only_the_latest_waiter_reads_inline(loop: IOLoop) -> None:
     assert {peer.exchange() for _ in range(5)} == {LOOP_THREAD}
     first.release()
     assert first.result is True
+
+
+def test_a_claimed_turn_keeps_frames_for_the_claiming_thread(loop: IOLoop) -> None:
+    claimed = Peer(loop)
+    # Read by the loop thread alone: once it has read this, it would have read `claimed` too.
+    marker = socket.socketpair()
+    marker_read = threading.Event()
+
+    def read_marker(_events: int) -> None:
+        marker[0].recv(1)
+        marker_read.set()
+
+    loop.register(marker[0].fileno(), read_marker)
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    try:
+        turn = loop.claim(fd)
+        assert turn is not None
+        claimed.theirs.send(b"x")  # arrives before the claiming thread polls
+        marker[1].send(b"m")
+        assert marker_read.wait(10)
+        assert claimed.readers == []  # it waits in the kernel for the claiming thread
+
+        got = loop.wait_reading(lambda: bool(claimed.readers), fd, 10, turn=turn)
+        assert got is True
+        assert claimed.readers == [threading.current_thread().name]
+        # The wait is over: the loop thread reads again.
+        assert claimed.exchange() == LOOP_THREAD
+    finally:
+        loop.unregister(marker[0].fileno())
+        for end in marker:
+            end.close()
+        os.close(fd)
+
+
+def test_a_released_turn_gives_the_sockets_back_to_the_loop(loop: IOLoop) -> None:
+    peer = Peer(loop)
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    try:
+        turn = loop.claim(fd)
+        assert turn is not None
+        loop.release(turn)
+        assert peer.exchange() == LOOP_THREAD
+    finally:
+        os.close(fd)
+
+
+def test_the_loop_thread_cannot_claim(loop: IOLoop) -> None:
+    Peer(loop)
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    claims: list[object] = []
+    done = threading.Event()
+
+    def on_loop() -> None:
+        claims.append(loop.claim(fd))
+        done.set()
+
+    try:
+        loop.call_soon(on_loop)
+        assert done.wait(10)
+        assert claims == [None]
+    finally:
+        os.close(fd)

@@ -18,12 +18,24 @@ log = logging.getLogger("regency.io")
 Handler = Callable[[int], None]
 
 # A thread waiting for a reply polls without sleeping this long first: a quick reply then
-# neither wakes it nor pays for waking it (costly on VMs). Idle readers do not spin: with many
-# procs per core, spinning steals the CPU the others need.
+# neither wakes it nor pays for waking it (costly on VMs). It does so only while its replies
+# come that quickly (kernel/waiting.py). Idle readers do not spin: with many procs per core,
+# spinning steals the CPU the others need.
 REPLY_SPIN_SECONDS = 50e-6
 _RECHECK_MS = 100
 # Beyond this many connections, taking them from the loop costs more syscalls than it saves.
 _MAX_STOLEN = 16
+
+
+class Turn:
+    """A thread's turn as the one that reads the loop's connections inline (see
+    :meth:`IOLoop.claim`): the descriptors it polls and the eventfd that wakes it."""
+
+    __slots__ = ("fds", "wake_fd")
+
+    def __init__(self, wake_fd: int) -> None:
+        self.wake_fd = wake_fd
+        self.fds: list[int] = []
 
 
 class IOLoop:
@@ -40,7 +52,7 @@ class IOLoop:
         # The stealable descriptors out of the epoll set while a thread reads them inline, and
         # that thread's turn and wake eventfd (one reader at a time: see wait_reading).
         self._stolen: dict[int, Handler] = {}
-        self._reader: tuple[object, int] | None = None
+        self._reader: Turn | None = None
         self._steal_lock = threading.Lock()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._wake_fd, select.EPOLLIN)
@@ -79,17 +91,60 @@ class IOLoop:
                 with contextlib.suppress(OSError, ValueError):
                     self._epoll.unregister(fd)
 
+    def claim(self, wake_fd: int) -> Turn | None:
+        """Make the calling thread the one that reads the connections inline from now on.
+
+        The stealable descriptors leave the loop's epoll set; until the thread polls them in
+        :meth:`wait_reading` (given the returned turn) or hands them back with
+        :meth:`release`, frames that arrive wait in the kernel and wake nobody. A thread about
+        to send the message whose answer it will then wait for claims first, so that the
+        answer is read by this thread even when the send costs it its CPU (the woken receiver
+        often runs on it at once) and the answer comes back before it runs again: otherwise
+        the loop thread would be woken to read it. So the thread must not block between the
+        claim and the wait. ``wake_fd`` (an eventfd) is written by whoever makes the
+        thread's condition true from another thread. ``None`` when inline reading is not
+        possible (on the loop thread, or too many connections).
+        """
+        if self.in_loop():
+            return None
+        turn = Turn(wake_fd)
+        with self._steal_lock:
+            fds = list(self._stealable.items())
+            if not fds or len(fds) > _MAX_STOLEN:
+                return None
+            for fd, owner in fds:
+                if fd not in self._stolen:
+                    with contextlib.suppress(OSError, ValueError):
+                        self._epoll.unregister(fd)
+                    self._stolen[fd] = owner
+            previous, self._reader = self._reader, turn
+        turn.fds = [fd for fd, _ in fds]
+        if previous is not None:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(previous.wake_fd, 1)
+        return turn
+
+    def release(self, turn: Turn) -> None:
+        """The thread that claimed ``turn`` will not wait after all: the loop reads again."""
+        self._give_back(turn)
+
     def wait_reading(
-        self, until: Callable[[], bool], wake_fd: int, timeout: float | None, spin: float = 0.0
+        self,
+        until: Callable[[], bool],
+        wake_fd: int,
+        timeout: float | None,
+        spin: float = 0.0,
+        turn: Turn | None = None,
     ) -> bool | None:
         """Wait for ``until()`` on the calling thread while reading the connections directly.
 
-        The calling thread takes the stealable descriptors out of the loop's epoll set and
-        polls them itself, so a reply wakes it straight away instead of waking the loop thread
-        which would then wake it. ``wake_fd`` (an eventfd) is written by whoever makes
-        ``until()`` true from another thread. For ``spin`` seconds it polls without sleeping.
-        Returns whether ``until()`` became true, or ``None`` when reading inline is not
-        possible (the caller then waits the plain way).
+        The calling thread takes the stealable descriptors out of the loop's epoll set (or
+        uses ``turn``, taken earlier with :meth:`claim`) and polls them itself, so a reply
+        wakes it straight away instead of waking the loop thread which would then wake it.
+        ``wake_fd`` (an eventfd) is written by whoever makes ``until()`` true from another
+        thread. For ``spin`` seconds it polls without sleeping. Returns whether ``until()``
+        became true, or ``None`` when reading inline is not possible (the caller then waits
+        the plain way).
 
         One thread reads inline at a time: the one that began waiting last, the likeliest to
         get the next message (an actor back from handling one; a caller that just sent a
@@ -100,33 +155,20 @@ class IOLoop:
         actor's thread as well as the one the frame is for), and whichever won the race read
         it and woke the right one: two wake-ups again.
         """
-        if self.in_loop():
-            return None
-        turn = object()
-        with self._steal_lock:
-            fds = list(self._stealable.items())
-            if not fds or len(fds) > _MAX_STOLEN:
+        if turn is None:
+            turn = self.claim(wake_fd)
+            if turn is None:
                 return None
-            for fd, owner in fds:
-                if fd not in self._stolen:
-                    with contextlib.suppress(OSError, ValueError):
-                        self._epoll.unregister(fd)
-                    self._stolen[fd] = owner
-            previous, self._reader = self._reader, (turn, wake_fd)
-        if previous is not None:
-            with contextlib.suppress(OSError):
-                os.eventfd_write(previous[1], 1)
         poller = select.poll()
         poller.register(wake_fd, select.POLLIN)
-        for fd, _ in fds:
+        for fd in turn.fds:
             poller.register(fd, select.POLLIN)
         reading = True
         deadline = None if timeout is None else time.monotonic() + timeout
         spin_until = time.monotonic() + spin
         try:
             while not until():
-                reader = self._reader
-                if reading and (reader is None or reader[0] is not turn):
+                if reading and self._reader is not turn:
                     # A later waiter took over; this one is woken through wake_fd.
                     reading = False
                     poller = select.poll()
@@ -156,10 +198,10 @@ class IOLoop:
         finally:
             self._give_back(turn)
 
-    def _give_back(self, turn: object) -> None:
+    def _give_back(self, turn: Turn) -> None:
         """The reader ``turn`` is done: the loop thread reads the descriptors again."""
         with self._steal_lock:
-            if self._reader is None or self._reader[0] is not turn:
+            if self._reader is not turn:
                 return
             self._reader = None
             stolen, self._stolen = self._stolen, {}

@@ -51,7 +51,7 @@ class Endpoint(Generic[R]):
         self._check_arguments(args, kwargs)
         self._nonempty("call")
         handler = self._pipeline.gather(self._name, self._spec.name, args, kwargs)
-        shape = self._pipeline.shape
+        shape = self._pipeline.dense_shape
 
         def build(entries: list[casting.Entry]) -> ValueMesh[R]:
             entries.sort(key=lambda e: e[0])

@@ -420,6 +420,7 @@ class ActorCore(InstanceBase):
             return None
         except BaseException as exc:
             return exc
+        self._before_reply(parts)
         try:
             self.runtime.send_port(reply, rank, 0, parts)
         except PeerLostError:
@@ -429,6 +430,9 @@ class ActorCore(InstanceBase):
                 reply, rank, ActorError(exc, f"Actor call {self.name} reply too large.")
             )
         return None
+
+    def _before_reply(self, parts: list[Part]) -> None:
+        """Called just before an endpoint's value is sent back (the sync executor's hook)."""
 
     def _reply_error(self, reply: PortRef, rank: int, error: BaseException) -> None:
         try:

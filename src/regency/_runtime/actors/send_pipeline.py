@@ -38,12 +38,12 @@ from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending
 from regency._runtime.kernel.refs import PortRef
 from regency._transport import frames
+from regency.shape import Shape
 
 if TYPE_CHECKING:
     from regency._runtime.actors.control import ProcInfo
     from regency._runtime.actors.identity import InstanceBase
     from regency._runtime.actors.mesh_supervisor import MeshSupervisor
-    from regency.shape import Shape
 
 
 class Route(NamedTuple):
@@ -74,6 +74,7 @@ class SendPipeline:
     """
 
     __slots__ = (
+        "_dense",
         "_procs",
         "_route",
         "actor_class",
@@ -103,6 +104,16 @@ class SendPipeline:
         self.proc_mesh: Any = None
         """The proc mesh the actors were spawned on (set by the actor mesh; the tensor engine
         checks that mesh tensors sent here live on it)."""
+        self._dense: Shape | None = None
+
+    @property
+    def dense_shape(self) -> Shape:
+        """The shape of a reply's ``ValueMesh``: this view's extent, ranks numbered from 0
+        (made once: every ``call`` on the view returns one)."""
+        dense = self._dense
+        if dense is None:
+            dense = self._dense = Shape.from_extent(self.shape.extent)
+        return dense
 
     def route(self) -> Route:
         """Where this view's messages go (computed once per view, again after a restart)."""
@@ -378,7 +389,10 @@ class SendPipeline:
                     casting.Dest(addr, next_seq(addr, mesh_id), rank)
                     for addr, rank in zip(addrs, ranks, strict=True)
                 ]
-                for group in casting.plan(dests, route.fanout):
+                # Subtrees headed here last (see FrameRouter._on_cast).
+                here = rt.address
+                groups = casting.plan(dests, route.fanout)
+                for group in sorted(groups, key=lambda g: g.head.addr == here):
                     rt.send_cast(group, mesh_id, uid, reply, gather, parts)
         except PeerLostError as exc:
             name = self.mesh_name

@@ -1,5 +1,11 @@
 """The executor of a sync actor: its messages, ``__supervise__`` and ``__cleanup__`` run one at
-a time on the actor's thread, which reads the sockets itself while it waits."""
+a time on the actor's thread, which reads the sockets itself while it waits.
+
+An actor with nothing queued becomes its process's inline reader just before its reply leaves,
+not after: the reply wakes the caller, which on a busy machine often runs on this very CPU at
+once and sends the next message before this thread is scheduled again. Had the thread not
+claimed the sockets yet, the I/O thread would be woken to read that message and hand it over.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,15 @@ from regency._runtime.actors import context, tracing
 from regency._runtime.actors.identity import wait_stopped
 from regency._runtime.actors.instance_core import STOP, SUPERVISE, ActorCore, Control
 from regency._runtime.kernel.mailbox import Delivery
-from regency._runtime.kernel.waiting import thread_eventfd, wait_until, waker
+from regency._runtime.kernel.refs import Part
+from regency._runtime.kernel.waiting import (
+    claim_reading,
+    release_reading,
+    thread_eventfd,
+    wait_until,
+    waker,
+)
+from regency._transport.io_loop import Turn
 
 log = logging.getLogger("regency.actor")
 
@@ -22,6 +36,9 @@ _UNSET: Any = object()
 
 class SyncExecutor(ActorCore):
     """Runs a sync actor on its thread."""
+
+    # The inline reader's turn this thread claimed before its last reply (see the module).
+    _turn: Turn | None = None
 
     def _serve_sync(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self._construct(cls, args, kwargs):
@@ -32,6 +49,7 @@ class SyncExecutor(ActorCore):
         idle = self._idle_until
         while True:
             if self._forced:
+                self._release_turn()
                 self._end_forced()
                 return
             try:
@@ -39,6 +57,8 @@ class SyncExecutor(ActorCore):
             except queue.Empty:
                 idle()
                 item = q.get()
+            else:
+                self._release_turn()
             if self._forced:
                 self._reject_safely(item)
                 continue
@@ -58,6 +78,7 @@ class SyncExecutor(ActorCore):
             # memory that the sender is waiting to reuse.
             item = None
             if self.failed is not None:
+                self._release_turn()
                 wait_stopped(self._owned_stopping, config.get_seconds("stop_timeout"))
                 self._cleanup_sync()
                 self._serve_failed()
@@ -72,10 +93,28 @@ class SyncExecutor(ActorCore):
         """Wait for the next message reading the sockets on this thread (one wake-up, not two)."""
         fd = thread_eventfd()
         self._wake = waker(fd)
+        turn, self._turn = self._turn, None
         try:
-            wait_until(lambda: not self._queue.empty(), fd, None)
+            wait_until(lambda: not self._queue.empty(), fd, None, turn=turn)
         finally:
             self._wake = None
+
+    def _before_reply(self, parts: list[Part]) -> None:
+        # Only before a reply that cannot block: a thread that claimed the sockets and then
+        # waited for a peer to take its bytes would not read what that peer sends meanwhile.
+        if (
+            not self._is_async
+            and self._turn is None
+            and self._queue.empty()
+            and self.runtime.posts(parts)
+        ):
+            self._turn = claim_reading(thread_eventfd())
+
+    def _release_turn(self) -> None:
+        """Give back a claimed turn: the thread has other work before it waits."""
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            release_reading(turn)
 
     def _end_forced(self) -> None:
         """The thread of a force-stopped actor got free: clean up late, then end."""

@@ -55,9 +55,10 @@ class ValueMesh(MeshTrait, Generic[R]):
         return cls(shape, [values[r] for r in range(len(shape))])
 
     @classmethod
-    def _from_raw(cls, shape: Shape, raws: list[Sequence[Any]]) -> ValueMesh[Any]:
+    def _from_raw(cls, dense: Shape, raws: list[Sequence[Any]]) -> ValueMesh[Any]:
+        """Undecoded replies, in rank order, on ``dense`` (ranks numbered from 0)."""
         mesh: ValueMesh[Any] = object.__new__(cls)
-        mesh._init(Shape.from_extent(shape.extent), [_Raw(p) for p in raws])
+        mesh._init(dense, [_Raw(p) for p in raws])
         return mesh
 
     def _new_with_shape(self, shape: Shape) -> ValueMesh[R]:

@@ -145,33 +145,39 @@ class FrameRouter:
         big = size >= bulk.BULK_MIN
         frame = encoder.frame
         posts: list[tuple[str, list[Part]]] = []
+        here = self.address
+        local = [(seq, rank) for addr, seq, rank in targets if addr == here]
         # Known-dead targets were refused by the caller; one that dies meanwhile makes the
         # transport raise PeerUnreachableError (PeerLostError to the caller).
-        for addr, seq, rank in targets:
-            if addr == self.address:
+        try:
+            for addr, seq, rank in targets:
+                if addr == here:
+                    continue
+                if big:
+                    framed, flags = self._frame_parts(addr, parts)
+                    buffers = frames.encode(
+                        wire.KIND_ACTOR,
+                        mesh_id,
+                        framed,
+                        flags=flags,
+                        rank=rank,
+                        sender=sender,
+                        seq=seq,
+                        limit=self.frame_limit,
+                    )
+                    self._link.send(addr, buffers)
+                    continue
+                buffers = frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
+                if coalesce:
+                    posts.append((addr, buffers))
+                else:
+                    self._link.send(addr, buffers)
+            if posts:
+                self._link.post(posts, size)
+        finally:
+            # Our own actors last: waking one could take this thread's CPU before the rest left.
+            for seq, rank in local:
                 self._deliver_local(mesh_id, sender, seq, rank, _own(parts), None)
-                continue
-            if big:
-                framed, flags = self._frame_parts(addr, parts)
-                buffers = frames.encode(
-                    wire.KIND_ACTOR,
-                    mesh_id,
-                    framed,
-                    flags=flags,
-                    rank=rank,
-                    sender=sender,
-                    seq=seq,
-                    limit=self.frame_limit,
-                )
-                self._link.send(addr, buffers)
-                continue
-            buffers = frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
-            if coalesce:
-                posts.append((addr, buffers))
-            else:
-                self._link.send(addr, buffers)
-        if posts:
-            self._link.post(posts, size)
 
     def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
         """The parts of a frame to ``addr``: large ones move to shared memory on this host."""
@@ -257,6 +263,12 @@ class FrameRouter:
             limit=self.frame_limit,
         )
         self._link.send(head.addr, buffers, wait)
+
+    @staticmethod
+    def posts(parts: Sequence[Part]) -> bool:
+        """Whether :meth:`send_port` posts a message of these parts: returns at once, never
+        waiting for the peer to take bytes (a small message of our own buffers)."""
+        return len(parts) <= _OWN_PARTS and buffers_size(parts) <= _COALESCE_MAX
 
     def send_port(
         self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
@@ -409,13 +421,15 @@ class FrameRouter:
             acc = casting.GatherRelay(self, reply, expected=1 + len(groups))
             local_reply = self.open_port(acc, watch=[g.head.addr for g in groups])
             acc.bind(local_reply.port, [g.head.addr for g in groups])
-        self._deliver_local(mesh_id, sender, seq, rank, parts, local_reply)
+        # Down the tree first, then to our own actor: waking it could take this thread's CPU
+        # before the subtrees, whose ranks would then all start late, had their message.
         forwarded = list(parts)
         for group in groups:
             try:
                 self.send_cast(group, mesh_id, sender, local_reply, gather, forwarded, wait=False)
             except PeerLostError as exc:
                 log.warning("cast could not reach %s: %s", group.head.addr, exc)
+        self._deliver_local(mesh_id, sender, seq, rank, parts, local_reply)
 
     # -- failures ------------------------------------------------------------------------------
 
