@@ -392,9 +392,11 @@ class SendPipeline:
                 # Subtrees headed here last (see FrameRouter._on_cast).
                 here = rt.address
                 groups = casting.plan(dests, route.fanout)
-                for group in sorted(groups, key=lambda g: g.head.addr == here):
-                    rt.send_cast(group, mesh_id, uid, reply, gather, parts)
+                groups.sort(key=lambda g: g.head.addr == here)
+                rt.send_cast(groups, mesh_id, uid, reply, gather, parts)
         except PeerLostError as exc:
+            # The router sent to every destination it could reach before it raised: each took
+            # a sequence number of ours. The call itself fails.
             name = self.mesh_name
             self._refuse(
                 endpoint,
