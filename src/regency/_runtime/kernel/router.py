@@ -192,8 +192,16 @@ class FrameRouter:
         return lost
 
     def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
-        """The parts of a frame to ``addr``: large ones move to shared memory on this host."""
-        if self._link.is_local(addr) and buffers_size(parts) >= bulk.BULK_MIN:
+        """The parts of a frame to ``addr``: large ones move to shared memory on this host.
+
+        Not when the frame has no room for the part that says where they went: the sender
+        checked the message's limits before it took sequence numbers, and must not fail here.
+        """
+        if (
+            len(parts) < frames.MAX_PARTS
+            and self._link.is_local(addr)
+            and buffers_size(parts) >= bulk.BULK_MIN
+        ):
             frames.Encoder(list(parts), self.frame_limit)  # the limit is on the whole message
             exported = self.bulk.export(addr, parts)
             if exported is not None:
