@@ -97,8 +97,15 @@ def test_ranks_after_one_killed_mid_send_still_answer_in_order(
         stopped_pids.append(doomed)
         os.kill(doomed, signal.SIGSTOP)
         assert wait_until(lambda: _state(doomed) == "T", T), "rank 0 did not stop"
-        sent: list[Future[object]] = []
-        sender = threading.Thread(target=lambda: sent.append(mesh.take.call("big", PAYLOAD)))
+        sent: list[object] = []
+
+        def send_big() -> None:
+            try:
+                sent.append(mesh.take.call("big", PAYLOAD))
+            except Exception as exc:  # asserted on below
+                sent.append(exc)
+
+        sender = threading.Thread(target=send_big)
         sender.start()
         # The send to rank 0 is blocked on its full socket: kill it now.
         assert wait_until(lambda: bool(_writers() - before), T), "the send never blocked"
@@ -107,8 +114,10 @@ def test_ranks_after_one_killed_mid_send_still_answer_in_order(
         sender.join(T)
         assert not sender.is_alive(), "the send did not end when its peer died"
 
+        [future] = sent
+        assert isinstance(future, Future), f"the call raised instead of failing its future: {sent}"
         with pytest.raises(SupervisionError, match=r"recorders\.take\(\) failed"):
-            sent[0].get(timeout=T)
+            future.get(timeout=T)
         survivors = mesh.slice(gpus=slice(1, 4))
         answered = survivors.take.call("after", b"").get(timeout=PROMPT)
         assert list(answered.values()) == [0, 0, 0]
