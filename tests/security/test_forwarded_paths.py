@@ -10,67 +10,30 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import time
 from collections.abc import Iterator
 
 import pytest
 from _attackers import OnPathProxy
+from _transport_ends import LIMIT, SECRET, End, ends_through_proxy
 
 from regency._transport import address, frames, routing
-from regency._transport.connection import Connection
-from regency._transport.frames import Frame
-from regency._transport.transport import PeerUnreachableError, Transport
+from regency._transport.transport import PeerUnreachableError
 
 pytestmark = pytest.mark.timeout(60)
 
-SECRET = os.urandom(32)
-LIMIT = 1 << 30
 # The worker's address as the controller names it: another host (TLS applies to it), reached
 # only through the forward (never dialed itself: TEST-NET-2).
 NAMED = "tcp://198.51.100.7:26600"
 
 
-class End:
-    """A TCP transport on loopback and the frames it received."""
-
-    def __init__(self) -> None:
-        self.frames: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-        self.lost: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self.transport = Transport(
-            "tcp://127.0.0.1:0",
-            SECRET,
-            self._on_frame,
-            lambda peer, reason: self.lost.put(reason),
-            frame_limit=LIMIT,
-            connect_timeout=5,
-        )
-
-    def _on_frame(self, conn: Connection, frame: Frame) -> None:
-        self.frames.put(b"".join(bytes(p) for p in frame.parts))
-
-    def close(self) -> None:
-        self.transport.close()
-        self.transport.loop.stop()
-
-
 @pytest.fixture
 def forwarded() -> Iterator[tuple[End, End, OnPathProxy]]:
     """A dialer that reaches ``NAMED`` through a forward to a listener on loopback."""
-    dialer, listener = End(), End()
-    target = (
-        address.tcp_host(listener.transport.address),
-        address.tcp_port(listener.transport.address),
-    )
-    proxy = OnPathProxy(target)
-    dialer.transport.paths.via[NAMED] = proxy.address
-    try:
+    with ends_through_proxy() as (dialer, listener, proxy):
+        dialer.transport.paths.via[NAMED] = proxy.address
         yield dialer, listener, proxy
-    finally:
-        proxy.close()
-        dialer.close()
-        listener.close()
 
 
 def _marker() -> bytes:

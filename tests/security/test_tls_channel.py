@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import ssl
 import time
@@ -16,59 +15,18 @@ from collections.abc import Iterator
 
 import pytest
 from _attackers import OnPathProxy
+from _transport_ends import LIMIT, SECRET, End, ends_through_proxy
 
 from regency._transport import address, frames, routing
-from regency._transport.connection import Connection
-from regency._transport.frames import Frame
-from regency._transport.transport import Transport
 
 # The proxy is on loopback: TLS there too (by default loopback has no path to be on).
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("tls_everywhere")]
 
-SECRET = os.urandom(32)
-LIMIT = 1 << 30
-
-
-class End:
-    """A TCP transport and what it received or lost."""
-
-    def __init__(self) -> None:
-        self.frames: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-        self.lost: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self.transport = Transport(
-            "tcp://127.0.0.1:0",
-            SECRET,
-            self._on_frame,
-            lambda peer, reason: self.lost.put(reason),
-            frame_limit=LIMIT,
-            connect_timeout=5,
-        )
-
-    def _on_frame(self, conn: Connection, frame: Frame) -> None:
-        self.frames.put(b"".join(bytes(p) for p in frame.parts))
-
-    def send(self, peer: str, payload: bytes) -> None:
-        self.transport.send(peer, frames.encode(1, 5, [payload], seq=0, limit=LIMIT))
-
-    def close(self) -> None:
-        self.transport.close()
-        self.transport.loop.stop()
-
 
 @pytest.fixture
 def pair() -> Iterator[tuple[End, End, OnPathProxy]]:
-    dialer, listener = End(), End()
-    target = (
-        address.tcp_host(listener.transport.address),
-        address.tcp_port(listener.transport.address),
-    )
-    proxy = OnPathProxy(target)
-    try:
-        yield dialer, listener, proxy
-    finally:
-        proxy.close()
-        dialer.close()
-        listener.close()
+    with ends_through_proxy() as ends:
+        yield ends
 
 
 def _marker() -> bytes:
