@@ -93,16 +93,23 @@ class Connection:
             if not item.ok:
                 raise ConnectionClosedError(f"connection to {self.peer} closed: {self.closed}")
 
-    def _write_locked(self, buffers: Sequence[Buffer], wait: bool) -> _Pending | None:
-        """Write what the socket takes now (outbox first); queue the rest for the writer."""
+    def _write_locked(
+        self, buffers: Sequence[Buffer], wait: bool, total: int = -1
+    ) -> _Pending | None:
+        """Write what the socket takes now (outbox first); queue the rest for the writer.
+
+        ``total`` is the buffers' size when the caller knows it (with nothing in the outbox).
+        """
         if self.closed is not None:
             raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
         if self._outbox:
             buffers = [*self._take_outbox(), *buffers]
+            total = -1
         if not self._backlog:
-            total = 0
-            for b in buffers:
-                total += b.nbytes if isinstance(b, memoryview) else len(b)
+            if total < 0:
+                total = 0
+                for b in buffers:
+                    total += b.nbytes if isinstance(b, memoryview) else len(b)
             try:
                 sent = self.sock.sendmsg(buffers)
             except (BlockingIOError, InterruptedError):
@@ -142,7 +149,7 @@ class Connection:
             burst = now - self._last_post < BURST_WINDOW
             self._last_post = now
             if not burst and not self._outbox and not self._backlog:
-                self._write_locked(buffers, wait=False)
+                self._write_locked(buffers, wait=False, total=size)
                 return False
             self._outbox.extend(buffers)
             self._outbox_bytes += size

@@ -14,6 +14,7 @@ payloads are written straight from the caller's memory with ``sendmsg``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -74,7 +75,40 @@ def encode(
 
     Raises :class:`FrameTooLargeError` when the frame would exceed ``limit`` bytes.
     """
+    small = encode_small(kind, dest, parts, flags=flags, rank=rank, sender=sender, seq=seq)
+    if small is not None and small[1] <= limit:
+        return small[0]
     return Encoder(parts, limit).frame(kind, dest, flags=flags, rank=rank, sender=sender, seq=seq)
+
+
+# A frame of at most this many parts has its header and part table packed by one struct.
+SMALL_PARTS: Final = 4
+_HEADS = [struct.Struct(HEADER.format + "Q" * n) for n in range(SMALL_PARTS + 1)]
+_FIXED: Final = HEADER.size - LENGTH_PREFIX
+
+
+def encode_small(
+    kind: int,
+    dest: int,
+    parts: Sequence[bytes | bytearray | memoryview],
+    *,
+    flags: int = 0,
+    rank: int = 0,
+    sender: int = 0,
+    seq: int = 0,
+) -> tuple[list[bytes | bytearray | memoryview], int] | None:
+    """The buffers of one frame of at most :data:`SMALL_PARTS` parts and its size in bytes
+    (which the caller checks against its limit), or ``None`` for more parts.
+
+    One ``pack`` and no objects besides the buffer list: most messages take this road.
+    """
+    nparts = len(parts)
+    if nparts > SMALL_PARTS:
+        return None
+    sizes = [p.nbytes if type(p) is memoryview else len(p) for p in parts]
+    body_len = _FIXED + 8 * nparts + sum(sizes)
+    head = _HEADS[nparts].pack(body_len, kind, nparts, flags, rank, dest, sender, seq, *sizes)
+    return [head, *parts], body_len + LENGTH_PREFIX
 
 
 class Encoder:
@@ -114,21 +148,17 @@ class Encoder:
         return [head + self.table, *self.parts]
 
 
-def decode_body(first: memoryview, body: memoryview) -> Frame:
-    """Decode a frame whose header is ``first`` and whose remaining bytes are ``body``.
-
-    ``first`` is the fixed header; ``body`` is everything after it (part table and parts).
-    """
-    _, kind, nparts, flags, rank, dest, sender, seq = HEADER.unpack(first)
-    table_len = 8 * nparts
-    if body.nbytes < table_len:
+def decode(frame: memoryview) -> Frame:
+    """Decode one whole frame (its length prefix included); the parts are views into it."""
+    _, kind, nparts, flags, rank, dest, sender, seq = HEADER.unpack_from(frame)
+    offset = HEADER.size + 8 * nparts
+    end = frame.nbytes
+    if end < offset:
         raise FrameError("frame shorter than its part table")
-    sizes = _table(nparts).unpack_from(body, 0)
-    if table_len + sum(sizes) != body.nbytes:
-        raise FrameError("frame part lengths do not add up to the frame length")
     parts = []
-    offset = table_len
-    for size in sizes:
-        parts.append(body[offset : offset + size])
+    for size in _table(nparts).unpack_from(frame, HEADER.size):
+        parts.append(frame[offset : offset + size])
         offset += size
+    if offset != end:
+        raise FrameError("frame part lengths do not add up to the frame length")
     return Frame(kind, flags, rank, dest, sender, seq, parts)

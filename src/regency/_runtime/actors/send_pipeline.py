@@ -82,6 +82,7 @@ class SendPipeline:
         "mesh_name",
         "proc_mesh",
         "shape",
+        "size",
         "supervisor",
     )
 
@@ -96,6 +97,7 @@ class SendPipeline:
         self.actor_class = actor_class
         self.mesh_name = mesh_name
         self.shape = shape
+        self.size = len(shape)  # how many actors the view has (every call_one checks it)
         self.mesh_id = mesh_id
         # Per-rank health and restarts: set on the owner's mesh and its views.
         self.supervisor: MeshSupervisor | None = None

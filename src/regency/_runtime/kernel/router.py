@@ -40,7 +40,10 @@ _COALESCE_MAX = 16 * 1024
 
 def buffers_size(buffers: Sequence[Part]) -> int:
     """Total bytes of some buffers."""
-    return sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers)
+    total = 0
+    for b in buffers:
+        total += b.nbytes if isinstance(b, memoryview) else len(b)
+    return total
 
 
 class FrameRouter:
@@ -96,7 +99,7 @@ class FrameRouter:
         self._ports[port] = handler
         if watch:
             self.losses.watch(port, watch)
-        return PortRef(self.address, port)
+        return PortRef._make((self.address, port))
 
     def exit_reports(self, agent: str, procs: Sequence[str]) -> PortRef:
         """The port where host agent ``agent`` reports how ``procs`` (spawned from here) ended.
@@ -206,12 +209,9 @@ class FrameRouter:
     def flush(self) -> None:
         """Send the frames waiting to be coalesced (call before blocking)."""
         try:
-            self._flush()
+            self._link.flush()
         except PeerUnreachableError as exc:
             raise PeerLostError(str(exc)) from exc
-
-    def _flush(self) -> None:
-        self._link.flush()
 
     def send_cast(
         self,
@@ -274,31 +274,32 @@ class FrameRouter:
         self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
     ) -> None:
         """Send a value to a port (anywhere)."""
-        try:
-            self._send_port(ref, rank, flags, parts, wait)
-        except PeerUnreachableError as exc:
-            raise PeerLostError(str(exc)) from exc
-
-    def _send_port(
-        self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
-    ) -> None:
-        if ref.addr == self.address:
+        addr = ref.addr
+        if addr == self.address:
             handler = self._ports.get(ref.port)
             if handler is not None:
                 handler.deliver(rank, flags, _own(parts))
             return
-        self.losses.check_alive(ref.addr)
-        encoder = frames.Encoder(list(parts), self.frame_limit)
-        size = encoder.size
-        if size >= bulk.BULK_MIN:
-            framed, bulk_flags = self._frame_parts(ref.addr, parts)
-            encoder = frames.Encoder(framed, self.frame_limit)
-            flags |= bulk_flags
-        buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
-        if wait and len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
-            self._link.post([(ref.addr, buffers)], encoder.size)
-        else:
-            self._link.send(ref.addr, buffers, wait)
+        self.losses.check_alive(addr)
+        try:
+            if len(parts) <= _OWN_PARTS:
+                # A reply or a port message of our own small buffers: one pack, then posted.
+                small = frames.encode_small(wire.KIND_PORT, ref.port, parts, rank=rank, flags=flags)
+                if small is not None and small[1] <= min(_COALESCE_MAX, self.frame_limit):
+                    if wait:
+                        self._link.post([(addr, small[0])], small[1])
+                    else:
+                        self._link.send(addr, small[0], wait)
+                    return
+            encoder = frames.Encoder(list(parts), self.frame_limit)
+            if encoder.size >= bulk.BULK_MIN:
+                framed, bulk_flags = self._frame_parts(addr, parts)
+                encoder = frames.Encoder(framed, self.frame_limit)
+                flags |= bulk_flags
+            buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
+            self._link.send(addr, buffers, wait)
+        except PeerUnreachableError as exc:
+            raise PeerLostError(str(exc)) from exc
 
     def send_control(self, addr: str, service: int, request: Any, wait: bool = True) -> None:
         """Send a control request to a service of the process at ``addr`` (without ``wait``,
