@@ -25,8 +25,6 @@ REPLY_SPIN_SECONDS = 50e-6
 _RECHECK_MS = 100
 # Beyond this many connections, taking them from the loop costs more syscalls than it saves.
 _MAX_STOLEN = 16
-# A thread keeps at most this many poll objects (sets of descriptors) between its waits.
-_MAX_POLLERS = 8
 
 
 class Turn:
@@ -35,39 +33,36 @@ class Turn:
 
     __slots__ = ("fds", "wake_fd")
 
-    def __init__(self, wake_fd: int) -> None:
+    def __init__(self, wake_fd: int, fds: tuple[int, ...] = ()) -> None:
         self.wake_fd = wake_fd
-        self.fds: list[int] = []
+        self.fds = fds
 
 
-class _Pollers(threading.local):
-    """Each thread's ``poll`` objects for reading inline, kept between waits: a thread waits
-    on the same descriptors again and again (its wake eventfd, and the stolen connections or
-    none of them)."""
+class _Poller(threading.local):
+    """Each thread's ``poll`` object for reading inline, kept between its waits: a thread
+    waits on the same descriptors again and again (its wake eventfd and the connections)."""
 
     def __init__(self) -> None:
-        self._made: dict[tuple[int, ...], select.poll] = {}
+        self.key: tuple[int, tuple[int, ...]] | None = None
+        self.poller = select.poll()
 
-    def get(self, wake_fd: int, fds: list[int]) -> select.poll:
-        """A poller of ``wake_fd`` and ``fds``, made on first use."""
-        key = (wake_fd, *fds)
-        poller = self._made.get(key)
-        if poller is None:
-            if len(self._made) >= _MAX_POLLERS:
-                self._made.clear()
+    def get(self, wake_fd: int, fds: tuple[int, ...]) -> select.poll:
+        """A poller of ``wake_fd`` and ``fds`` (made anew when they changed)."""
+        key = (wake_fd, fds)
+        if key != self.key:
             poller = select.poll()
-            for fd in key:
+            poller.register(wake_fd, select.POLLIN)
+            for fd in fds:
                 poller.register(fd, select.POLLIN)
-            self._made[key] = poller
-        return poller
+            self.key, self.poller = key, poller
+        return self.poller
 
-    def drop(self, wake_fd: int) -> None:
-        """Forget the pollers of ``wake_fd`` (one of them is about to lose a descriptor)."""
-        for key in [k for k in self._made if k[0] == wake_fd]:
-            del self._made[key]
+    def drop(self) -> None:
+        """Forget the kept poller (it is about to lose a descriptor)."""
+        self.key = None
 
 
-_pollers = _Pollers()
+_poller = _Poller()
 
 
 class IOLoop:
@@ -81,6 +76,7 @@ class IOLoop:
         self._epoll = select.epoll()
         self._handlers: dict[int, Handler] = {}
         self._stealable: dict[int, Handler] = {}
+        self._stealable_fds: tuple[int, ...] = ()  # the keys of _stealable, for turns
         # The stealable descriptors out of the epoll set while a thread reads them inline, and
         # that thread's turn and wake eventfd (one reader at a time: see wait_reading).
         self._stolen: dict[int, Handler] = {}
@@ -113,12 +109,14 @@ class IOLoop:
             self._handlers[fd] = handler
             if stealable:
                 self._stealable[fd] = handler
+                self._stealable_fds = tuple(self._stealable)
             self._epoll.register(fd, events)
 
     def unregister(self, fd: int) -> None:
         """Stop watching ``fd`` (it stays open)."""
         with self._steal_lock:
-            self._stealable.pop(fd, None)
+            if self._stealable.pop(fd, None) is not None:
+                self._stealable_fds = tuple(self._stealable)
             stolen = self._stolen.pop(fd, None)
             if self._handlers.pop(fd, None) is not None and stolen is None:
                 with contextlib.suppress(OSError, ValueError):
@@ -140,7 +138,6 @@ class IOLoop:
         """
         if threading.get_ident() == self._ident:
             return None
-        turn = Turn(wake_fd)
         with self._steal_lock:
             stealable = self._stealable
             if not stealable or len(stealable) > _MAX_STOLEN:
@@ -153,7 +150,7 @@ class IOLoop:
                     except (OSError, ValueError):
                         pass
                     stolen[fd] = owner
-            turn.fds = list(stealable)
+            turn = Turn(wake_fd, self._stealable_fds)
             previous, self._reader = self._reader, turn
         if previous is not None:
             with contextlib.suppress(OSError):
@@ -195,7 +192,7 @@ class IOLoop:
             turn = self.claim(wake_fd)
             if turn is None:
                 return None
-        poller = _pollers.get(wake_fd, turn.fds)
+        poller = _poller.get(wake_fd, turn.fds)
         reading = True
         monotonic = time.monotonic
         deadline = None if timeout is None else monotonic() + timeout
@@ -206,7 +203,7 @@ class IOLoop:
                 if reading and self._reader is not turn:
                     # A later waiter took over; this one is woken through wake_fd.
                     reading = False
-                    poller = _pollers.get(wake_fd, [])
+                    poller = _poller.get(wake_fd, ())
                 # A bounded sleep: the condition is re-checked even if a wake-up is lost.
                 wait_ms = _RECHECK_MS
                 if deadline is not None:
@@ -225,7 +222,7 @@ class IOLoop:
                         continue
                     handler = stealable.get(fd)
                     if handler is None or mask & select.POLLNVAL:
-                        _pollers.drop(wake_fd)
+                        _poller.drop()
                         poller.unregister(fd)
                         continue
                     handler(mask)

@@ -85,6 +85,16 @@ class FrameReader:
         buf = self._buf
         start = pos = self._start
         end = self._end
+        if end - start >= HEADER.size:
+            # The common read: exactly one whole frame (a call, a reply).
+            (body_len,) = _LEN.unpack_from(buf, start)
+            if (
+                end - start == LENGTH_PREFIX + body_len
+                and _MIN_BODY <= body_len <= self._limit - LENGTH_PREFIX
+            ):
+                frame = decode(memoryview(bytes(self._view[start:end])))
+                self._start = self._end = 0
+                return [frame]
         ends: list[int] = []  # where each complete frame of this read ends
         pending = 0  # length of an incomplete frame at ``pos``, once its header is in
         least, most = _MIN_BODY, self._limit - LENGTH_PREFIX

@@ -268,6 +268,9 @@ class FrameRouter:
     def posts(parts: Sequence[Part]) -> bool:
         """Whether :meth:`send_port` posts a message of these parts: returns at once, never
         waiting for the peer to take bytes (a small message of our own buffers)."""
+        if len(parts) == 1:  # a reply
+            part = parts[0]
+            return (part.nbytes if type(part) is memoryview else len(part)) <= _COALESCE_MAX
         return len(parts) <= _OWN_PARTS and buffers_size(parts) <= _COALESCE_MAX
 
     def send_port(
