@@ -41,6 +41,10 @@ class Echo(Actor):
         return config.get("max_frame_bytes")
 
     @endpoint
+    def length(self, value) -> int:
+        return len(value)
+
+    @endpoint
     def pid(self) -> int:
         return os.getpid()
 
@@ -65,7 +69,11 @@ def mesh(name, n):
 
 
 one, many, replies = mesh("one", 1), mesh("many", 2), mesh("replies", 1)
-pids = []
+with config.configured(cast_fanout=2):
+    # Sends to all three go down a casting tree (a view reads the fan-out on its first send).
+    tree = mesh("tree", 3)
+    tree_pids = tree.pid.call().get(timeout=30)
+pids = list(tree_pids.values())
 for m in (one, many, replies):
     pids.extend(m.pid.call().get(timeout=30).values())
 emit("PIDS", pids)
@@ -81,6 +89,15 @@ result["call_after"] = attempt(lambda: many.echo.call("still here"))
 result["just_under"] = attempt(lambda: replies.echo.call_one(b"x" * (LIMIT - 4096)))
 result["reply"] = attempt(lambda: replies.big.call_one(2 * LIMIT))
 result["reply_after"] = attempt(lambda: replies.echo.call_one("still here"))
+# Down a casting tree a frame also carries its subtree's routing: messages a little under the
+# limit, either refused at the call site or sent, and the mesh answering after each.
+sweep = result["tree_sweep"] = []
+for size in range(LIMIT - 1024, LIMIT, 16):
+    outcome = attempt(lambda: tree.length.call(np.zeros(size, dtype=np.uint8)))
+    after = attempt(lambda: tree.echo.call("still here"))
+    sweep.append((size, outcome["stage"], outcome.get("error"), after))
+    if after["stage"] != "done":
+        break
 emit("RESULT", result)
 shutdown_context()
 """
@@ -114,6 +131,21 @@ def _too_large_at_call_site(outcome: dict[str, Any], context: str) -> None:
 def test_procs_inherit_the_limit(oversize: tuple[dict[str, Any], str]) -> None:
     result, _ = oversize
     assert result["limits"] == [LIMIT] * 4
+
+
+def test_cast_just_under_the_limit_is_sent_or_refused_at_the_call_site(
+    oversize: tuple[dict[str, Any], str],
+) -> None:
+    result, context = oversize
+    sweep = result["tree_sweep"]
+    stages = {stage for _, stage, _, _ in sweep}
+    assert stages == {"done", "call"}, f"the sweep should cross the limit: {sweep}\n{context}"
+    refused = [error for _, stage, error, _ in sweep if stage == "call"]
+    assert set(refused) == {"FrameTooLargeError"}, sweep
+    for size, _, _, after in sweep:
+        assert after == {"stage": "done", "value": ["still here"] * 3}, (
+            f"after a cast of {size} bytes, the next call to the mesh gave {after}\n{context}"
+        )
 
 
 def test_oversize_call_one_raises_at_the_call_site(oversize: tuple[dict[str, Any], str]) -> None:

@@ -70,6 +70,10 @@ class Sink(Actor):
     def arena_in_use(self) -> int:
         return arena_in_use()
 
+    @endpoint
+    def inspect_all(self, xs: list[np.ndarray]) -> tuple[int, int, list[str]]:
+        return len(xs), sum(x.nbytes for x in xs), sorted({backing(x) for x in xs})
+
 
 @pytest.fixture
 def small_arena() -> Iterator[ProcMesh]:
@@ -137,6 +141,23 @@ def test_a_full_arena_falls_back_to_the_socket(small_arena: ProcMesh) -> None:
     assert int(second[-1]) == 5
     del held
     assert wait_until(lambda: sink.arena_in_use.call_one().get(timeout=T) == 0)
+
+
+def test_a_message_with_all_the_parts_a_frame_holds_sends_its_large_part_by_socket(
+    small_arena: ProcMesh,
+) -> None:
+    # Envelope, body and 253 out-of-band buffers: 255 parts, all a frame holds. The arena's
+    # descriptor would be a 256th, so the 2 MiB part goes through the socket instead of making
+    # the send fail after the sender took its sequence number (the next call would hang).
+    sink = small_arena.spawn("sink", Sink)
+    xs = [np.ones(2 * MIB, dtype=np.uint8)] + [
+        np.ones(64 * 1024, dtype=np.uint8) for _ in range(252)
+    ]
+    total = 2 * MIB + 252 * 64 * 1024
+    count, nbytes, backings = sink.inspect_all.call_one(xs).get(timeout=T)
+    assert (count, nbytes) == (253, total)
+    assert "arena" not in backings
+    assert sink.pid.call_one().get(timeout=T) > 0
 
 
 class Tally(Actor):

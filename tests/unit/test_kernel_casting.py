@@ -127,3 +127,17 @@ def test_relay_that_loses_a_head_closes_without_sending() -> None:
 
 def test_unpack_of_a_plain_reply_is_that_reply() -> None:
     assert casting.unpack_entries(3, wire.FLAG_ERROR, [b"e"]) == [(3, wire.FLAG_ERROR, [b"e"])]
+
+
+@pytest.mark.parametrize("n", [2, 3, 17, 100, 1000])
+def test_routing_bound_holds_for_the_largest_subtree_at_the_largest_numbers(n: int) -> None:
+    addrs = [f"tcp://host-{r:04d}.cluster.example.com:{40000 + r}" for r in range(n)]
+    # Sequence numbers, ranks and the reply port at their largest take the most bytes.
+    dests = [casting.Dest(a, 2**64 - 1, 2**32 - 1) for a in addrs]
+    reply = PortRef("unix:@regency-0123456789abcdef-controller-0123456789ab", 2**64 - 1)
+    bound = casting.routing_bound(addrs) + len(reply.addr.encode())
+    for fanout in (1, 2, 16):
+        for group in casting.plan(dests, fanout):
+            # As FrameRouter._send_cast pickles it.
+            routing = pickle.dumps((group.rest, reply, True), protocol=5)
+            assert len(routing) <= bound

@@ -74,6 +74,17 @@ def test_too_many_parts() -> None:
         frames.encode(1, 1, [b""] * 256, limit=BIG)
 
 
+def test_room_for_parts_a_relay_adds_is_checked_as_the_frame_it_makes() -> None:
+    encoder = frames.Encoder([b"x" * 1000], BIG)
+    routing = b"r" * 300
+    limit = len(_join(frames.encode(1, 1, [routing, b"x" * 1000], limit=BIG)))
+    encoder.check_room(1, len(routing), limit)  # exactly the limit: fine
+    with pytest.raises(FrameTooLargeError, match=str(limit)):
+        encoder.check_room(1, len(routing) + 1, limit)
+    with pytest.raises(FrameTooLargeError, match="255"):
+        frames.Encoder([b""] * 255, BIG).check_room(1, 0, BIG)
+
+
 def _raw(nparts: int, sizes: list[int], payload: bytes) -> bytes:
     table = struct.pack(f"<{len(sizes)}Q", *sizes)
     body_len = HEADER.size - 8 + len(table) + len(payload)

@@ -169,6 +169,25 @@ def test_peer_marked_lost_fails_sends_at_once(make: Callable[..., Endpoint]) -> 
         a.send(b.address, b"second")
 
 
+def test_posts_reach_live_peers_when_another_is_lost(make: Callable[..., Endpoint]) -> None:
+    a, b, c, d = make(SECRET), make(SECRET), make(SECRET), make(SECRET)
+    for peer in (b, c, d):  # connected: posts go through their connections
+        a.send(peer.address, b"hello")
+        peer.frames.get(timeout=10)
+    a.transport.mark_lost(b.address, "its process exited")
+    a.transport.mark_lost(d.address, "killed")
+    posts = [
+        (p.address, frames.encode(1, 5, [b"posted"], seq=2, limit=LIMIT)) for p in (b, c, d)
+    ]
+    with pytest.raises(PeerUnreachableError) as info:
+        a.transport.post(posts, len(b"".join(posts[0][1])))
+    assert "its process exited" in str(info.value)
+    assert "killed" in str(info.value)
+    a.transport.flush()
+    _, frame = c.frames.get(timeout=10)
+    assert (frame.seq, bytes(frame.parts[0])) == (2, b"posted")
+
+
 def test_raw_client_sending_garbage_after_the_handshake(make: Callable[..., Endpoint]) -> None:
     b = make(SECRET)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -123,14 +123,11 @@ class Encoder:
     def __init__(self, parts: list[bytes | bytearray | memoryview], limit: int) -> None:
         nparts = len(parts)
         if nparts > MAX_PARTS:
-            raise FrameTooLargeError(f"a frame holds at most {MAX_PARTS} parts, got {nparts}")
+            _check(nparts, 0, limit)
         sizes = [_nbytes(p) for p in parts]
         self.body_len = HEADER.size - LENGTH_PREFIX + 8 * nparts + sum(sizes)
         if self.body_len + LENGTH_PREFIX > limit:
-            raise FrameTooLargeError(
-                f"message of {self.body_len + LENGTH_PREFIX} bytes exceeds the frame size limit "
-                f"of {limit} bytes (raise it with regency.config.configure(max_frame_bytes=...))"
-            )
+            _check(nparts, self.body_len + LENGTH_PREFIX, limit)
         self.nparts = nparts
         self.parts = parts
         self.table = _table(nparts).pack(*sizes)
@@ -140,12 +137,29 @@ class Encoder:
         """Bytes in one encoded frame."""
         return self.body_len + LENGTH_PREFIX
 
+    def check_room(self, parts: int, nbytes: int, limit: int) -> None:
+        """Raise :class:`FrameTooLargeError` unless these parts with ``parts`` more of
+        ``nbytes`` bytes in all would still make a frame within ``limit`` bytes."""
+        _check(self.nparts + parts, self.size + 8 * parts + nbytes, limit)
+
     def frame(
         self, kind: int, dest: int, *, flags: int = 0, rank: int = 0, sender: int = 0, seq: int = 0
     ) -> list[bytes | bytearray | memoryview]:
         """The buffers of one frame for these header fields."""
         head = HEADER.pack(self.body_len, kind, self.nparts, flags, rank, dest, sender, seq)
         return [head + self.table, *self.parts]
+
+
+def _check(nparts: int, size: int, limit: int) -> None:
+    """Raise :class:`FrameTooLargeError` if a frame of ``nparts`` parts, ``size`` bytes in all,
+    would break the limits."""
+    if nparts > MAX_PARTS:
+        raise FrameTooLargeError(f"a frame holds at most {MAX_PARTS} parts, got {nparts}")
+    if size > limit:
+        raise FrameTooLargeError(
+            f"message of {size} bytes exceeds the frame size limit of {limit} bytes "
+            "(raise it with regency.config.configure(max_frame_bytes=...))"
+        )
 
 
 def decode(frame: memoryview) -> Frame:

@@ -199,21 +199,26 @@ class Transport:
 
         The caller must not touch the buffers again. Frames posted in a burst go out together on
         the next flush: when the outbox fills, when a thread is about to wait (:meth:`flush`),
-        or shortly after on the I/O thread.
+        or shortly after on the I/O thread. A lost peer does not keep the frames to the others
+        from going out: :class:`PeerUnreachableError` names every lost one afterwards.
         """
         peers = self._peers
+        lost: list[str] = []
         for peer, buffers in frames:
             entry = peers.get(peer)
             conn = entry.conn if entry is not None else None
-            if conn is None:
-                self.send(peer, buffers, wait=False)
-                continue
             try:
+                if conn is None:
+                    self.send(peer, buffers, wait=False)
+                    continue
                 schedule = conn.post(buffers, size)
-            except ConnectionClosedError as exc:
-                raise PeerUnreachableError(str(exc)) from exc
+            except (ConnectionClosedError, PeerUnreachableError) as exc:
+                lost.append(str(exc))
+                continue
             if schedule:
                 self._mark_dirty(conn)
+        if lost:
+            raise PeerUnreachableError("; ".join(lost))
 
     def _mark_dirty(self, conn: Connection) -> None:
         with self._dirty_lock:

@@ -56,6 +56,7 @@ class Route(NamedTuple):
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
     fanout: int
+    routing: int  # most bytes a cast frame's routing part to ``addrs`` takes (0: no cast)
     envelopes: dict[str, bytes]  # pickled envelopes of messages without a reply port
     generation: int  # the supervisor's generation it was computed for
 
@@ -126,6 +127,7 @@ class SendPipeline:
             bases = self.shape.ranks()
             addrs = [self._procs[b].addr for b in bases]
             extent = self.shape.extent
+            fanout = int(config.get("cast_fanout"))
             route = Route(
                 bases,
                 addrs,
@@ -133,7 +135,8 @@ class SendPipeline:
                 unique(addrs),
                 tuple(extent.labels),
                 tuple(extent.sizes),
-                int(config.get("cast_fanout")),
+                fanout,
+                casting.routing_bound(addrs) if len(addrs) > fanout else 0,
                 {},
                 generation,
             )
@@ -370,6 +373,10 @@ class SendPipeline:
         # Refuse oversize messages before taking sequence numbers: a gap would stall the
         # receiver's ordering of every later message from this sender.
         encoder = frames.Encoder(parts, rt.frame_limit)
+        if len(addrs) > route.fanout:
+            # Down the casting tree, a frame also carries its subtree's routing.
+            replies = len(reply.addr.encode()) if reply is not None else 0
+            encoder.check_room(1, route.routing + replies, rt.frame_limit)
         if carried:
             # Mesh tensors among the arguments: the tensor engine hands their shards to these
             # ranks (or refuses, raising) before the message that names them goes out.
@@ -394,9 +401,11 @@ class SendPipeline:
                 # Subtrees headed here last (see FrameRouter._on_cast).
                 here = rt.address
                 groups = casting.plan(dests, route.fanout)
-                for group in sorted(groups, key=lambda g: g.head.addr == here):
-                    rt.send_cast(group, mesh_id, uid, reply, gather, parts)
+                groups.sort(key=lambda g: g.head.addr == here)
+                rt.send_cast(groups, mesh_id, uid, reply, gather, parts)
         except PeerLostError as exc:
+            # The router sent to every destination it could reach before it raised: each took
+            # a sequence number of ours. The call itself fails.
             name = self.mesh_name
             self._refuse(
                 endpoint,

@@ -67,6 +67,19 @@ def plan(dests: Sequence[Dest], fanout: int) -> list[Group]:
     return groups
 
 
+# A pickled destination takes at most this many bytes besides its address, and a routing part
+# at most this many besides its destinations and its reply port's address (measured: 27 and 146,
+# with sequence numbers, ranks and the port at their largest).
+_DEST_BYTES = 40
+_ROUTING_BYTES = 192
+
+
+def routing_bound(addrs: Sequence[str]) -> int:
+    """At most how many bytes the routing part of a cast frame to a subtree of ``addrs`` takes,
+    its reply port's address aside."""
+    return _ROUTING_BYTES + sum(len(a.encode()) + _DEST_BYTES for a in addrs)
+
+
 Entry = tuple[int, int, list["Part"]]  # (rank, flags, parts)
 
 

@@ -99,9 +99,16 @@ class Link:
         self._hub.enqueue(self.address, peer, b"".join(buffers))
 
     def post(self, frames: Sequence[tuple[str, Sequence[Buffer]]], size: int) -> None:
-        """Queue small frames (nothing is coalesced: every frame is queued at once)."""
+        """Queue small frames (nothing is coalesced: every frame is queued at once); as the
+        real transport does, frames to live peers are queued even when another peer is lost."""
+        lost: list[str] = []
         for peer, buffers in frames:
-            self.send(peer, buffers)
+            try:
+                self.send(peer, buffers)
+            except PeerUnreachableError as exc:
+                lost.append(str(exc))
+        if lost:
+            raise PeerUnreachableError("; ".join(lost))
 
     def flush(self) -> None:
         """Nothing waits to be coalesced."""

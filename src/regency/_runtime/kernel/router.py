@@ -129,11 +129,15 @@ class FrameRouter:
         sender: int,
         encoder: frames.Encoder,
     ) -> None:
-        """Send one actor message directly to each ``(addr, seq, rank)`` in ``targets``."""
-        try:
-            self._send_actor(targets, mesh_id, sender, encoder)
-        except PeerUnreachableError as exc:
-            raise PeerLostError(str(exc)) from exc
+        """Send one actor message directly to each ``(addr, seq, rank)`` in ``targets``.
+
+        Every target that can be reached gets it, even when another cannot: each took the
+        sender's next sequence number, and a target left without its message would hold back
+        every later message from that sender. Then :class:`PeerLostError` names the lost ones.
+        """
+        lost = self._send_actor(targets, mesh_id, sender, encoder)
+        if lost:
+            raise PeerLostError("; ".join(lost))
 
     def _send_actor(
         self,
@@ -141,7 +145,8 @@ class FrameRouter:
         mesh_id: int,
         sender: int,
         encoder: frames.Encoder,
-    ) -> None:
+    ) -> list[str]:
+        """Send to every target that can be reached; return why the others could not be."""
         parts = encoder.parts
         size = encoder.size
         coalesce = len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX
@@ -150,41 +155,56 @@ class FrameRouter:
         posts: list[tuple[str, list[Part]]] = []
         here = self.address
         local = [(seq, rank) for addr, seq, rank in targets if addr == here]
+        lost: list[str] = []
         # Known-dead targets were refused by the caller; one that dies meanwhile makes the
-        # transport raise PeerUnreachableError (PeerLostError to the caller).
+        # transport raise PeerUnreachableError.
         try:
             for addr, seq, rank in targets:
                 if addr == here:
                     continue
-                if big:
-                    framed, flags = self._frame_parts(addr, parts)
-                    buffers = frames.encode(
-                        wire.KIND_ACTOR,
-                        mesh_id,
-                        framed,
-                        flags=flags,
-                        rank=rank,
-                        sender=sender,
-                        seq=seq,
-                        limit=self.frame_limit,
-                    )
+                try:
+                    if big:
+                        framed, flags = self._frame_parts(addr, parts)
+                        buffers = frames.encode(
+                            wire.KIND_ACTOR,
+                            mesh_id,
+                            framed,
+                            flags=flags,
+                            rank=rank,
+                            sender=sender,
+                            seq=seq,
+                            limit=self.frame_limit,
+                        )
+                    else:
+                        buffers = frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
+                        if coalesce:
+                            posts.append((addr, buffers))
+                            continue
                     self._link.send(addr, buffers)
-                    continue
-                buffers = frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
-                if coalesce:
-                    posts.append((addr, buffers))
-                else:
-                    self._link.send(addr, buffers)
+                except PeerUnreachableError as exc:
+                    lost.append(str(exc))
             if posts:
-                self._link.post(posts, size)
+                try:
+                    self._link.post(posts, size)
+                except PeerUnreachableError as exc:
+                    lost.append(str(exc))
         finally:
             # Our own actors last: waking one could take this thread's CPU before the rest left.
             for seq, rank in local:
                 self._deliver_local(mesh_id, sender, seq, rank, _own(parts), None)
+        return lost
 
     def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
-        """The parts of a frame to ``addr``: large ones move to shared memory on this host."""
-        if self._link.is_local(addr) and buffers_size(parts) >= bulk.BULK_MIN:
+        """The parts of a frame to ``addr``: large ones move to shared memory on this host.
+
+        Not when the frame has no room for the part that says where they went: the sender
+        checked the message's limits before it took sequence numbers, and must not fail here.
+        """
+        if (
+            len(parts) < frames.MAX_PARTS
+            and self._link.is_local(addr)
+            and buffers_size(parts) >= bulk.BULK_MIN
+        ):
             frames.Encoder(list(parts), self.frame_limit)  # the limit is on the whole message
             exported = self.bulk.export(addr, parts)
             if exported is not None:
@@ -215,7 +235,7 @@ class FrameRouter:
 
     def send_cast(
         self,
-        group: casting.Group,
+        groups: Sequence[casting.Group],
         mesh_id: int,
         sender: int,
         reply: PortRef | None,
@@ -223,11 +243,28 @@ class FrameRouter:
         parts: list[Part],
         wait: bool = True,
     ) -> None:
-        """Send a message to the head of a casting subtree, which forwards it further."""
-        try:
-            self._send_cast(group, mesh_id, sender, reply, gather, parts, wait)
-        except PeerUnreachableError as exc:
-            raise PeerLostError(str(exc)) from exc
+        """Send a message to the head of each casting subtree in ``groups``, in order; each
+        head forwards it further.
+
+        A head that cannot be reached is gone around: the next destination of its subtree heads
+        the rest of it. Every destination took the sender's next sequence number, and one left
+        without its message would hold back every later message from that sender (see
+        :meth:`send_actor`). Then :class:`PeerLostError` names the lost heads.
+        """
+        lost: list[str] = []
+        for group in groups:
+            subtree: casting.Group | None = group
+            while subtree is not None:
+                rest = subtree.rest
+                try:
+                    self._send_cast(subtree, mesh_id, sender, reply, gather, parts, wait)
+                except (PeerUnreachableError, PeerLostError) as exc:
+                    lost.append(str(exc))
+                    subtree = casting.Group(rest[0], rest[1:]) if rest else None
+                else:
+                    subtree = None
+        if lost:
+            raise PeerLostError("; ".join(lost))
 
     def _send_cast(
         self,
@@ -240,17 +277,19 @@ class FrameRouter:
         wait: bool = True,
     ) -> None:
         head = group.head
+        here = head.addr == self.address
+        if not here:
+            self.losses.check_alive(head.addr)
         if not group.rest:
-            if head.addr == self.address:
+            if here:
                 self._deliver_local(mesh_id, sender, head.seq, head.rank, _own(parts), reply)
                 return
             routing: bytes = pickle.dumps(((), reply, False), protocol=5)
         else:
             routing = pickle.dumps((group.rest, reply, gather), protocol=5)
-        if head.addr == self.address:
+        if here:
             self._on_cast(mesh_id, sender, head.seq, head.rank, routing, _own(parts))
             return
-        self.losses.check_alive(head.addr)
         framed, flags = self._frame_parts(head.addr, [routing, *parts])
         buffers = frames.encode(
             wire.KIND_CAST,
@@ -427,12 +466,11 @@ class FrameRouter:
             acc.bind(local_reply.port, [g.head.addr for g in groups])
         # Down the tree first, then to our own actor: waking it could take this thread's CPU
         # before the subtrees, whose ranks would then all start late, had their message.
-        forwarded = list(parts)
-        for group in groups:
+        if groups:
             try:
-                self.send_cast(group, mesh_id, sender, local_reply, gather, forwarded, wait=False)
+                self.send_cast(groups, mesh_id, sender, local_reply, gather, list(parts), False)
             except PeerLostError as exc:
-                log.warning("cast could not reach %s: %s", group.head.addr, exc)
+                log.warning("cast could not reach some subtree heads: %s", exc)
         self._deliver_local(mesh_id, sender, seq, rank, parts, local_reply)
 
     # -- failures ------------------------------------------------------------------------------

@@ -39,7 +39,8 @@ class FrameTransport(Protocol):
         """Send one frame to ``peer``; raise ``PeerUnreachableError`` if it is lost."""
 
     def post(self, frames: Sequence[tuple[str, Sequence[Buffer]]], size: int) -> None:
-        """Send small frames, possibly coalesced with others until :meth:`flush`."""
+        """Send small frames, possibly coalesced with others until :meth:`flush`; frames to
+        live peers go even when one peer is lost, then ``PeerUnreachableError`` names it."""
 
     def flush(self) -> None:
         """Send every frame waiting to be coalesced."""
