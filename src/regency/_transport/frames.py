@@ -35,6 +35,9 @@ def _table(nparts: int) -> struct.Struct:
     return _TABLES[nparts]
 
 
+_FIXED: Final = HEADER.size - LENGTH_PREFIX  # a frame's length counts its header but this
+
+
 class FrameError(RegencyError):
     """A peer sent bytes that are not a valid frame (the connection is closed)."""
 
@@ -56,10 +59,6 @@ class Frame:
     parts: list[memoryview]
 
 
-def _nbytes(part: bytes | bytearray | memoryview) -> int:
-    return part.nbytes if isinstance(part, memoryview) else len(part)
-
-
 def encode(
     kind: int,
     dest: int,
@@ -75,40 +74,7 @@ def encode(
 
     Raises :class:`FrameTooLargeError` when the frame would exceed ``limit`` bytes.
     """
-    small = encode_small(kind, dest, parts, flags=flags, rank=rank, sender=sender, seq=seq)
-    if small is not None and small[1] <= limit:
-        return small[0]
     return Encoder(parts, limit).frame(kind, dest, flags=flags, rank=rank, sender=sender, seq=seq)
-
-
-# A frame of at most this many parts has its header and part table packed by one struct.
-SMALL_PARTS: Final = 4
-_HEADS = [struct.Struct(HEADER.format + "Q" * n) for n in range(SMALL_PARTS + 1)]
-_FIXED: Final = HEADER.size - LENGTH_PREFIX
-
-
-def encode_small(
-    kind: int,
-    dest: int,
-    parts: Sequence[bytes | bytearray | memoryview],
-    *,
-    flags: int = 0,
-    rank: int = 0,
-    sender: int = 0,
-    seq: int = 0,
-) -> tuple[list[bytes | bytearray | memoryview], int] | None:
-    """The buffers of one frame of at most :data:`SMALL_PARTS` parts and its size in bytes
-    (which the caller checks against its limit), or ``None`` for more parts.
-
-    One ``pack`` and no objects besides the buffer list: most messages take this road.
-    """
-    nparts = len(parts)
-    if nparts > SMALL_PARTS:
-        return None
-    sizes = [p.nbytes if type(p) is memoryview else len(p) for p in parts]
-    body_len = _FIXED + 8 * nparts + sum(sizes)
-    head = _HEADS[nparts].pack(body_len, kind, nparts, flags, rank, dest, sender, seq, *sizes)
-    return [head, *parts], body_len + LENGTH_PREFIX
 
 
 class Encoder:
@@ -120,17 +86,17 @@ class Encoder:
 
     __slots__ = ("body_len", "nparts", "parts", "table")
 
-    def __init__(self, parts: list[bytes | bytearray | memoryview], limit: int) -> None:
+    def __init__(self, parts: Sequence[bytes | bytearray | memoryview], limit: int) -> None:
         nparts = len(parts)
         if nparts > MAX_PARTS:
             _check(nparts, 0, limit)
-        sizes = [_nbytes(p) for p in parts]
-        self.body_len = HEADER.size - LENGTH_PREFIX + 8 * nparts + sum(sizes)
+        sizes = [p.nbytes if type(p) is memoryview else len(p) for p in parts]
+        self.body_len = _FIXED + 8 * nparts + sum(sizes)
         if self.body_len + LENGTH_PREFIX > limit:
             _check(nparts, self.body_len + LENGTH_PREFIX, limit)
         self.nparts = nparts
         self.parts = parts
-        self.table = _table(nparts).pack(*sizes)
+        self.table = _TABLES[nparts].pack(*sizes)
 
     @property
     def size(self) -> int:

@@ -154,13 +154,14 @@ class FrameRouter:
         frame = encoder.frame
         posts: list[tuple[str, list[Part]]] = []
         here = self.address
-        local = [(seq, rank) for addr, seq, rank in targets if addr == here]
+        local: list[tuple[int, int]] = []
         lost: list[str] = []
         # Known-dead targets were refused by the caller; one that dies meanwhile makes the
         # transport raise PeerUnreachableError.
         try:
             for addr, seq, rank in targets:
                 if addr == here:
+                    local.append((seq, rank))
                     continue
                 try:
                     if big:
@@ -309,8 +310,13 @@ class FrameRouter:
         waiting for the peer to take bytes (a small message of our own buffers)."""
         if len(parts) == 1:  # a reply
             part = parts[0]
-            return (part.nbytes if type(part) is memoryview else len(part)) <= _COALESCE_MAX
-        return len(parts) <= _OWN_PARTS and buffers_size(parts) <= _COALESCE_MAX
+            size = part.nbytes if type(part) is memoryview else len(part)
+        elif len(parts) <= _OWN_PARTS:
+            size = buffers_size(parts)
+        else:
+            return False
+        # As send_port decides: on the whole frame's size.
+        return frames.HEADER.size + 8 * len(parts) + size <= _COALESCE_MAX
 
     def send_port(
         self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
@@ -324,22 +330,17 @@ class FrameRouter:
             return
         self.losses.check_alive(addr)
         try:
-            if len(parts) <= _OWN_PARTS:
-                # A reply or a port message of our own small buffers: one pack, then posted.
-                small = frames.encode_small(wire.KIND_PORT, ref.port, parts, rank=rank, flags=flags)
-                if small is not None and small[1] <= min(_COALESCE_MAX, self.frame_limit):
-                    if wait:
-                        self._link.post([(addr, small[0])], small[1])
-                    else:
-                        self._link.send(addr, small[0], wait)
-                    return
-            encoder = frames.Encoder(list(parts), self.frame_limit)
-            if encoder.size >= bulk.BULK_MIN:
+            encoder = frames.Encoder(parts, self.frame_limit)
+            size = encoder.size
+            if size >= bulk.BULK_MIN:
                 framed, bulk_flags = self._frame_parts(addr, parts)
                 encoder = frames.Encoder(framed, self.frame_limit)
                 flags |= bulk_flags
             buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
-            self._link.send(addr, buffers, wait)
+            if wait and len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
+                self._link.post([(addr, buffers)], size)  # a reply: coalesced in bursts
+            else:
+                self._link.send(addr, buffers, wait)
         except PeerUnreachableError as exc:
             raise PeerLostError(str(exc)) from exc
 
