@@ -398,7 +398,8 @@ class SendPipeline:
                 # Subtrees headed here last (see FrameRouter._on_cast).
                 here = rt.address
                 groups = casting.plan(dests, route.fanout)
-                groups.sort(key=lambda g: g.head.addr == here)
+                if here in addrs:
+                    groups.sort(key=lambda g: g.head.addr == here)
                 rt.send_cast(groups, mesh_id, uid, reply, gather, parts)
         except PeerLostError as exc:
             # The router sent to every destination it could reach before it raised: each took

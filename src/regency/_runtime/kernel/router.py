@@ -291,18 +291,21 @@ class FrameRouter:
         if here:
             self._on_cast(mesh_id, sender, head.seq, head.rank, routing, _own(parts))
             return
-        framed, flags = self._frame_parts(head.addr, [routing, *parts])
-        buffers = frames.encode(
-            wire.KIND_CAST,
-            mesh_id,
-            framed,
-            flags=flags,
-            rank=head.rank,
-            sender=sender,
-            seq=head.seq,
-            limit=self.frame_limit,
+        framed = [routing, *parts]
+        encoder = frames.Encoder(framed, self.frame_limit)
+        flags = 0
+        if encoder.size >= bulk.BULK_MIN:
+            framed, flags = self._frame_parts(head.addr, framed)
+            encoder = frames.Encoder(framed, self.frame_limit)
+        buffers = encoder.frame(
+            wire.KIND_CAST, mesh_id, flags=flags, rank=head.rank, sender=sender, seq=head.seq
         )
-        self._link.send(head.addr, buffers, wait)
+        if encoder.size <= _COALESCE_MAX:
+            # Small: our own pickles only (out-of-band parts are larger), coalesced in a burst
+            # of casts like direct sends are (each frame alone would wake its head).
+            self._link.post([(head.addr, buffers)], encoder.size)
+        else:
+            self._link.send(head.addr, buffers, wait)
 
     @staticmethod
     def posts(parts: Sequence[Part]) -> bool:
