@@ -99,7 +99,7 @@ class FrameRouter:
         self._ports[port] = handler
         if watch:
             self.losses.watch(port, watch)
-        return PortRef._make((self.address, port))
+        return tuple.__new__(PortRef, (self.address, port))  # without NamedTuple's Python call
 
     def exit_reports(self, agent: str, procs: Sequence[str]) -> PortRef:
         """The port where host agent ``agent`` reports how ``procs`` (spawned from here) ended.
@@ -135,6 +135,17 @@ class FrameRouter:
         sender's next sequence number, and a target left without its message would hold back
         every later message from that sender. Then :class:`PeerLostError` names the lost ones.
         """
+        if len(targets) == 1:
+            addr, seq, rank = targets[0]
+            size = encoder.size
+            if addr != self.address and len(encoder.parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
+                # The most common message (call_one, a one-actor mesh): one small frame, posted.
+                buffers = encoder.frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
+                try:
+                    self._link.post([(addr, buffers)], size)
+                except PeerUnreachableError as exc:
+                    raise PeerLostError(str(exc)) from exc
+                return
         lost = self._send_actor(targets, mesh_id, sender, encoder)
         if lost:
             raise PeerLostError("; ".join(lost))
