@@ -82,7 +82,7 @@ class Future(Generic[R]):
                 UserWarning,
                 stacklevel=2,
             )
-        if not self._pending.done and not wait_pending(self._pending, timeout):
+        if self._value is _UNSET and not wait_pending(self._pending, timeout):
             raise TimeoutError(f"no result within {timeout} s (the remote work goes on)")
         return self._outcome()
 

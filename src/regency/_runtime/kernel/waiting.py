@@ -69,8 +69,17 @@ def wait_until(
 
 
 def wait_pending(pending: Pending, timeout: float | None) -> bool:
-    """Block until ``pending`` is done or ``timeout`` passes; return whether it is done."""
+    """Block until ``pending`` is done or ``timeout`` passes; return whether it is done.
+
+    Either way the process's next post starts afresh (``Transport.flush``): a thread that takes
+    an answer is not streaming, even when the answer came before it asked (a quick
+    ``call_one(...).get()`` loop would otherwise look like a burst and have its calls
+    coalesced, waking the I/O thread to flush them).
+    """
     if pending.done:
+        runtime = state.existing()
+        if runtime is not None:
+            runtime.flush()
         return True
     me = thread_waker()
     pending.add_done_callback(me.wake)
