@@ -15,7 +15,13 @@ One proc with a ``ping`` actor; after a warm-up, ``--calls`` sequential
 The stages group functions by the job they do (``STAGES``); bytecodes say how much Python runs,
 the CPU figures what it costs. Run it once per source tree (``PYTHONPATH=tree/src``) to compare.
 
-Usage: .venv/bin/python benchmarks/call_profile.py [--calls 3000] [--json out.json]
+``--plain`` runs the timed calls alone, for a sampling profiler around it (the flame graphs in
+``benchmarks/profiles/issue17-call-one-*.svg``)::
+
+    py-spy record --subprocesses --nonblocking --rate 1000 --format flamegraph -o out.svg -- \
+        .venv/bin/python benchmarks/call_profile.py --plain --calls 20000
+
+Usage: .venv/bin/python benchmarks/call_profile.py [--calls 3000] [--json out.json] [--plain]
 """
 
 from __future__ import annotations
@@ -237,6 +243,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--plain", action="store_true", help="only the timed calls")
     args = parser.parse_args()
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     mesh = procs.spawn("pinger", Pinger)
@@ -255,6 +262,11 @@ def main() -> None:
             times.append(time.perf_counter() - begin)
         return sorted(times)
 
+    if args.plain:
+        times = loop()
+        print(f"median {times[n // 2] * 1e6:.0f} us, p99 {times[int(n * 0.99)] * 1e6:.0f} us")
+        procs.stop().get()
+        return
     before = {"controller": threads(me), "proc": threads(proc_pid)}
     times = loop()
     after = {"controller": threads(me), "proc": threads(proc_pid)}
