@@ -9,7 +9,9 @@ against the checkout::
     .venv/bin/python benchmarks/ab_trees.py --a /tmp/before --b . --rounds 8
 
 It prints one JSON object: each tree's per-round figures, the medians, b/a ratios and the load
-average at the end.
+average at the end. With ``--monarch PYTHON`` (a venv with torchmonarch, ``make monarch-venv``)
+every round also runs ``actor_bench.py --system monarch`` with that interpreter, in the rotating
+order, and the output adds Monarch's medians and each tree's ratio to them.
 """
 
 from __future__ import annotations
@@ -23,14 +25,20 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-METRICS = ("call_one_median_us", "call_one_p99_us", "broadcasts_per_s")
+METRICS = ("call_one_median_us", "call_one_p99_us", "pipelined_calls_per_s", "broadcasts_per_s")
 
 
-def run_tree(tree: Path, figures: str) -> dict[str, float]:
-    """One run of the actor benchmark with ``tree``'s regency first on the path."""
-    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+def run_tree(tree: Path | None, figures: str, python: str = sys.executable) -> dict[str, float]:
+    """One run of the actor benchmark with ``tree``'s regency first on the path, or (``tree``
+    None) of Monarch's with ``python``."""
+    system = "regency" if tree is not None else "monarch"
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree / "src")
+    else:
+        env.pop("PYTHONPATH", None)
     out = subprocess.run(
-        [sys.executable, str(HERE / "actor_bench.py"), "--system", "regency", "--figures", figures],
+        [python, str(HERE / "actor_bench.py"), "--system", system, "--figures", figures],
         env=env,
         capture_output=True,
         text=True,
@@ -49,24 +57,37 @@ def main() -> None:
     parser.add_argument("--b", type=Path, required=True, help="the tree under test (after)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--figures", default="call_one,broadcast")
+    parser.add_argument("--monarch", help="a Python with torchmonarch: run it in every round too")
     args = parser.parse_args()
-    trees = {"a": args.a.resolve(), "b": args.b.resolve()}
-    rounds: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
+    trees: dict[str, Path | None] = {"a": args.a.resolve(), "b": args.b.resolve()}
+    if args.monarch:
+        trees["monarch"] = None
+    names = list(trees)
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    loads: list[float] = []
     for index in range(args.rounds):
-        for name in ("a", "b") if index % 2 == 0 else ("b", "a"):
-            rounds[name].append(run_tree(trees[name], args.figures))
+        shift = index % len(names)  # each system first in turn
+        for name in names[shift:] + names[:shift]:
+            python = args.monarch if trees[name] is None else sys.executable
+            rounds[name].append(run_tree(trees[name], args.figures, python))
+            loads.append(os.getloadavg()[0])
             print(f"round {index} {name}: {rounds[name][-1]}", file=sys.stderr, flush=True)
     medians = {
         name: {m: statistics.median(r[m] for r in runs) for m in METRICS if m in runs[0]}
         for name, runs in rounds.items()
     }
-    summary = {
+    summary: dict[str, object] = {
         "trees": {name: str(path) for name, path in trees.items()},
         "rounds": rounds,
         "medians": medians,
         "b_over_a": {m: medians["b"][m] / medians["a"][m] for m in medians["a"]},
-        "load_average": os.getloadavg(),
+        "load_average_after_each_run": loads,
     }
+    if args.monarch:
+        summary["over_monarch"] = {
+            tree: {m: medians[tree][m] / medians["monarch"][m] for m in medians[tree]}
+            for tree in ("a", "b")
+        }
     print(json.dumps(summary, indent=2))
 
 

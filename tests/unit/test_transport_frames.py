@@ -1,4 +1,4 @@
-"""Wire framing: ``encode``/``decode_body`` round trips, the size limit, bad part tables."""
+"""Wire framing: ``encode``/``decode`` round trips, the size limit, bad part tables."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _decode(data: bytes) -> frames.Frame:
     view = memoryview(data)
     (body_len,) = struct.unpack_from("<Q", data)
     assert body_len + 8 == len(data), "length prefix does not count every byte after itself"
-    return frames.decode_body(view[: HEADER.size], view[HEADER.size :])
+    return frames.decode(view)
 
 
 @pytest.mark.parametrize(

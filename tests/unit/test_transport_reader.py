@@ -166,6 +166,17 @@ def test_announced_length_over_the_limit(pair: tuple[socket.socket, socket.socke
         reader.read(sock)
 
 
+def test_a_whole_frame_over_the_limit_in_one_read(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    # One whole frame per read is the reader's quick case: it checks the limit all the same.
+    writer, sock = pair
+    data = encode(b"x" * 1000)
+    writer.sendall(data)
+    with pytest.raises(FrameError, match="limit"):
+        FrameReader(len(data) - 1).read(sock)
+
+
 def test_announced_length_at_the_limit(pair: tuple[socket.socket, socket.socket]) -> None:
     writer, sock = pair
     data = encode(b"x" * 1000)

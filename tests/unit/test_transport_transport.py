@@ -9,6 +9,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from regency._transport import auth, frames
 from regency._transport import inbound as inbound_module
 from regency._transport.connection import Connection
 from regency._transport.frames import Frame
-from regency._transport.transport import PeerUnreachableError, Transport
+from regency._transport.transport import BURST_WINDOW, PeerUnreachableError, Transport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,6 +187,49 @@ def test_posts_reach_live_peers_when_another_is_lost(make: Callable[..., Endpoin
     a.transport.flush()
     _, frame = c.frames.get(timeout=10)
     assert (frame.seq, bytes(frame.parts[0])) == (2, b"posted")
+
+
+def test_a_burst_is_the_senders_across_peers(
+    make: Callable[..., Endpoint], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stream of casts comes back to each peer only every N frames: were a burst judged per
+    # connection, beyond ~16 peers every frame would go out (and wake its receiver) alone.
+    a, b, c, d = make(SECRET), make(SECRET), make(SECRET), make(SECRET)
+    for peer in (b, c, d):
+        a.send(peer.address, b"hello")
+        peer.frames.get(timeout=10)
+    writes: list[str] = []
+    write = Connection._write_locked
+
+    def counted(conn: Connection, *args: Any, **kwargs: Any) -> Any:
+        writes.append(conn.peer)
+        return write(conn, *args, **kwargs)
+
+    monkeypatch.setattr(Connection, "_write_locked", counted)
+
+    def post(peer: Endpoint, seq: int) -> None:
+        buffers = frames.encode(1, 5, [b"posted"], seq=seq, limit=LIMIT)
+        a.transport.post([(peer.address, buffers)], len(b"".join(buffers)))
+
+    for seq in range(1, 50):
+        a.transport.flush()  # as a thread about to wait does: what follows starts afresh
+        writes.clear()
+        began = time.monotonic()
+        post(b, seq)
+        post(c, seq)
+        if time.monotonic() - began < BURST_WINDOW:  # not descheduled in between
+            break
+    else:
+        pytest.skip("the machine never ran two posts within the burst window")
+    # The first went out at once; the second, to another peer, waits to be coalesced.
+    assert writes == [b.address]
+    a.transport.flush()
+    assert writes == [b.address, c.address]
+    post(d, 1)  # after a flush: not part of a burst, out at once
+    assert writes == [b.address, c.address, d.address]
+    for peer in (b, c, d):
+        got = [peer.frames.get(timeout=10)[1] for _ in range(seq if peer is not d else 1)]
+        assert bytes(got[-1].parts[0]) == b"posted"
 
 
 def test_raw_client_sending_garbage_after_the_handshake(make: Callable[..., Endpoint]) -> None:

@@ -12,7 +12,6 @@ import contextlib
 import select
 import socket
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -21,7 +20,6 @@ from regency._transport.tls import Stream
 
 Buffer = bytes | bytearray | memoryview
 
-BURST_WINDOW = 100e-6  # posts closer together than this are coalesced
 OUTBOX_BUFFERS = 512  # flush at once beyond this many buffers (IOV_MAX is 1024)...
 OUTBOX_BYTES = 256 * 1024  # ...or this many bytes
 
@@ -75,7 +73,6 @@ class Connection:
         self._outbox: list[Buffer] = []
         self._outbox_bytes = 0
         self._flush_scheduled = False
-        self._last_post = 0.0
 
     def fileno(self) -> int:
         """The socket's file descriptor."""
@@ -93,16 +90,23 @@ class Connection:
             if not item.ok:
                 raise ConnectionClosedError(f"connection to {self.peer} closed: {self.closed}")
 
-    def _write_locked(self, buffers: Sequence[Buffer], wait: bool) -> _Pending | None:
-        """Write what the socket takes now (outbox first); queue the rest for the writer."""
+    def _write_locked(
+        self, buffers: Sequence[Buffer], wait: bool, total: int = -1
+    ) -> _Pending | None:
+        """Write what the socket takes now (outbox first); queue the rest for the writer.
+
+        ``total`` is the buffers' size when the caller knows it (with nothing in the outbox).
+        """
         if self.closed is not None:
             raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
         if self._outbox:
             buffers = [*self._take_outbox(), *buffers]
+            total = -1
         if not self._backlog:
-            total = 0
-            for b in buffers:
-                total += b.nbytes if isinstance(b, memoryview) else len(b)
+            if total < 0:
+                total = 0
+                for b in buffers:
+                    total += b.nbytes if isinstance(b, memoryview) else len(b)
             try:
                 sent = self.sock.sendmsg(buffers)
             except (BlockingIOError, InterruptedError):
@@ -126,23 +130,20 @@ class Connection:
             self._wakeup.notify()
         return item
 
-    def post(self, buffers: Sequence[Buffer], size: int) -> bool:
+    def post(self, buffers: Sequence[Buffer], size: int, burst: bool) -> bool:
         """Send small, self-owned frame buffers, coalescing them with others during bursts.
 
-        The first frame after a quiet spell goes out at once. Frames that follow within
-        ``BURST_WINDOW`` wait in an outbox and go out together (one ``sendmsg`` for many frames,
-        one wake-up of the receiver) when the outbox is large, when :meth:`flush` is called, or
-        on any direct :meth:`send`. Returns True when the caller must arrange a later
-        :meth:`flush` (the outbox just became non-empty). ``size`` is the frame's byte count.
+        Outside a ``burst`` (the sender's judgement) a frame goes out at once. In one, frames
+        wait in an outbox and go out together (one ``sendmsg`` for many frames, one wake-up of
+        the receiver) when the outbox is large, when :meth:`flush` is called, or on any direct
+        :meth:`send`. Returns True when the caller must arrange a later :meth:`flush` (the
+        outbox just became non-empty). ``size`` is the frame's byte count.
         """
-        now = time.monotonic()
         with self._lock:
             if self.closed is not None:
                 raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
-            burst = now - self._last_post < BURST_WINDOW
-            self._last_post = now
             if not burst and not self._outbox and not self._backlog:
-                self._write_locked(buffers, wait=False)
+                self._write_locked(buffers, wait=False, total=size)
                 return False
             self._outbox.extend(buffers)
             self._outbox_bytes += size

@@ -14,6 +14,7 @@ payloads are written straight from the caller's memory with ``sendmsg``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -32,6 +33,9 @@ _TABLES = [struct.Struct(f"<{n}Q") for n in range(MAX_PARTS + 1)]
 def _table(nparts: int) -> struct.Struct:
     """The packer of a frame's part-length table (precompiled for every possible count)."""
     return _TABLES[nparts]
+
+
+_FIXED: Final = HEADER.size - LENGTH_PREFIX  # a frame's length counts its header but this
 
 
 class FrameError(RegencyError):
@@ -53,10 +57,6 @@ class Frame:
     sender: int
     seq: int
     parts: list[memoryview]
-
-
-def _nbytes(part: bytes | bytearray | memoryview) -> int:
-    return part.nbytes if isinstance(part, memoryview) else len(part)
 
 
 def encode(
@@ -86,17 +86,17 @@ class Encoder:
 
     __slots__ = ("body_len", "nparts", "parts", "table")
 
-    def __init__(self, parts: list[bytes | bytearray | memoryview], limit: int) -> None:
+    def __init__(self, parts: Sequence[bytes | bytearray | memoryview], limit: int) -> None:
         nparts = len(parts)
         if nparts > MAX_PARTS:
             _check(nparts, 0, limit)
-        sizes = [_nbytes(p) for p in parts]
-        self.body_len = HEADER.size - LENGTH_PREFIX + 8 * nparts + sum(sizes)
+        sizes = [p.nbytes if type(p) is memoryview else len(p) for p in parts]
+        self.body_len = _FIXED + 8 * nparts + sum(sizes)
         if self.body_len + LENGTH_PREFIX > limit:
             _check(nparts, self.body_len + LENGTH_PREFIX, limit)
         self.nparts = nparts
         self.parts = parts
-        self.table = _table(nparts).pack(*sizes)
+        self.table = _TABLES[nparts].pack(*sizes)
 
     @property
     def size(self) -> int:
@@ -128,21 +128,17 @@ def _check(nparts: int, size: int, limit: int) -> None:
         )
 
 
-def decode_body(first: memoryview, body: memoryview) -> Frame:
-    """Decode a frame whose header is ``first`` and whose remaining bytes are ``body``.
-
-    ``first`` is the fixed header; ``body`` is everything after it (part table and parts).
-    """
-    _, kind, nparts, flags, rank, dest, sender, seq = HEADER.unpack(first)
-    table_len = 8 * nparts
-    if body.nbytes < table_len:
+def decode(frame: memoryview) -> Frame:
+    """Decode one whole frame (its length prefix included); the parts are views into it."""
+    _, kind, nparts, flags, rank, dest, sender, seq = HEADER.unpack_from(frame)
+    offset = HEADER.size + 8 * nparts
+    end = frame.nbytes
+    if end < offset:
         raise FrameError("frame shorter than its part table")
-    sizes = _table(nparts).unpack_from(body, 0)
-    if table_len + sum(sizes) != body.nbytes:
-        raise FrameError("frame part lengths do not add up to the frame length")
     parts = []
-    offset = table_len
-    for size in sizes:
-        parts.append(body[offset : offset + size])
+    for size in _table(nparts).unpack_from(frame, HEADER.size):
+        parts.append(frame[offset : offset + size])
         offset += size
+    if offset != end:
+        raise FrameError("frame part lengths do not add up to the frame length")
     return Frame(kind, flags, rank, dest, sender, seq, parts)

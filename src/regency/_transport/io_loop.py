@@ -33,9 +33,36 @@ class Turn:
 
     __slots__ = ("fds", "wake_fd")
 
-    def __init__(self, wake_fd: int) -> None:
+    def __init__(self, wake_fd: int, fds: tuple[int, ...] = ()) -> None:
         self.wake_fd = wake_fd
-        self.fds: list[int] = []
+        self.fds = fds
+
+
+class _Poller(threading.local):
+    """Each thread's ``poll`` object for reading inline, kept between its waits: a thread
+    waits on the same descriptors again and again (its wake eventfd and the connections)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, tuple[int, ...]] | None = None
+        self.poller = select.poll()
+
+    def get(self, wake_fd: int, fds: tuple[int, ...]) -> select.poll:
+        """A poller of ``wake_fd`` and ``fds`` (made anew when they changed)."""
+        key = (wake_fd, fds)
+        if key != self.key:
+            poller = select.poll()
+            poller.register(wake_fd, select.POLLIN)
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            self.key, self.poller = key, poller
+        return self.poller
+
+    def drop(self) -> None:
+        """Forget the kept poller (it is about to lose a descriptor)."""
+        self.key = None
+
+
+_poller = _Poller()
 
 
 class IOLoop:
@@ -49,6 +76,7 @@ class IOLoop:
         self._epoll = select.epoll()
         self._handlers: dict[int, Handler] = {}
         self._stealable: dict[int, Handler] = {}
+        self._stealable_fds: tuple[int, ...] = ()  # the keys of _stealable, for turns
         # The stealable descriptors out of the epoll set while a thread reads them inline, and
         # that thread's turn and wake eventfd (one reader at a time: see wait_reading).
         self._stolen: dict[int, Handler] = {}
@@ -62,10 +90,11 @@ class IOLoop:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        self._ident = self._thread.ident
 
     def in_loop(self) -> bool:
         """Whether the calling thread is the loop thread."""
-        return threading.current_thread() is self._thread
+        return threading.get_ident() == self._ident
 
     def register(
         self, fd: int, handler: Handler, events: int = select.EPOLLIN, stealable: bool = False
@@ -80,12 +109,14 @@ class IOLoop:
             self._handlers[fd] = handler
             if stealable:
                 self._stealable[fd] = handler
+                self._stealable_fds = tuple(self._stealable)
             self._epoll.register(fd, events)
 
     def unregister(self, fd: int) -> None:
         """Stop watching ``fd`` (it stays open)."""
         with self._steal_lock:
-            self._stealable.pop(fd, None)
+            if self._stealable.pop(fd, None) is not None:
+                self._stealable_fds = tuple(self._stealable)
             stolen = self._stolen.pop(fd, None)
             if self._handlers.pop(fd, None) is not None and stolen is None:
                 with contextlib.suppress(OSError, ValueError):
@@ -105,20 +136,22 @@ class IOLoop:
         thread's condition true from another thread. ``None`` when inline reading is not
         possible (on the loop thread, or too many connections).
         """
-        if self.in_loop():
+        if threading.get_ident() == self._ident:
             return None
-        turn = Turn(wake_fd)
         with self._steal_lock:
-            fds = list(self._stealable.items())
-            if not fds or len(fds) > _MAX_STOLEN:
+            stealable = self._stealable
+            if not stealable or len(stealable) > _MAX_STOLEN:
                 return None
-            for fd, owner in fds:
-                if fd not in self._stolen:
-                    with contextlib.suppress(OSError, ValueError):
+            stolen = self._stolen
+            for fd, owner in stealable.items():
+                if fd not in stolen:
+                    try:  # noqa: SIM105 (per wait: suppress() costs three Python calls)
                         self._epoll.unregister(fd)
-                    self._stolen[fd] = owner
+                    except (OSError, ValueError):
+                        pass
+                    stolen[fd] = owner
+            turn = Turn(wake_fd, self._stealable_fds)
             previous, self._reader = self._reader, turn
-        turn.fds = [fd for fd, _ in fds]
         if previous is not None:
             with contextlib.suppress(OSError):
                 os.eventfd_write(previous.wake_fd, 1)
@@ -159,38 +192,37 @@ class IOLoop:
             turn = self.claim(wake_fd)
             if turn is None:
                 return None
-        poller = select.poll()
-        poller.register(wake_fd, select.POLLIN)
-        for fd in turn.fds:
-            poller.register(fd, select.POLLIN)
+        poller = _poller.get(wake_fd, turn.fds)
         reading = True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        spin_until = time.monotonic() + spin
+        monotonic = time.monotonic
+        deadline = None if timeout is None else monotonic() + timeout
+        spin_until = monotonic() + spin if spin else 0.0
+        stealable = self._stealable
         try:
             while not until():
                 if reading and self._reader is not turn:
                     # A later waiter took over; this one is woken through wake_fd.
                     reading = False
-                    poller = select.poll()
-                    poller.register(wake_fd, select.POLLIN)
-                wait_ms = -1
+                    poller = _poller.get(wake_fd, ())
+                # A bounded sleep: the condition is re-checked even if a wake-up is lost.
+                wait_ms = _RECHECK_MS
                 if deadline is not None:
-                    left = deadline - time.monotonic()
+                    left = deadline - monotonic()
                     if left <= 0:
                         return False
-                    wait_ms = int(left * 1000) + 1
-                if time.monotonic() < spin_until:
+                    wait_ms = min(wait_ms, int(left * 1000) + 1)
+                if spin_until and monotonic() < spin_until:
                     wait_ms = 0
-                elif wait_ms < 0 or wait_ms > _RECHECK_MS:
-                    # A bounded sleep: the condition is re-checked even if a wake-up is lost.
-                    wait_ms = _RECHECK_MS
                 for fd, mask in poller.poll(wait_ms):
                     if fd == wake_fd:
-                        with contextlib.suppress(BlockingIOError):
+                        try:  # noqa: SIM105 (per wake-up: suppress() costs three Python calls)
                             os.eventfd_read(wake_fd)
+                        except BlockingIOError:
+                            pass
                         continue
-                    handler = self._stealable.get(fd)
+                    handler = stealable.get(fd)
                     if handler is None or mask & select.POLLNVAL:
+                        _poller.drop()
                         poller.unregister(fd)
                         continue
                     handler(mask)
@@ -205,10 +237,13 @@ class IOLoop:
                 return
             self._reader = None
             stolen, self._stolen = self._stolen, {}
+            stealable = self._stealable
             for fd, handler in stolen.items():
-                if self._stealable.get(fd) is handler:
-                    with contextlib.suppress(OSError, ValueError):
+                if stealable.get(fd) is handler:
+                    try:  # noqa: SIM105 (per wait: suppress() costs three Python calls)
                         self._epoll.register(fd, select.EPOLLIN)
+                    except (OSError, ValueError):
+                        pass
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the loop thread as soon as possible."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import struct
 
-from regency._transport.frames import HEADER, LENGTH_PREFIX, Frame, FrameError, decode_body
+from regency._transport.frames import HEADER, LENGTH_PREFIX, Frame, FrameError, decode
 from regency._transport.tls import SecureSocket, Stream
 
 _CHUNK = 256 * 1024
 _LEN = struct.Struct("<Q")
+_MIN_BODY = HEADER.size - LENGTH_PREFIX  # a frame's length counts at least its header
 # Reads of one large frame in a row over TLS (16 KiB records), before epoll gets its turn.
 _TLS_READS = 256
 
@@ -78,33 +79,46 @@ class FrameReader:
         if self._big_filled < len(big):
             return []
         self._big = None
-        view = memoryview(big)
-        return [decode_body(view[: HEADER.size], view[HEADER.size :])]
+        return [decode(memoryview(big))]
 
     def _cut(self) -> list[Frame]:
         buf = self._buf
         start = pos = self._start
         end = self._end
-        spans: list[tuple[int, int]] = []
+        if end - start >= HEADER.size:
+            # The common read: exactly one whole frame (a call, a reply).
+            (body_len,) = _LEN.unpack_from(buf, start)
+            if (
+                end - start == LENGTH_PREFIX + body_len
+                and _MIN_BODY <= body_len <= self._limit - LENGTH_PREFIX
+            ):
+                frame = decode(memoryview(bytes(self._view[start:end])))
+                self._start = self._end = 0
+                return [frame]
+        ends: list[int] = []  # where each complete frame of this read ends
         pending = 0  # length of an incomplete frame at ``pos``, once its header is in
+        least, most = _MIN_BODY, self._limit - LENGTH_PREFIX
         while end - pos >= HEADER.size:
-            total = LENGTH_PREFIX + self._checked_length(buf, pos)
+            (body_len,) = _LEN.unpack_from(buf, pos)
+            if not least <= body_len <= most:
+                raise self._bad_length(body_len)
+            total = LENGTH_PREFIX + body_len
             if end - pos < total:
                 pending = total
                 break
-            spans.append((pos, total))
             pos += total
+            ends.append(pos - start)
         frames: list[Frame] = []
-        if spans:
+        if ends:
             # One copy for every complete frame of this read; the frames are views into it.
             chunk = memoryview(bytes(self._view[start:pos]))
-            for offset, total in spans:
-                rel = offset - start
-                frames.append(
-                    decode_body(
-                        chunk[rel : rel + HEADER.size], chunk[rel + HEADER.size : rel + total]
-                    )
-                )
+            if len(ends) == 1:
+                frames.append(decode(chunk))
+            else:
+                begin = 0
+                for stop in ends:
+                    frames.append(decode(chunk[begin:stop]))
+                    begin = stop
         self._start = pos
         remaining = end - pos
         if remaining == 0:
@@ -116,16 +130,13 @@ class FrameReader:
             self._start, self._end = 0, remaining
         return frames
 
-    def _checked_length(self, buf: bytearray, pos: int) -> int:
-        (body_len,) = _LEN.unpack_from(buf, pos)
-        if body_len < HEADER.size - LENGTH_PREFIX:
-            raise FrameError(f"frame length {body_len} is shorter than a header")
-        if LENGTH_PREFIX + body_len > self._limit:
-            raise FrameError(
-                f"peer announced a frame of {LENGTH_PREFIX + body_len} bytes, over the limit of "
-                f"{self._limit}"
-            )
-        return int(body_len)
+    def _bad_length(self, body_len: int) -> FrameError:
+        if body_len < _MIN_BODY:
+            return FrameError(f"frame length {body_len} is shorter than a header")
+        return FrameError(
+            f"peer announced a frame of {LENGTH_PREFIX + body_len} bytes, over the limit of "
+            f"{self._limit}"
+        )
 
     def _start_big(self, total: int) -> None:
         have = self._end - self._start

@@ -174,7 +174,9 @@ class ActorMesh(MeshTrait, Generic[T]):
         specs = self.__dict__.get("_endpoint_specs")
         if specs is not None and name in specs:
             spec, checker = specs[name]
-            return Endpoint(self._pipeline, name, spec, checker)
+            # Kept as an attribute: the next ``mesh.name`` finds it without coming here.
+            endpoint = self.__dict__[name] = Endpoint(self._pipeline, name, spec, checker)
+            return endpoint
         cls = self.__dict__.get("_class")
         if cls is not None and callable(getattr(cls, name, None)) and not name.startswith("_"):
             return NotAnEndpoint(self._pipeline, name)

@@ -71,6 +71,15 @@ def clear_client() -> None:
     _client = None
 
 
+def current_instance() -> InstanceBase:
+    """The instance sending from this thread or task: the running actor, or the client in code
+    outside any actor."""
+    ctx = CURRENT.get()
+    if ctx is not None:
+        return ctx._instance
+    return _client if _client is not None else client()
+
+
 def client() -> InstanceBase:
     """The instance that sends on behalf of code running outside any actor."""
     state.runtime()

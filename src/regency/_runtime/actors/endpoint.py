@@ -64,7 +64,7 @@ class Endpoint(Generic[R]):
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Send to the single actor of this mesh and return its reply."""
-        n = len(self._pipeline.shape)
+        n = self._pipeline.size
         if n != 1:
             raise ValueError(f"call_one requires exactly 1 actor, but mesh has {n}")
         return self._one(0, args, kwargs)

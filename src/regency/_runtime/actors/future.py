@@ -72,21 +72,17 @@ class Future(Generic[R]):
             raise ValueError(
                 f"invalid timeout {timeout}: expected a non-negative, finite number of seconds"
             )
-        if self._value is _UNSET:
-            # As in Monarch, the warning does not depend on whether the reply has arrived yet
-            # (a race); only a value already read is returned silently.
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:
-                pass
-            else:
-                warnings.warn(
-                    "Future.get() called from within an active event loop blocks the loop; "
-                    "use 'await' instead",
-                    UserWarning,
-                    stacklevel=2,
-                )
-        if not self._pending.done and not wait_pending(self._pending, timeout):
+        # As in Monarch, the warning does not depend on whether the reply has arrived yet (a
+        # race); only a value already read is returned silently. (The low-level lookup returns
+        # None where get_running_loop raises: no exception per call.)
+        if self._value is _UNSET and asyncio._get_running_loop() is not None:
+            warnings.warn(
+                "Future.get() called from within an active event loop blocks the loop; "
+                "use 'await' instead",
+                UserWarning,
+                stacklevel=2,
+            )
+        if self._value is _UNSET and not wait_pending(self._pending, timeout):
             raise TimeoutError(f"no result within {timeout} s (the remote work goes on)")
         return self._outcome()
 

@@ -289,15 +289,16 @@ class ActorCore(InstanceBase):
         """The method, reply port, point, payload and trace context of a message."""
         parts, rank, reply_override = item
         envelope = bytes(parts[0])  # small; and a view of a writable buffer cannot be hashed
-        # Envelopes without a reply port (broadcasts) repeat byte for byte: decode them once.
-        cached = self._envelopes.get((envelope, rank))
-        if cached is not None and reply_override is None:
-            return cached[0], None, cached[1], parts[1:], None
+        if reply_override is None:
+            # Envelopes without a reply port (broadcasts) repeat byte for byte: decode them once.
+            cached = self._envelopes.get((envelope, rank))
+            if cached is not None:
+                return cached[0], None, cached[1], parts[1:], None
         method, port, labels, sizes, trace = pickle.loads(envelope)
         if reply_override is not None:
             reply: PortRef | None = reply_override
         else:
-            reply = PortRef(*port) if port is not None else None
+            reply = PortRef._make(port) if port is not None else None
         key = (rank, labels, sizes)
         point = self._points.get(key)
         if point is None:

@@ -43,7 +43,6 @@ from regency._runtime.actors.proc_control import (
     stop_procs,
     unique,
 )
-from regency._runtime.actors.send_pipeline import current_instance
 from regency._runtime.actors.stacks import gather_stacks
 from regency._runtime.actors.supervision import RestartPolicy
 from regency._runtime.actors.value_mesh import ValueMesh
@@ -155,7 +154,7 @@ class HostMesh(MeshTrait):
         return self._stop_procs(reason)
 
     def _stop_procs(self, reason: str) -> Future[None]:
-        owner = current_instance()
+        owner = context.current_instance()
         agents = self._agents()
         procs = [m for m in owner.owned if isinstance(m, ProcMesh) and m._agents() & agents]
         futures = [m.stop(reason) for m in procs]
@@ -261,7 +260,7 @@ class HostMesh(MeshTrait):
         hosts = HostMesh(self._shape, self._hosts)
         mesh = ProcMesh(shape, procs, mesh_name, hosts, owned=True, recipe=recipe)
         mesh._log_sink = sink
-        mesh._owner = current_instance()
+        mesh._owner = context.current_instance()
         mesh._owner.adopt(mesh)
         return mesh
 
@@ -345,7 +344,7 @@ class ProcMesh(ProcMeshBase):
     ) -> ActorMesh[Any]:
         if self._stopped:
             raise RuntimeError("`ProcMesh` has already been stopped")
-        owner = owner if owner is not None else current_instance()
+        owner = owner if owner is not None else context.current_instance()
         mesh, supervisor = spawn_actor_mesh(
             self, self._shape, self._procs, self._recipe, name, cls, args, kwargs, policy, owner
         )

@@ -42,7 +42,6 @@ from regency.shape import Shape
 
 if TYPE_CHECKING:
     from regency._runtime.actors.control import ProcInfo
-    from regency._runtime.actors.identity import InstanceBase
     from regency._runtime.actors.mesh_supervisor import MeshSupervisor
 
 
@@ -61,12 +60,6 @@ class Route(NamedTuple):
     generation: int  # the supervisor's generation it was computed for
 
 
-def current_instance() -> InstanceBase:
-    """The instance sending from this thread or task (the client outside actors)."""
-    ctx = context.current_or_none()
-    return ctx.actor_instance if ctx is not None else context.client()
-
-
 class SendPipeline:
     """One actor mesh view's destinations and the steps that send an endpoint's message there.
 
@@ -83,6 +76,7 @@ class SendPipeline:
         "mesh_name",
         "proc_mesh",
         "shape",
+        "size",
         "supervisor",
     )
 
@@ -97,6 +91,7 @@ class SendPipeline:
         self.actor_class = actor_class
         self.mesh_name = mesh_name
         self.shape = shape
+        self.size = len(shape)  # how many actors the view has (every call_one checks it)
         self.mesh_id = mesh_id
         # Per-rank health and restarts: set on the owner's mesh and its views.
         self.supervisor: MeshSupervisor | None = None
@@ -151,6 +146,7 @@ class SendPipeline:
         handler = GatherReply(len(route.bases), route.unique, self._describer(endpoint))
         reply = self._open(handler)
         self._send(
+            route,
             endpoint,
             method,
             args,
@@ -172,6 +168,7 @@ class SendPipeline:
         handler = StreamReply(len(route.bases), route.unique, self._describer(endpoint))
         reply = self._open(handler)
         self._send(
+            route,
             endpoint,
             method,
             args,
@@ -194,10 +191,12 @@ class SendPipeline:
         kwargs: dict[str, Any],
     ) -> OnceReply:
         """Send to rank ``index`` of this view; the handler takes its reply (``call_one``)."""
-        addr = self.route().addrs[index]
+        route = self.route()
+        addr = route.addrs[index]
         handler = OnceReply((addr,), self._describer(endpoint))
         reply = self._open(handler)
         self._send(
+            route,
             endpoint,
             method,
             args,
@@ -231,7 +230,7 @@ class SendPipeline:
                 raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
             pick = random.randrange(len(addrs))
             addrs, ranks = [addrs[pick]], [pick]
-        self._send(endpoint, method, args, kwargs, reply, addrs, ranks, False)
+        self._send(route, endpoint, method, args, kwargs, reply, addrs, ranks, False)
 
     # -- mechanics -------------------------------------------------------------------------------
 
@@ -288,7 +287,7 @@ class SendPipeline:
                 fail_handler(handler, error)
                 return
         # No future of ours to fail (broadcast, or a user's port): the sender hears of it.
-        sender = current_instance()
+        sender = context.current_instance()
         undeliverable = getattr(sender, "undeliverable", None)
         if undeliverable is not None:
             envelope = UndeliverableMessageEnvelope(
@@ -323,6 +322,7 @@ class SendPipeline:
 
     def _send(
         self,
+        route: Route,
         endpoint: str,
         method: str,
         args: tuple[Any, ...],
@@ -349,7 +349,6 @@ class SendPipeline:
                 if reason is not None:
                     self._refuse(endpoint, reply, self.describe_loss(endpoint, addr, reason))
                     return
-        route = self.route()
         probe = tracing.probe
         if probe is None:
             start, traced, trace = 0, None, None
@@ -380,7 +379,7 @@ class SendPipeline:
             # ranks (or refuses, raising) before the message that names them goes out.
             bases = [route.bases[r] for r in ranks]
             _plugins.load("tensor").before_actor_send(carried, self, bases)
-        sender = current_instance()
+        sender = context.current_instance()
         mesh_id = self.mesh_id
         uid = sender.uid
         next_seq = sender.next_seq
@@ -399,7 +398,8 @@ class SendPipeline:
                 # Subtrees headed here last (see FrameRouter._on_cast).
                 here = rt.address
                 groups = casting.plan(dests, route.fanout)
-                groups.sort(key=lambda g: g.head.addr == here)
+                if here in addrs:
+                    groups.sort(key=lambda g: g.head.addr == here)
                 rt.send_cast(groups, mesh_id, uid, reply, gather, parts)
         except PeerLostError as exc:
             # The router sent to every destination it could reach before it raised: each took

@@ -10,7 +10,6 @@ claimed the sockets yet, the I/O thread would be woken to read that message and 
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from typing import Any
 
@@ -21,11 +20,8 @@ from regency._runtime.actors.instance_core import STOP, SUPERVISE, ActorCore, Co
 from regency._runtime.kernel.mailbox import Delivery
 from regency._runtime.kernel.refs import Part
 from regency._runtime.kernel.waiting import (
-    claim_reading,
-    release_reading,
-    thread_eventfd,
+    thread_waker,
     wait_until,
-    waker,
 )
 from regency._transport.io_loop import Turn
 
@@ -52,13 +48,13 @@ class SyncExecutor(ActorCore):
                 self._release_turn()
                 self._end_forced()
                 return
-            try:
-                item = q.get_nowait()
-            except queue.Empty:
+            # No exception per message: a forced stop that empties the queue from another
+            # thread also puts a wake-up in it, so get() cannot block for good.
+            if q.empty():
                 idle()
-                item = q.get()
             else:
                 self._release_turn()
+            item = q.get()
             if self._forced:
                 self._reject_safely(item)
                 continue
@@ -91,13 +87,16 @@ class SyncExecutor(ActorCore):
 
     def _idle_until(self) -> None:
         """Wait for the next message reading the sockets on this thread (one wake-up, not two)."""
-        fd = thread_eventfd()
-        self._wake = waker(fd)
+        me = thread_waker()
+        self._wake = me.wake
         turn, self._turn = self._turn, None
         try:
-            wait_until(lambda: not self._queue.empty(), fd, None, turn=turn)
+            wait_until(self._has_queued, me.fd, None, turn=turn)
         finally:
             self._wake = None
+
+    def _has_queued(self) -> bool:
+        return not self._queue.empty()
 
     def _before_reply(self, parts: list[Part]) -> None:
         # Only before a reply that cannot block: a thread that claimed the sockets and then
@@ -108,13 +107,13 @@ class SyncExecutor(ActorCore):
             and self._queue.empty()
             and self.runtime.posts(parts)
         ):
-            self._turn = claim_reading(thread_eventfd())
+            self._turn = self.runtime.loop.claim(thread_waker().fd)
 
     def _release_turn(self) -> None:
         """Give back a claimed turn: the thread has other work before it waits."""
         turn, self._turn = self._turn, None
         if turn is not None:
-            release_reading(turn)
+            self.runtime.loop.release(turn)
 
     def _end_forced(self) -> None:
         """The thread of a force-stopped actor got free: clean up late, then end."""
@@ -157,7 +156,7 @@ class SyncExecutor(ActorCore):
         fn, spec, method, reply, point, args, kwargs, trace = prepared
         probe = tracing.probe
         mark = None if probe is None or trace is None else probe.handling(trace, self.queued())
-        token = context.set_current(context.Context(self, point))
+        token = context.CURRENT.set(context.Context(self, point))
         try:
             result = fn(self.actor, *args, **kwargs)
         except BaseException as exc:
@@ -165,4 +164,7 @@ class SyncExecutor(ActorCore):
             return
         finally:
             context.CURRENT.reset(token)
-        self._settle_traced(mark, spec, method, reply, point, result, None)
+        if probe is None:
+            self._settle(spec, method, reply, point, result, None)
+        else:
+            self._settle_traced(mark, spec, method, reply, point, result, None)

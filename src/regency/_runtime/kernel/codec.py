@@ -160,7 +160,7 @@ def dumps_call_carrying(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[list[Part], list[Any]]:
     """:func:`dumps_call`, and the objects :func:`carry` was called with while pickling."""
-    if _is_plain((args, kwargs)):  # no value of a plain call can carry anything
+    if _is_plain_call(args, kwargs):  # no value of a plain call can carry anything
         return [pickle.dumps((args, kwargs), protocol=5)], []
     carried: list[Any] = []
     outer = getattr(_carrying, "objects", None)
@@ -173,9 +173,8 @@ def dumps_call_carrying(
 
 def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Part]:
     """Pickle a call's arguments, large top-level ``bytes``/``bytearray`` ones out of band."""
-    call = (args, kwargs)
-    if _is_plain(call):
-        return [pickle.dumps(call, protocol=5)]
+    if _is_plain_call(args, kwargs):
+        return [pickle.dumps((args, kwargs), protocol=5)]
     for value in (*args, *kwargs.values()):
         if type(value) in _WRAPPED:
             wrapped: dict[int, _Large] = {}
@@ -212,6 +211,18 @@ def _is_plain(obj: Any) -> bool:
                     return False
         else:
             return False
+    return True
+
+
+def _is_plain_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """:func:`_is_plain` of ``(args, kwargs)``, without building the pair (every call)."""
+    for value in args:
+        if type(value) not in _PLAIN:
+            return False
+    if kwargs:
+        for value in kwargs.values():
+            if type(value) not in _PLAIN:
+                return False
     return True
 
 

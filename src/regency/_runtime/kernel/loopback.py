@@ -184,7 +184,7 @@ class Loopback:
                 return False
             src, dst, data = self._queue.popleft()
         view = memoryview(data)
-        frame = frames.decode_body(view[: frames.HEADER.size], view[frames.HEADER.size :])
+        frame = frames.decode(view)
         self.sent.append(Sent(src, dst, frame))
         if dst not in self._dead:
             self._links[dst].receive(src, frame)

@@ -36,14 +36,12 @@ class Losses:
         self._lock = threading.Lock()
         self._watchers: dict[str, set[int]] = {}
         self._dead: dict[str, str] = BoundedDict()
+        # Ended processes and why (read-only; the oldest are forgotten beyond a bound). An
+        # attribute, not a property: every send reads it.
+        self.dead: Mapping[str, str] = self._dead
         self._stopping: dict[str, str] = {}  # proc -> its end's reason: it is stopped on purpose
         self._children: set[str] = set()
         self._host_procs: dict[str, set[str]] = {}  # remote host agent -> procs started there
-
-    @property
-    def dead(self) -> Mapping[str, str]:
-        """Ended processes and why (read-only; the oldest are forgotten beyond a bound)."""
-        return self._dead
 
     def check_alive(self, addr: str) -> None:
         """Raise :class:`PeerLostError` if ``addr`` is known to be gone."""
@@ -54,26 +52,37 @@ class Losses:
     # -- watchers ------------------------------------------------------------------------------
 
     def watch(self, port: int, addrs: Sequence[str]) -> None:
-        """Tell port ``port``'s handler when any of ``addrs`` is gone (at once if it already is)."""
-        with self._lock:
-            # A port closed meanwhile (its reply already came) must not linger as a watcher.
-            if self._handler_of(port) is None:
-                return
-            for addr in addrs:
-                self._watchers.setdefault(addr, set()).add(port)
-        handler = self._handler_of(port)
+        """Tell port ``port``'s handler when any of ``addrs`` is gone (at once if it already is).
+
+        Without a lock (every call watches its destinations): each step is one operation on a
+        dict or set, and a loss records the end before it takes the watchers (see
+        :meth:`_notify`), so a watch that comes too late to be taken sees the end itself.
+        """
+        watchers = self._watchers
         for addr in addrs:
-            reason = self._dead.get(addr)
-            if reason is not None and handler is not None:
-                handler.peer_lost(addr, reason)
+            waiting = watchers.get(addr)
+            if waiting is None:
+                waiting = watchers.setdefault(addr, set())
+            waiting.add(port)
+        handler = self._handler_of(port)
+        if handler is None:
+            # Closed meanwhile (its reply already came): it must not linger as a watcher.
+            self.unwatch(port, addrs)
+            return
+        dead = self._dead
+        if dead:
+            for addr in addrs:
+                reason = dead.get(addr)
+                if reason is not None:
+                    handler.peer_lost(addr, reason)
 
     def unwatch(self, port: int, addrs: Sequence[str]) -> None:
         """Port ``port`` no longer waits on ``addrs``."""
-        with self._lock:
-            for addr in addrs:
-                waiting = self._watchers.get(addr)
-                if waiting is not None:
-                    waiting.discard(port)
+        watchers = self._watchers
+        for addr in addrs:
+            waiting = watchers.get(addr)
+            if waiting is not None:
+                waiting.discard(port)
 
     # -- children and the hosts that started them ----------------------------------------------
 
@@ -159,7 +168,8 @@ class Losses:
         self._forget(addr, reason)
         with self._lock:
             waiting = self._watchers.pop(addr, set())
-        for port in waiting:
+        # A copy: a watch may still add to the set (it then sees the end recorded already).
+        for port in list(waiting):
             handler = self._handler_of(port)
             if handler is not None:
                 handler.peer_lost(addr, reason)

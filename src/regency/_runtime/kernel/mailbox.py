@@ -38,9 +38,13 @@ class Mailbox:
                 if seq > expected:
                     self._held.setdefault(sender, {})[seq] = delivery
                 return
-            self._emit(delivery)
+            sink = self._sink
+            if sink is not None:
+                sink(delivery)
+            else:
+                self._early.append(delivery)
             expected += 1
-            held = self._held.get(sender)
+            held = self._held.get(sender) if self._held else None
             if held:
                 while expected in held:
                     self._emit(held.pop(expected))

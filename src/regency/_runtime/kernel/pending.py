@@ -20,11 +20,9 @@ _STATE = threading.Lock()
 class Pending:
     """The eventual outcome of a remote operation."""
 
-    __slots__ = ("_callbacks", "_decode", "_error", "_gate", "_raw", "_raw_error", "_value")
+    __slots__ = ("_callbacks", "_decode", "_error", "_raw", "_raw_error", "_value")
 
     def __init__(self, decode: Callable[[Any], Any] | None = None) -> None:
-        self._gate = threading.Lock()
-        self._gate.acquire()
         self._value: Any = _UNSET
         self._error: BaseException | None = None
         self._raw: Sequence[Any] | None = None
@@ -44,7 +42,6 @@ class Pending:
             if callbacks is None:
                 return False
             self._callbacks = None
-        self._gate.release()
         for cb in callbacks:
             cb(self)
         return True
@@ -78,14 +75,20 @@ class Pending:
         """Whether the outcome is known."""
         return self._callbacks is None
 
+    def is_done(self) -> bool:
+        """:attr:`done` as a method: a ready-made condition for a wait to check."""
+        return self._callbacks is None
+
     def wait(self, timeout: float | None) -> bool:
         """Block until done or ``timeout`` seconds pass; return whether it is done."""
         if self._callbacks is None:
             return True
-        if self._gate.acquire(timeout=-1 if timeout is None else timeout):
-            self._gate.release()
-            return True
-        return False
+        # A lock per blocking wait, not per pending: most are waited for by reading inline
+        # (kernel/waiting.py) or not at all.
+        gate = threading.Lock()
+        gate.acquire()
+        self.add_done_callback(lambda _: gate.release())
+        return gate.acquire(timeout=-1 if timeout is None else timeout)
 
     def failed(self) -> bool:
         """Whether the outcome is an error, known without decoding it. Only valid once done."""

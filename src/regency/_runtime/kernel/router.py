@@ -40,7 +40,10 @@ _COALESCE_MAX = 16 * 1024
 
 def buffers_size(buffers: Sequence[Part]) -> int:
     """Total bytes of some buffers."""
-    return sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers)
+    total = 0
+    for b in buffers:
+        total += b.nbytes if isinstance(b, memoryview) else len(b)
+    return total
 
 
 class FrameRouter:
@@ -96,7 +99,7 @@ class FrameRouter:
         self._ports[port] = handler
         if watch:
             self.losses.watch(port, watch)
-        return PortRef(self.address, port)
+        return tuple.__new__(PortRef, (self.address, port))  # without NamedTuple's Python call
 
     def exit_reports(self, agent: str, procs: Sequence[str]) -> PortRef:
         """The port where host agent ``agent`` reports how ``procs`` (spawned from here) ended.
@@ -132,6 +135,17 @@ class FrameRouter:
         sender's next sequence number, and a target left without its message would hold back
         every later message from that sender. Then :class:`PeerLostError` names the lost ones.
         """
+        if len(targets) == 1:
+            addr, seq, rank = targets[0]
+            size = encoder.size
+            if addr != self.address and len(encoder.parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
+                # The most common message (call_one, a one-actor mesh): one small frame, posted.
+                buffers = encoder.frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
+                try:
+                    self._link.post([(addr, buffers)], size)
+                except PeerUnreachableError as exc:
+                    raise PeerLostError(str(exc)) from exc
+                return
         lost = self._send_actor(targets, mesh_id, sender, encoder)
         if lost:
             raise PeerLostError("; ".join(lost))
@@ -151,13 +165,14 @@ class FrameRouter:
         frame = encoder.frame
         posts: list[tuple[str, list[Part]]] = []
         here = self.address
-        local = [(seq, rank) for addr, seq, rank in targets if addr == here]
+        local: list[tuple[int, int]] = []
         lost: list[str] = []
         # Known-dead targets were refused by the caller; one that dies meanwhile makes the
         # transport raise PeerUnreachableError.
         try:
             for addr, seq, rank in targets:
                 if addr == here:
+                    local.append((seq, rank))
                     continue
                 try:
                     if big:
@@ -226,12 +241,9 @@ class FrameRouter:
     def flush(self) -> None:
         """Send the frames waiting to be coalesced (call before blocking)."""
         try:
-            self._flush()
+            self._link.flush()
         except PeerUnreachableError as exc:
             raise PeerLostError(str(exc)) from exc
-
-    def _flush(self) -> None:
-        self._link.flush()
 
     def send_cast(
         self,
@@ -290,54 +302,61 @@ class FrameRouter:
         if here:
             self._on_cast(mesh_id, sender, head.seq, head.rank, routing, _own(parts))
             return
-        framed, flags = self._frame_parts(head.addr, [routing, *parts])
-        buffers = frames.encode(
-            wire.KIND_CAST,
-            mesh_id,
-            framed,
-            flags=flags,
-            rank=head.rank,
-            sender=sender,
-            seq=head.seq,
-            limit=self.frame_limit,
+        framed = [routing, *parts]
+        encoder = frames.Encoder(framed, self.frame_limit)
+        flags = 0
+        if encoder.size >= bulk.BULK_MIN:
+            framed, flags = self._frame_parts(head.addr, framed)
+            encoder = frames.Encoder(framed, self.frame_limit)
+        buffers = encoder.frame(
+            wire.KIND_CAST, mesh_id, flags=flags, rank=head.rank, sender=sender, seq=head.seq
         )
-        self._link.send(head.addr, buffers, wait)
+        if encoder.size <= _COALESCE_MAX:
+            # Small: our own pickles only (out-of-band parts are larger), coalesced in a burst
+            # of casts like direct sends are (each frame alone would wake its head).
+            self._link.post([(head.addr, buffers)], encoder.size)
+        else:
+            self._link.send(head.addr, buffers, wait)
 
     @staticmethod
     def posts(parts: Sequence[Part]) -> bool:
         """Whether :meth:`send_port` posts a message of these parts: returns at once, never
         waiting for the peer to take bytes (a small message of our own buffers)."""
-        return len(parts) <= _OWN_PARTS and buffers_size(parts) <= _COALESCE_MAX
+        if len(parts) == 1:  # a reply
+            part = parts[0]
+            size = part.nbytes if type(part) is memoryview else len(part)
+        elif len(parts) <= _OWN_PARTS:
+            size = buffers_size(parts)
+        else:
+            return False
+        # As send_port decides: on the whole frame's size.
+        return frames.HEADER.size + 8 * len(parts) + size <= _COALESCE_MAX
 
     def send_port(
         self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
     ) -> None:
         """Send a value to a port (anywhere)."""
-        try:
-            self._send_port(ref, rank, flags, parts, wait)
-        except PeerUnreachableError as exc:
-            raise PeerLostError(str(exc)) from exc
-
-    def _send_port(
-        self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
-    ) -> None:
-        if ref.addr == self.address:
+        addr = ref.addr
+        if addr == self.address:
             handler = self._ports.get(ref.port)
             if handler is not None:
                 handler.deliver(rank, flags, _own(parts))
             return
-        self.losses.check_alive(ref.addr)
-        encoder = frames.Encoder(list(parts), self.frame_limit)
-        size = encoder.size
-        if size >= bulk.BULK_MIN:
-            framed, bulk_flags = self._frame_parts(ref.addr, parts)
-            encoder = frames.Encoder(framed, self.frame_limit)
-            flags |= bulk_flags
-        buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
-        if wait and len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
-            self._link.post([(ref.addr, buffers)], encoder.size)
-        else:
-            self._link.send(ref.addr, buffers, wait)
+        self.losses.check_alive(addr)
+        try:
+            encoder = frames.Encoder(parts, self.frame_limit)
+            size = encoder.size
+            if size >= bulk.BULK_MIN:
+                framed, bulk_flags = self._frame_parts(addr, parts)
+                encoder = frames.Encoder(framed, self.frame_limit)
+                flags |= bulk_flags
+            buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
+            if wait and len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
+                self._link.post([(addr, buffers)], size)  # a reply: coalesced in bursts
+            else:
+                self._link.send(addr, buffers, wait)
+        except PeerUnreachableError as exc:
+            raise PeerLostError(str(exc)) from exc
 
     def send_control(self, addr: str, service: int, request: Any, wait: bool = True) -> None:
         """Send a control request to a service of the process at ``addr`` (without ``wait``,

@@ -17,43 +17,34 @@ from regency._runtime.kernel import state
 from regency._runtime.kernel.pending import Pending
 from regency._transport.io_loop import REPLY_SPIN_SECONDS, Turn
 
+
+class Waker:
+    """A thread's eventfd for being woken while it reads inline (made once per thread), and
+    whether its replies come back within the reply spin."""
+
+    __slots__ = ("fd", "owner", "quick")
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.owner = threading.get_ident()
+        self.quick = True
+
+    def wake(self, _: object = None) -> None:
+        """Wake the owning thread, unless called on it (also a pending's done callback)."""
+        if threading.get_ident() != self.owner:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self.fd, 1)
+
+
 _local = threading.local()
 
 
-def thread_eventfd() -> int:
-    """An eventfd owned by the calling thread, for being woken while reading inline."""
-    fd: int | None = getattr(_local, "fd", None)
-    if fd is None:
-        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        _local.fd = fd
-    return fd
-
-
-def waker(fd: int) -> Callable[[], None]:
-    """A function that wakes the thread owning ``fd``, unless called on that thread."""
-    owner = threading.get_ident()
-
-    def wake() -> None:
-        if threading.get_ident() != owner:
-            with contextlib.suppress(OSError):
-                os.eventfd_write(fd, 1)
-
-    return wake
-
-
-def claim_reading(fd: int) -> Turn | None:
-    """Make the calling thread this process's inline reader before it sends what it will then
-    wait for the answer to (see ``IOLoop.claim``); pass the turn to :func:`wait_until`, or give
-    it back with :func:`release_reading`. ``None`` if inline reading is not possible."""
-    runtime = state.existing()
-    return runtime.loop.claim(fd) if runtime is not None else None
-
-
-def release_reading(turn: Turn) -> None:
-    """Give back a turn from :func:`claim_reading` that will not be waited with."""
-    runtime = state.existing()
-    if runtime is not None:
-        runtime.loop.release(turn)
+def thread_waker() -> Waker:
+    """The calling thread's :class:`Waker`."""
+    waker: Waker | None = getattr(_local, "waker", None)
+    if waker is None:
+        waker = _local.waker = Waker()
+    return waker
 
 
 def wait_until(
@@ -67,30 +58,38 @@ def wait_until(
     runtime = state.existing()
     if runtime is None:
         return None
+    loop = runtime.loop
     if turn is None:
-        turn = runtime.loop.claim(fd)
+        turn = loop.claim(fd)
         if turn is None:
             return None
     # Claimed first, so an answer to what this flush sends is read by this thread.
     runtime.flush()
-    return runtime.loop.wait_reading(until, fd, timeout, spin, turn)
+    return loop.wait_reading(until, fd, timeout, spin, turn)
 
 
 def wait_pending(pending: Pending, timeout: float | None) -> bool:
-    """Block until ``pending`` is done or ``timeout`` passes; return whether it is done."""
+    """Block until ``pending`` is done or ``timeout`` passes; return whether it is done.
+
+    Either way the process's next post starts afresh (``Transport.flush``): a thread that takes
+    an answer is not streaming, even when the answer came before it asked (a quick
+    ``call_one(...).get()`` loop would otherwise look like a burst and have its calls
+    coalesced, waking the I/O thread to flush them).
+    """
     if pending.done:
+        runtime = state.existing()
+        if runtime is not None:
+            runtime.flush()
         return True
-    fd = thread_eventfd()
-    wake = waker(fd)
-    pending.add_done_callback(lambda _: wake())
+    me = thread_waker()
+    pending.add_done_callback(me.wake)
     # Spin only while this thread's replies come back within the spin: one waiting for long
     # calls (a training step per call) would burn the spin every time, right after waking the
     # ranks, which on a busy machine may be queued on this very CPU.
-    quick = getattr(_local, "quick", True)
     began = time.monotonic()
-    result = wait_until(lambda: pending.done, fd, timeout, REPLY_SPIN_SECONDS if quick else 0.0)
+    result = wait_until(pending.is_done, me.fd, timeout, REPLY_SPIN_SECONDS if me.quick else 0.0)
     if result:
-        _local.quick = time.monotonic() - began <= REPLY_SPIN_SECONDS
+        me.quick = time.monotonic() - began <= REPLY_SPIN_SECONDS
     if result is None:
         runtime = state.existing()
         if runtime is not None:
