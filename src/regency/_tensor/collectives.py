@@ -26,6 +26,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from regency._lowlevel import runtime
+from regency._tensor import buffers
 from regency._tensor.groups import reduce_output_size
 from regency._transport import address
 
@@ -214,7 +215,7 @@ def _all_gather(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Every rank's contiguous ``t``, stacked in group rank order."""
     # gloo splits the output along dim 0 into input-shaped chunks, NCCL only counts elements:
     # flat buffers satisfy both, for a 0-dim input too.
-    out = t.new_empty((group.size() * t.numel(),))
+    out = buffers.empty((group.size() * t.numel(),), t.dtype, t.device)
     dist.all_gather_into_tensor(out, t.view(-1), group=group)
     return out.view(group.size(), *t.shape)
 
@@ -251,9 +252,9 @@ def _copy_all_reduce(t: torch.Tensor, reduction: str, group: dist.ProcessGroup) 
     pieces = min(_OVERLAP_PIECES, t.numel() * t.element_size() // _OVERLAP_MIN_BYTES)
     native = _NATIVE.get(_backend_of(t, group), _PORTABLE)
     if pieces < 2 or (reduction not in native and reduction != "avg"):
-        return _all_reduce(t.clone(), reduction, group)
+        return _all_reduce(buffers.copy(t), reduction, group)
     op = _OPS[reduction] if reduction in native else dist.ReduceOp.SUM
-    out = torch.empty_like(t)
+    out = buffers.empty_like(t)
     works = []
     for source, piece in zip(t.view(-1).chunk(pieces), out.view(-1).chunk(pieces), strict=True):
         piece.copy_(source)
@@ -269,7 +270,7 @@ def _reduce_scatter(t: torch.Tensor, reduction: str, group: dist.ProcessGroup) -
     """Reduce contiguous ``t`` of shape ``(n, *r)`` across ``group``; rank ``i`` gets the
     reduction of every rank's ``t[i]``."""
     native = _NATIVE.get(_backend_of(t, group), _PORTABLE)
-    out = t.new_empty(t.shape[1:])
+    out = buffers.empty(t.shape[1:], t.dtype, t.device)
     # Flat buffers: gloo checks (and aborts the process on) the split of dim 0 itself.
     flat_in, flat_out = t.view(-1), out.view(-1)
     if reduction in native:
@@ -286,7 +287,7 @@ def _reduce_scatter(t: torch.Tensor, reduction: str, group: dist.ProcessGroup) -
 
 def _all_to_all(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Rank ``i`` gets ``t[i]`` of every rank ``j`` as row ``j``, from contiguous ``t``."""
-    out = torch.empty_like(t)
+    out = buffers.empty_like(t)
     dist.all_to_all_single(out.view(-1), t.view(-1), group=group)
     return out
 
