@@ -255,7 +255,7 @@ def by_rank(results: Any) -> dict[int, Any]:
 def test_a_large_reduction_copied_in_pieces_is_exact(
     coll: ActorMesh[Coll], reduction: str, dtype: torch.dtype
 ) -> None:
-    """Over 2 MiB the input is copied and reduced in pieces that overlap (3 unequal ones
+    """Over 2 MiB the input is copied and reduced in pieces that overlap (2 unequal ones
     here), its output in memory from numpy (viewed as the dtype, also one numpy lacks); every
     element must still be right, and the input untouched."""
     numel = 3 * (1 << 20) // dtype.itemsize + 5

@@ -14,6 +14,7 @@ is 16-byte aligned, enough for every dtype; numpy also asks the kernel for huge 
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Sequence
 
@@ -42,5 +43,30 @@ def empty_like(t: torch.Tensor) -> torch.Tensor:
 
 def copy(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of ``t`` (``t.clone(memory_format=torch.contiguous_format)``)."""
-    return empty_like(t).copy_(t)
+    return copy_into(empty_like(t), t)
 
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``dst.copy_(src)``; return ``dst``.
+
+    Between contiguous CPU tensors of one dtype and shape this is libc's ``memmove`` (through
+    ctypes, the GIL released), faster on large blocks than torch's element loop: in a 16 MiB
+    ``reduce`` over 4 procs on 2 cores the copying thread used 20-25% less CPU (4.1-5.5 ms per
+    reduction against 5.1-7.5, two runs).
+    """
+    if dst.dtype == src.dtype and dst.shape == src.shape and _plain_cpu(dst) and _plain_cpu(src):
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
+        return dst
+    return dst.copy_(src)
+
+
+def _plain_cpu(t: torch.Tensor) -> bool:
+    """Whether ``t``'s bytes are its values, in order, in this process's memory (a dense
+    contiguous CPU tensor without a lazy conjugate or negation)."""
+    return (
+        t.device.type == "cpu"
+        and t.layout == torch.strided
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()
+    )

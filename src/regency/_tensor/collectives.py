@@ -50,7 +50,7 @@ _PORTABLE = frozenset({"sum", "product", "min", "max"})
 _NATIVE = {"gloo": _PORTABLE | {"band", "bor", "bxor"}}
 # A not-in-place all-reduce of at least _OVERLAP_MIN_BYTES * 2 copies its input in up to
 # _OVERLAP_PIECES pieces, each reduced while the next is copied (_copy_all_reduce).
-_OVERLAP_PIECES = 4
+_OVERLAP_PIECES = 2
 _OVERLAP_MIN_BYTES = 1 << 20
 
 
@@ -244,10 +244,12 @@ def _copy_all_reduce(t: torch.Tensor, reduction: str, group: dist.ProcessGroup) 
     """The all-reduce of contiguous ``t`` in a new tensor, ``t`` untouched.
 
     A large tensor is copied in pieces, each piece's all-reduce started (asynchronously) as soon
-    as it is copied, so the copy of the next piece overlaps the transfer of the one before: a
-    whole copy then one all-reduce took ~1.4x the in-place all-reduce of 16 MiB over 4 gloo
-    procs, pieces ~1.1-1.2x (RESULTS.md). Every rank cuts the same pieces (they depend on the
-    size only), so the collectives match.
+    as it is copied, so the copy of the next piece overlaps the transfer of the one before: the
+    ring starts once a piece is copied, not the whole tensor. Two pieces, not more: every piece
+    is one more collective, and on a busy machine each costs CPU and context switches (16 MiB
+    over 4 gloo procs on 2 cores, time against ``reduce_``: 2 pieces 1.27x, 4 pieces 1.35x,
+    medians of one alternating run; RESULTS.md). Every rank cuts the same pieces (they depend
+    on the size only), so the collectives match.
     """
     pieces = min(_OVERLAP_PIECES, t.numel() * t.element_size() // _OVERLAP_MIN_BYTES)
     native = _NATIVE.get(_backend_of(t, group), _PORTABLE)
@@ -257,7 +259,7 @@ def _copy_all_reduce(t: torch.Tensor, reduction: str, group: dist.ProcessGroup) 
     out = buffers.empty_like(t)
     works = []
     for source, piece in zip(t.view(-1).chunk(pieces), out.view(-1).chunk(pieces), strict=True):
-        piece.copy_(source)
+        buffers.copy_into(piece, source)
         works.append(dist.all_reduce(piece, op=op, group=group, async_op=True))
     for work in works:
         work.wait()
