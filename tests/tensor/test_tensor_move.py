@@ -118,6 +118,21 @@ def test_a_shift_where_ranks_send_and_receive(procs4: ProcMesh) -> None:
     assert regency.inspect(t.slice_mesh(r=slice(1, 4)).to_mesh(lower), r=0)[0, 1] == 2.25
 
 
+def test_a_large_shard_arrives_exactly(procs4: ProcMesh) -> None:
+    """A 4 MiB shard (received into memory from numpy, as large outputs are) moved one rank
+    up, and copied where source and destination are the same rank."""
+    flat = procs4.flatten("r")
+    with flat.activate():
+        t = torch.arange(float(1 << 20)) + flat.rank_tensor("r") * 0.5
+    shifted = t.slice_mesh(r=slice(0, 3)).to_mesh(flat.slice(r=slice(1, 4)))
+    same = t.to_mesh(flat)
+    with flat.activate():
+        t.add_(1)  # the copies keep the values from before
+    for i in range(3):
+        assert torch.equal(regency.inspect(shifted, r=i), torch.arange(float(1 << 20)) + i * 0.5)
+    assert torch.equal(regency.inspect(same, r=3), torch.arange(float(1 << 20)) + 1.5)
+
+
 def test_to_its_own_mesh_is_a_copy(procs: ProcMesh) -> None:
     with procs.activate():
         t = torch.zeros(2, 3).t()  # a non-contiguous source: the copy is contiguous

@@ -26,6 +26,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from regency._lowlevel import runtime
+from regency._tensor import buffers
 from regency._tensor.groups import reduce_output_size
 from regency._transport import address
 
@@ -49,7 +50,7 @@ _PORTABLE = frozenset({"sum", "product", "min", "max"})
 _NATIVE = {"gloo": _PORTABLE | {"band", "bor", "bxor"}}
 # A not-in-place all-reduce of at least _OVERLAP_MIN_BYTES * 2 copies its input in up to
 # _OVERLAP_PIECES pieces, each reduced while the next is copied (_copy_all_reduce).
-_OVERLAP_PIECES = 4
+_OVERLAP_PIECES = 2
 _OVERLAP_MIN_BYTES = 1 << 20
 
 
@@ -214,7 +215,7 @@ def _all_gather(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Every rank's contiguous ``t``, stacked in group rank order."""
     # gloo splits the output along dim 0 into input-shaped chunks, NCCL only counts elements:
     # flat buffers satisfy both, for a 0-dim input too.
-    out = t.new_empty((group.size() * t.numel(),))
+    out = buffers.empty((group.size() * t.numel(),), t.dtype, t.device)
     dist.all_gather_into_tensor(out, t.view(-1), group=group)
     return out.view(group.size(), *t.shape)
 
@@ -243,20 +244,22 @@ def _copy_all_reduce(t: torch.Tensor, reduction: str, group: dist.ProcessGroup) 
     """The all-reduce of contiguous ``t`` in a new tensor, ``t`` untouched.
 
     A large tensor is copied in pieces, each piece's all-reduce started (asynchronously) as soon
-    as it is copied, so the copy of the next piece overlaps the transfer of the one before: a
-    whole copy then one all-reduce took ~1.4x the in-place all-reduce of 16 MiB over 4 gloo
-    procs, pieces ~1.1-1.2x (RESULTS.md). Every rank cuts the same pieces (they depend on the
-    size only), so the collectives match.
+    as it is copied, so the copy of the next piece overlaps the transfer of the one before: the
+    ring starts once a piece is copied, not the whole tensor. Two pieces, not more: every piece
+    is one more collective, and on a busy machine each costs CPU and context switches (16 MiB
+    over 4 gloo procs on 2 cores, time against ``reduce_``: 2 pieces 1.27x, 4 pieces 1.35x,
+    medians of one alternating run; RESULTS.md). Every rank cuts the same pieces (they depend
+    on the size only), so the collectives match.
     """
     pieces = min(_OVERLAP_PIECES, t.numel() * t.element_size() // _OVERLAP_MIN_BYTES)
     native = _NATIVE.get(_backend_of(t, group), _PORTABLE)
     if pieces < 2 or (reduction not in native and reduction != "avg"):
-        return _all_reduce(t.clone(), reduction, group)
+        return _all_reduce(buffers.copy(t), reduction, group)
     op = _OPS[reduction] if reduction in native else dist.ReduceOp.SUM
-    out = torch.empty_like(t)
+    out = buffers.empty_like(t)
     works = []
     for source, piece in zip(t.view(-1).chunk(pieces), out.view(-1).chunk(pieces), strict=True):
-        piece.copy_(source)
+        buffers.copy_into(piece, source)
         works.append(dist.all_reduce(piece, op=op, group=group, async_op=True))
     for work in works:
         work.wait()
@@ -269,7 +272,7 @@ def _reduce_scatter(t: torch.Tensor, reduction: str, group: dist.ProcessGroup) -
     """Reduce contiguous ``t`` of shape ``(n, *r)`` across ``group``; rank ``i`` gets the
     reduction of every rank's ``t[i]``."""
     native = _NATIVE.get(_backend_of(t, group), _PORTABLE)
-    out = t.new_empty(t.shape[1:])
+    out = buffers.empty(t.shape[1:], t.dtype, t.device)
     # Flat buffers: gloo checks (and aborts the process on) the split of dim 0 itself.
     flat_in, flat_out = t.view(-1), out.view(-1)
     if reduction in native:
@@ -286,7 +289,7 @@ def _reduce_scatter(t: torch.Tensor, reduction: str, group: dist.ProcessGroup) -
 
 def _all_to_all(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Rank ``i`` gets ``t[i]`` of every rank ``j`` as row ``j``, from contiguous ``t``."""
-    out = torch.empty_like(t)
+    out = buffers.empty_like(t)
     dist.all_to_all_single(out.view(-1), t.view(-1), group=group)
     return out
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from regency._tensor import buffers
 from regency._tensor.commands import Ref
 from regency._tensor.reduce_worker import world
 from regency._tensor.table import TABLE, Poisoned, PoisonedInputError, poison, resolve
@@ -36,7 +37,7 @@ def run_move(cmd: c.Move, world_rank: int, tag: str = "") -> None:
             if source == rank:
                 poison((cmd.out,), bad.poison)
     if source == rank and shard is not None:
-        TABLE[cmd.out] = shard.clone(memory_format=torch.contiguous_format)
+        TABLE[cmd.out] = buffers.copy(shard)
     if all(src == dst for src, dst in cmd.pairs):
         return
     try:
@@ -68,7 +69,7 @@ def _exchange(
     if source is None:
         exchange(outgoing, [], group)
         return
-    into = torch.empty(cmd.size, dtype=cmd.dtype, device=cmd.device)
+    into = buffers.empty(cmd.size, cmd.dtype, cmd.device)
     got = torch.zeros(1, dtype=torch.uint8, device=cmd.device)
     exchange(outgoing, [(got, source), (into, source)], group)
     if got.item():
