@@ -75,3 +75,23 @@ def test_each_proc_sees_its_own_gpu(make_procs) -> None:  # type: ignore[no-unty
         total = t.reduce("gpus", "sum")  # NCCL
     assert sorted(got.values()) == [("0", 1, "cuda:0"), ("1", 1, "cuda:0")]
     assert regency.inspect(total, gpus=1).tolist() == [3.0, 3.0]
+
+
+def _sum_on_device(t: torch.Tensor) -> tuple[str, float]:
+    return str(t.device), float(t.sum())
+
+
+@pytest.mark.skipif(GPUS < 1, reason=f"needs a CUDA GPU (this machine has {GPUS})")
+def test_one_gpu_runs_ops_a_reduce_and_an_endpoint(make_procs) -> None:  # type: ignore[no-untyped-def]
+    """A one-proc mesh on one GPU: ops run on the device, a reduce goes through NCCL (a world of
+    one), a fetch comes back as the values computed on the CPU, and an endpoint gets the shard
+    as a CUDA tensor."""
+    mesh = make_procs(1)
+    with mesh.activate():
+        x = torch.arange(12.0, device="cuda").reshape(3, 4)
+        y = (x @ torch.ones(4, 5, device="cuda")).relu() * 2
+        total = y.reduce("gpus", "sum")
+        seen = regency.remote(_sum_on_device, propagate="inspect").call(y).get(timeout=60)
+    expected = (torch.arange(12.0).reshape(3, 4) @ torch.ones(4, 5)).relu() * 2
+    assert torch.equal(regency.inspect(total, gpus=0).cpu(), expected)
+    assert list(seen.values()) == [("cuda:0", float(expected.sum()))]
