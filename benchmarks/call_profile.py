@@ -77,7 +77,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "read: socket to frames",
-        ("Transport._adopt", "FrameReader.", "decode", "__create_fn__"),
+        ("reading.", "FrameReader.", "decode", "__create_fn__"),
     ),
     (
         "route: frame to mailbox or port, ordering",
@@ -106,7 +106,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "Connection.",
             "Losses.check_alive",
             "buffers_size",
-            "_own",
+            "own_copies",
         ),
     ),
     (

@@ -138,6 +138,6 @@ def test_routing_bound_holds_for_the_largest_subtree_at_the_largest_numbers(n: i
     bound = casting.routing_bound(addrs) + len(reply.addr.encode())
     for fanout in (1, 2, 16):
         for group in casting.plan(dests, fanout):
-            # As FrameRouter._send_cast pickles it.
+            # As CastPath._send_subtree pickles it.
             routing = pickle.dumps((group.rest, reply, True), protocol=5)
             assert len(routing) <= bound

@@ -92,7 +92,7 @@ def test_direct_message_overtaking_a_cast_waits_for_it() -> None:
     got = _actors({"unix:@b": b, "unix:@c": c})
     # Message 1 reaches c through b (the head of its subtree), message 2 goes to c directly.
     tree = casting.Group(casting.Dest("unix:@b", 1, 0), (casting.Dest("unix:@c", 1, 1),))
-    a.send_cast([tree], MESH, SENDER, None, False, [pickle.dumps("first")])
+    a.casts.send([tree], MESH, SENDER, None, False, [pickle.dumps("first")])
     a.send_actor([("unix:@c", 2, 1)], MESH, SENDER, _body("second"))
     net.pump()
     arrivals = [(s.src, s.frame.seq) for s in net.sent if s.dst == "unix:@c"]
@@ -119,7 +119,7 @@ def test_a_cast_head_forwards_before_its_own_actor_gets_the_message() -> None:
         (casting.Dest("unix:@p1", 1, 1), casting.Dest("unix:@p2", 1, 2)),
     )
     with config.configured(cast_fanout=2):
-        root.send_cast([tree], MESH, SENDER, None, False, [pickle.dumps("hi")])
+        root.casts.send([tree], MESH, SENDER, None, False, [pickle.dumps("hi")])
         assert net.step()  # the cast frame reaches the head
     # Both subtrees' frames had left when the head's actor got the message.
     assert queued == [2]
@@ -138,7 +138,7 @@ def test_a_senders_own_actor_gets_a_direct_message_after_the_others() -> None:
 def _cast(root: FrameRouter, procs: Sequence[str], fanout: int, reply: PortRef | None) -> None:
     dests = [casting.Dest(addr, 1, rank) for rank, addr in enumerate(procs)]
     groups = casting.plan(dests, fanout)
-    root.send_cast(groups, MESH, SENDER, reply, reply is not None, [pickle.dumps("hi")])
+    root.casts.send(groups, MESH, SENDER, reply, reply is not None, [pickle.dumps("hi")])
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 64, 200, 256])
@@ -216,7 +216,7 @@ def test_a_relay_whose_subtree_head_dies_closes_its_port() -> None:
         (casting.Dest("unix:@p1", 1, 1), casting.Dest("unix:@p2", 1, 2)),
     )
     with config.configured(cast_fanout=2):
-        root.send_cast([tree], MESH, SENDER, reply, True, [pickle.dumps("hi")])
+        root.casts.send([tree], MESH, SENDER, reply, True, [pickle.dumps("hi")])
         net.pump()
     head = procs["unix:@p0"]
     relays = [p for p in range(16, 32) if head.port_handler(p) is not None]

@@ -103,7 +103,7 @@ def test_a_cast_goes_around_a_lost_subtree_head_and_on_to_the_other_subtrees() -
     net.kill(addrs[0], "crashed")
     with config.configured(cast_fanout=2):
         with pytest.raises(PeerLostError, match=f"{addrs[0]}.*crashed"):
-            root.send_cast(_tree(addrs, 1), MESH, SENDER, None, False, [pickle.dumps("first")])
+            root.casts.send(_tree(addrs, 1), MESH, SENDER, None, False, [pickle.dumps("first")])
         live = [a for a in addrs if a != addrs[0]]
         root.send_actor([(a, 2, r) for r, a in enumerate(live)], MESH, SENDER, _encoder("second"))
         net.pump()
@@ -120,7 +120,7 @@ def test_a_cast_goes_around_lost_heads_one_after_another() -> None:
         casting.Dest(addrs[0], 1, 0), tuple(casting.Dest(a, 1, r) for r, a in enumerate(addrs))[1:]
     )
     with config.configured(cast_fanout=2), pytest.raises(PeerLostError) as info:
-        root.send_cast([group], MESH, SENDER, None, False, [pickle.dumps("hi")])
+        root.casts.send([group], MESH, SENDER, None, False, [pickle.dumps("hi")])
     assert "crashed" in str(info.value)
     assert "crashed too" in str(info.value)
     net.pump()
@@ -138,7 +138,7 @@ def test_a_proc_forwarding_a_cast_goes_around_a_lost_subtree_head() -> None:
             casting.Dest(addrs[0], 1, 0),
             tuple(casting.Dest(a, 1, r) for r, a in enumerate(addrs))[1:],
         )
-        root.send_cast([whole], MESH, SENDER, None, False, [pickle.dumps("first")])
+        root.casts.send([whole], MESH, SENDER, None, False, [pickle.dumps("first")])
         net.pump()
         live = [(a, 2, r) for r, a in enumerate(addrs) if a != addrs[1]]
         root.send_actor(live, MESH, SENDER, _encoder("second"))
@@ -175,7 +175,7 @@ def test_a_gather_around_a_lost_head_still_merges_the_live_replies_into_one() ->
         casting.Dest(addrs[0], 1, 0), (casting.Dest(addrs[1], 1, 1), casting.Dest(addrs[2], 1, 2))
     )
     with config.configured(cast_fanout=2), pytest.raises(PeerLostError):
-        root.send_cast([group], MESH, SENDER, port, True, [pickle.dumps("hi")])
+        root.casts.send([group], MESH, SENDER, port, True, [pickle.dumps("hi")])
     net.pump()
     # The subtree's new head relays its own and p2's replies up as one gathered message.
     assert sorted(replies) == [(1, 1), (2, 2)]

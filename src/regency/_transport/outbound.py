@@ -12,15 +12,19 @@ is; :class:`Paths` says how this process gets there when that is not a plain con
   :mod:`regency._transport.reverse`).
 
 TLS runs when it applies to the host the peer is on (the named host, not the local end of a
-forward); the preamble tells the listener so. :class:`Peer` and :class:`Queued` hold the frames
-sent to a peer while its connection is being dialed.
+forward); the preamble tells the listener so. :func:`dial` retries while the peer is not
+listening yet, until a deadline. :class:`Peer` and :class:`Queued` hold the frames sent to a
+peer while its connection is being dialed.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +33,8 @@ from regency._transport import routing, tls
 from regency._transport.auth import AuthenticationError, dialer_handshake
 from regency._transport.connection import Buffer, Connection
 from regency._transport.tls import Stream
+
+log = logging.getLogger("regency.transport")
 
 # Opens a reverse connection to the controller's machine within the timeout.
 ReverseDial = Callable[[float], socket.socket]
@@ -96,6 +102,51 @@ def connect(
         sock.close()
         raise
     return sock
+
+
+_RETRYABLE = {errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN, errno.ECONNRESET}
+
+
+def dial(
+    peer: str,
+    connect: Callable[[float], Stream],
+    timeout: float,
+    attempt_timeout: float,
+    given_up: Callable[[], bool],
+) -> tuple[Stream | None, str]:
+    """Connect to ``peer`` with ``connect(limit)`` (one attempt, at most ``attempt_timeout``
+    seconds), retrying while it is not listening yet, for ``timeout`` seconds or until
+    ``given_up()``; return the stream, or ``None`` and why it could not be had."""
+    started = time.monotonic()
+    deadline = started + timeout
+    delay = 0.002
+    sock: Stream | None = None
+    reason = "unknown error"
+    while not given_up():
+        try:
+            left = max(0.05, deadline - time.monotonic())
+            sock = connect(min(attempt_timeout, left))
+            break
+        except AuthenticationError as exc:
+            reason = f"authentication failed: {exc}"
+            log.error("connection to %s refused: %s", peer, reason)
+            break
+        except (OSError, addr.AddressError) as exc:
+            reason = str(exc) or type(exc).__name__
+            timed_out = isinstance(exc, TimeoutError)
+            retry = timed_out or (isinstance(exc, OSError) and exc.errno in _RETRYABLE)
+            if retry and time.monotonic() + delay > deadline:
+                # Say how long it really waited (one attempt lasts at most the handshake
+                # timeout; a timed-out one is retried while the deadline allows).
+                waited = time.monotonic() - started
+                reason = f"no answer within {round(waited, 1):g} s ({reason})"
+                break
+            if not retry:
+                break
+            if not timed_out:
+                time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    return sock, reason
 
 
 class Queued:

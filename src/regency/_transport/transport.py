@@ -12,7 +12,8 @@ Over TCP, each connection starts with a route preamble (:mod:`regency._transport
 host's single port reaches every process it started; a process whose peers are on another
 machine reaches ``unix:`` addresses through the ``gateway`` of the controller's machine, or over
 reverse connections the controller opens when it cannot be dialed (:mod:`regency._transport.
-reverse`). Dialing is :mod:`regency._transport.outbound`. TCP connections carry heartbeats
+reverse`). Dialing is :mod:`regency._transport.outbound`; reading a connection's frames,
+:mod:`regency._transport.receiving`. TCP connections carry heartbeats
 (:mod:`regency._transport.heartbeat`) and run mutual TLS 1.3 below the secret handshake
 (:mod:`regency._transport.tls`); accepted connections are taken through authentication, within
 bounds and one deadline, by :mod:`regency._transport.inbound`.
@@ -31,20 +32,18 @@ from collections.abc import Callable, Sequence
 from regency._errors import RegencyError
 from regency._transport import address as addr
 from regency._transport import outbound, reverse, routing
-from regency._transport.auth import AuthenticationError
 from regency._transport.bounded import BoundedDict
 from regency._transport.connection import Buffer, Connection, ConnectionClosedError
-from regency._transport.frames import KIND_HEARTBEAT, Frame, FrameError
+from regency._transport.frames import Frame
 from regency._transport.heartbeat import Heartbeat, Settings
 from regency._transport.inbound import Inbound
 from regency._transport.io_loop import IOLoop
 from regency._transport.ratelimit import FailureLimiter
-from regency._transport.reader import FrameReader
+from regency._transport.receiving import FrameHandler, reading
 from regency._transport.tls import Stream
 
 log = logging.getLogger("regency.transport")
 
-FrameHandler = Callable[[Connection, Frame], None]
 LostHandler = Callable[[str, str], None]
 
 _HANDSHAKE_TIMEOUT = 10.0
@@ -53,7 +52,6 @@ _HANDSHAKE_TIMEOUT = 10.0
 FLUSH_DELAY = 300e-6
 # A post this soon after the last one ended is part of a burst: its frames are coalesced.
 BURST_WINDOW = 100e-6
-_RETRYABLE = {errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN, errno.ECONNRESET}
 DEFAULT_HEARTBEAT = (1.0, 5.0)
 
 
@@ -327,35 +325,13 @@ class Transport:
 
     def _dial(self, peer: str, entry: outbound.Peer) -> None:
         secret, timeout = self._dial_secrets.get(peer, (self.secret, self.connect_timeout))
-        started = time.monotonic()
-        deadline = started + timeout
-        delay = 0.002
-        sock: Stream | None = None
-        reason = "unknown error"
-        while not self._closing and peer not in self._lost:
-            try:
-                left = max(0.05, deadline - time.monotonic())
-                sock = self._connect(peer, secret, min(_HANDSHAKE_TIMEOUT, left))
-                break
-            except AuthenticationError as exc:
-                reason = f"authentication failed: {exc}"
-                log.error("connection to %s refused: %s", peer, reason)
-                break
-            except (OSError, addr.AddressError) as exc:
-                reason = str(exc) or type(exc).__name__
-                timed_out = isinstance(exc, TimeoutError)
-                retry = timed_out or (isinstance(exc, OSError) and exc.errno in _RETRYABLE)
-                if retry and time.monotonic() + delay > deadline:
-                    # Say how long it really waited (one attempt lasts at most the handshake
-                    # timeout; a timed-out one is retried while the deadline allows).
-                    waited = time.monotonic() - started
-                    reason = f"no answer within {round(waited, 1):g} s ({reason})"
-                    break
-                if not retry:
-                    break
-                if not timed_out:
-                    time.sleep(delay)
-                delay = min(delay * 2, 0.05)
+        sock, reason = outbound.dial(
+            peer,
+            lambda limit: self._connect(peer, secret, limit),
+            timeout,
+            _HANDSHAKE_TIMEOUT,
+            lambda: self._closing or peer in self._lost,
+        )
         if sock is None:
             self._fail_peer(peer, entry, self._lost.get(peer, reason))
             return
@@ -390,51 +366,13 @@ class Transport:
 
     def _adopt(self, sock: Stream, peer: str) -> Connection:
         conn = Connection(sock, peer, self._connection_closed)
-        reader = FrameReader(self.frame_limit)
         with self._lock:
             self._conns.add(conn)
             start_beating = conn.tcp and not self._beating
             self._beating = self._beating or conn.tcp
         if start_beating:
             self._heartbeat.start()
-
-        read_lock = threading.Lock()
-
-        def readable(_: int) -> None:
-            # Any thread may run this (see IOLoop.wait_reading); the lock keeps both the byte
-            # stream and the dispatch of its frames in order.
-            with read_lock:
-                if conn.closed is not None:
-                    conn.close(conn.closed)  # a failed send closed it: release the socket
-                    return
-                try:
-                    frames = reader.read(conn.sock)
-                except FrameError as exc:
-                    log.warning("closing connection from %s: %s", peer, exc)
-                    conn.close(f"protocol error: {exc}")
-                    return
-                except OSError as exc:
-                    conn.close(f"read failed: {exc}")
-                    return
-                if frames is None:
-                    conn.close("peer closed the connection")
-                    return
-                conn.received += 1
-                for frame in frames:
-                    if frame.kind == KIND_HEARTBEAT:
-                        continue
-                    if frame.kind == reverse.KIND_REVERSE:
-                        self._answer_reverse(conn, frame)
-                        continue
-                    try:
-                        self._on_frame(conn, frame)
-                    except FrameError as exc:
-                        log.warning("closing connection from %s: %s", peer, exc)
-                        conn.close(f"protocol error: {exc}")
-                        return
-                    except Exception:
-                        log.exception("dropping a frame from %s that could not be routed", peer)
-
+        readable = reading(conn, self.frame_limit, self._on_frame, self._answer_reverse)
         self.loop.register(conn.fileno(), readable, stealable=True)
         return conn
 

@@ -16,7 +16,8 @@ Each mesh is ``num_replicas`` pods, one worker daemon per pod, ranked by a pod l
   through ``secretKeyRef`` (on no command line, in no image). Pods are ranked by the Job's
   ``batch.kubernetes.io/job-completion-index`` label. ``kill()`` deletes exactly what the job
   created (the Jobs with foreground propagation, so their pods go first; the Services; the
-  Secret) and waits until the pods are gone.
+  Secret) and waits until the pods are gone. The manifests are built by
+  :mod:`regency.job._kubernetes_manifests`.
 
 API objects: ``core_api``/``batch_api``, else the in-cluster service account in a pod, else
 ``kubeconfig`` (default ``~/.kube/config``); the client is imported only when needed
@@ -30,49 +31,33 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from regency._transport.auth import SECRET_ENV
+from regency.job import _kubernetes_manifests as manifests
 from regency.job._errors import JobError
 from regency.job._kubernetes_client import api_client, client, model
+from regency.job._kubernetes_manifests import (
+    JOB_LABEL,
+    JOB_RANK_LABEL,
+    MESH_LABEL,
+    STATEFULSET_RANK_LABEL,
+    ImageSpec,
+)
 from regency.job._kubernetes_pods import job_finished, rank_pods
 from regency.job._port_forward import PortForward, port_forward_command
 from regency.job._trait import JobTrait
-from regency.job._worker import worker_command
 
 __all__ = ["ImageSpec", "KubernetesJob"]
 
-STATEFULSET_RANK_LABEL = "apps.kubernetes.io/pod-index"
-JOB_RANK_LABEL = "batch.kubernetes.io/job-completion-index"
-MANAGED_BY = "app.kubernetes.io/managed-by"
-JOB_LABEL = "regency.dev/job"
-MESH_LABEL = "regency.dev/mesh"
-_CONTAINER = "worker"
 _DELETE_TIMEOUT = 120.0
 
 
 def _not_found(exc: BaseException) -> bool:
     return getattr(exc, "status", None) == 404
-
-
-@dataclass(frozen=True)
-class ImageSpec:
-    """The container a provisioned mesh runs: an image with regency installed.
-
-    ``python_exe`` is the interpreter inside the image; ``resources`` becomes the container's
-    requests and limits (e.g. ``{"cpu": "4", "nvidia.com/gpu": "8"}``); ``env`` adds
-    environment variables (not secrets: they are in the Job's manifest).
-    """
-
-    image: str
-    python_exe: str = "python"
-    resources: Mapping[str, str] | None = None
-    env: Mapping[str, str] | None = None
 
 
 @dataclass
@@ -203,24 +188,16 @@ class KubernetesJob(JobTrait):
             mesh.pod_rank_label = JOB_RANK_LABEL  # what an indexed Job labels its pods with
         self.meshes[name] = mesh
 
-    # -- names and labels -----------------------------------------------------------------------
+    # -- names and manifests (see regency.job._kubernetes_manifests) ---------------------------
 
     def resource_name(self, mesh: str) -> str:
         """The name of the Job and Service created for ``mesh`` (a DNS label)."""
-        base = re.sub(r"[^a-z0-9-]", "-", mesh.lower()).strip("-")[:40] or "mesh"
-        return f"regency-{base}-{self.run_id}"
+        return manifests.resource_name(self.run_id, mesh)
 
     @property
     def secret_name(self) -> str:
         """The name of the Secret holding the job secret."""
-        return f"regency-secret-{self.run_id}"
-
-    def _labels(self, mesh: _Mesh | None) -> dict[str, str]:
-        labels = {} if mesh is None else dict(mesh.labels)
-        labels.update({MANAGED_BY: "regency", JOB_LABEL: self.run_id})
-        if mesh is not None:
-            labels[MESH_LABEL] = self.resource_name(mesh.name).removeprefix("regency-")
-        return labels
+        return manifests.secret_name(self.run_id)
 
     def selector(self, mesh: str) -> str:
         """The label selector of a mesh's pods."""
@@ -228,123 +205,20 @@ class KubernetesJob(JobTrait):
         if not spec.provisioned:
             assert spec.label_selector is not None
             return spec.label_selector
-        labels = self._labels(spec)
+        labels = manifests.labels(self.run_id, spec)
         return f"{JOB_LABEL}={labels[JOB_LABEL]},{MESH_LABEL}={labels[MESH_LABEL]}"
-
-    # -- manifests ------------------------------------------------------------------------------
 
     def secret_manifest(self) -> Any:
         """The ``V1Secret`` holding the job secret (hex) under ``REGENCY_JOB_SECRET``."""
-        k8s = client()
-        return k8s.V1Secret(
-            api_version="v1",
-            kind="Secret",
-            metadata=k8s.V1ObjectMeta(name=self.secret_name, labels=self._labels(None)),
-            type="Opaque",
-            string_data={SECRET_ENV: self.secret.hex()},
-        )
+        return manifests.secret_manifest(self.run_id, self.secret)
 
     def service_manifest(self, mesh: str) -> Any:
         """The headless ``V1Service`` over a provisioned mesh's pods."""
-        k8s = client()
-        spec = self.meshes[mesh]
-        labels = self._labels(spec)
-        return k8s.V1Service(
-            api_version="v1",
-            kind="Service",
-            metadata=k8s.V1ObjectMeta(
-                name=self.resource_name(mesh), labels=labels, annotations=spec.annotations or None
-            ),
-            spec=k8s.V1ServiceSpec(
-                cluster_ip="None",
-                selector={JOB_LABEL: labels[JOB_LABEL], MESH_LABEL: labels[MESH_LABEL]},
-                publish_not_ready_addresses=True,
-                ports=[k8s.V1ServicePort(name="regency", port=spec.port, target_port=spec.port)],
-            ),
-        )
+        return manifests.service_manifest(self.run_id, self.meshes[mesh])
 
     def job_manifest(self, mesh: str) -> Any:
         """The indexed ``V1Job`` running a provisioned mesh's worker daemons."""
-        k8s = client()
-        spec = self.meshes[mesh]
-        if not spec.provisioned:
-            raise ValueError(f"mesh {mesh!r} attaches to running pods; it has no Job")
-        labels = self._labels(spec)
-        template = (
-            copy.deepcopy(spec.pod_template)
-            if spec.pod_template is not None
-            else k8s.V1PodTemplateSpec(spec=k8s.V1PodSpec(containers=[]))
-        )
-        if template.metadata is None:
-            template.metadata = k8s.V1ObjectMeta()
-        template.metadata.labels = {**(template.metadata.labels or {}), **labels}
-        if spec.annotations:
-            template.metadata.annotations = {
-                **(template.metadata.annotations or {}),
-                **spec.annotations,
-            }
-        pod = template.spec
-        if pod is None:
-            pod = template.spec = k8s.V1PodSpec(containers=[])
-        pod.restart_policy = pod.restart_policy or "Never"
-        pod.subdomain = self.resource_name(mesh)  # DNS names under the headless Service
-        containers = list(pod.containers or [])
-        chosen = next((c for c in containers if c.name == _CONTAINER), None)
-        if chosen is None and containers:
-            chosen = containers[0]
-        if chosen is None:
-            chosen = k8s.V1Container(name=_CONTAINER)
-            containers.append(chosen)
-        pod.containers = containers
-        self._fill_container(k8s, chosen, spec)
-        return k8s.V1Job(
-            api_version="batch/v1",
-            kind="Job",
-            metadata=k8s.V1ObjectMeta(
-                name=self.resource_name(mesh), labels=labels, annotations=spec.annotations or None
-            ),
-            spec=k8s.V1JobSpec(
-                completion_mode="Indexed",
-                completions=spec.num_replicas,
-                parallelism=spec.num_replicas,
-                backoff_limit=0,
-                template=template,
-            ),
-        )
-
-    def _fill_container(self, k8s: Any, container: Any, spec: _Mesh) -> None:
-        image = spec.image_spec
-        if image is not None:
-            container.image = image.image
-        if container.image is None:
-            raise ValueError(f"mesh {spec.name!r}: the pod template's container has no image")
-        if not container.command and not container.args:
-            python = image.python_exe if image is not None else "python"
-            container.command = worker_command(f"tcp://0.0.0.0:{spec.port}", python=python)
-        env = [e for e in (container.env or []) if e.name != SECRET_ENV]
-        if image is not None and image.env:
-            env += [k8s.V1EnvVar(name=k, value=v) for k, v in sorted(image.env.items())]
-        env.append(
-            k8s.V1EnvVar(
-                name=SECRET_ENV,
-                value_from=k8s.V1EnvVarSource(
-                    secret_key_ref=k8s.V1SecretKeySelector(name=self.secret_name, key=SECRET_ENV)
-                ),
-            )
-        )
-        container.env = env
-        ports = list(container.ports or [])
-        if all(p.container_port != spec.port for p in ports):
-            ports.append(k8s.V1ContainerPort(name="regency", container_port=spec.port))
-        container.ports = ports
-        if container.readiness_probe is None:
-            container.readiness_probe = k8s.V1Probe(
-                tcp_socket=k8s.V1TCPSocketAction(port=spec.port), period_seconds=1
-            )
-        if image is not None and image.resources:
-            container.resources = k8s.V1ResourceRequirements(
-                requests=dict(image.resources), limits=dict(image.resources)
-            )
+        return manifests.job_manifest(self.run_id, self.meshes[mesh])
 
     # -- the API --------------------------------------------------------------------------------
 

@@ -395,12 +395,12 @@ class SendPipeline:
                     casting.Dest(addr, next_seq(addr, mesh_id), rank)
                     for addr, rank in zip(addrs, ranks, strict=True)
                 ]
-                # Subtrees headed here last (see FrameRouter._on_cast).
+                # Subtrees headed here last (see CastPath.received).
                 here = rt.address
                 groups = casting.plan(dests, route.fanout)
                 if here in addrs:
                     groups.sort(key=lambda g: g.head.addr == here)
-                rt.send_cast(groups, mesh_id, uid, reply, gather, parts)
+                rt.casts.send(groups, mesh_id, uid, reply, gather, parts)
         except PeerLostError as exc:
             # The router sent to every destination it could reach before it raised: each took
             # a sequence number of ours. The call itself fails.

@@ -5,7 +5,8 @@ Every regency process (the controller and each spawned proc) has exactly one rou
 loopback in unit tests).
 Frames arrive on the I/O thread and are routed without unpickling user data: actor messages to
 mailboxes, port messages to port handlers (which only store the raw parts), control requests to
-service threads, and cast frames are delivered locally and forwarded down the casting tree.
+service threads, and cast frames are delivered locally and forwarded down the casting tree (the
+router's :attr:`~FrameRouter.casts`, :mod:`regency._runtime.kernel.cast_path`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from regency import config
-from regency._runtime.kernel import bulk, casting, wire
+from regency._runtime.kernel import bulk, wire
 from regency._runtime.kernel.bulk import Bulk
+from regency._runtime.kernel.cast_path import CastPath
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.losses import Losses
 from regency._runtime.kernel.mailbox import Mailbox
+from regency._runtime.kernel.parts import COALESCE_MAX, OWN_PARTS, buffers_size, own_copies
 from regency._runtime.kernel.port_handlers import ExitReports, PeerWatch, PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._runtime.kernel.seam import FrameSink, FrameSource, FrameTransport, LossSink, Timers
@@ -32,18 +35,6 @@ from regency._transport import frames
 from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.proc")
-
-# Frames of at most this many parts are envelope + pickle body: our own bytes, safe to hold.
-_OWN_PARTS = 2
-_COALESCE_MAX = 16 * 1024
-
-
-def buffers_size(buffers: Sequence[Part]) -> int:
-    """Total bytes of some buffers."""
-    total = 0
-    for b in buffers:
-        total += b.nbytes if isinstance(b, memoryview) else len(b)
-    return total
 
 
 class FrameRouter:
@@ -77,6 +68,10 @@ class FrameRouter:
         # Who ended and why, who is stopped on purpose, and the ports waiting to hear of it.
         self.losses = Losses(self._ports.get, self._forget_peer, timers)
         self._exit_port: PortRef | None = None
+        # Sends casts to subtree heads (``casts.send``) and forwards the cast frames that come.
+        self.casts = CastPath(
+            self, self._link, self.losses, self._deliver_local, self._frame_parts, frame_limit
+        )
 
     def port_handler(self, port: int) -> PortHandler | None:
         """The handler of port ``port`` of this process, if it is open."""
@@ -138,7 +133,7 @@ class FrameRouter:
         if len(targets) == 1:
             addr, seq, rank = targets[0]
             size = encoder.size
-            if addr != self.address and len(encoder.parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
+            if addr != self.address and len(encoder.parts) <= OWN_PARTS and size <= COALESCE_MAX:
                 # The most common message (call_one, a one-actor mesh): one small frame, posted.
                 buffers = encoder.frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
                 try:
@@ -160,7 +155,7 @@ class FrameRouter:
         """Send to every target that can be reached; return why the others could not be."""
         parts = encoder.parts
         size = encoder.size
-        coalesce = len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX
+        coalesce = len(parts) <= OWN_PARTS and size <= COALESCE_MAX
         big = size >= bulk.BULK_MIN
         frame = encoder.frame
         posts: list[tuple[str, list[Part]]] = []
@@ -203,7 +198,7 @@ class FrameRouter:
         finally:
             # Our own actors last: waking one could take this thread's CPU before the rest left.
             for seq, rank in local:
-                self._deliver_local(mesh_id, sender, seq, rank, _own(parts), None)
+                self._deliver_local(mesh_id, sender, seq, rank, own_copies(parts), None)
         return lost
 
     def _frame_parts(self, addr: str, parts: Sequence[Part]) -> tuple[list[Part], int]:
@@ -245,79 +240,6 @@ class FrameRouter:
         except PeerUnreachableError as exc:
             raise PeerLostError(str(exc)) from exc
 
-    def send_cast(
-        self,
-        groups: Sequence[casting.Group],
-        mesh_id: int,
-        sender: int,
-        reply: PortRef | None,
-        gather: bool,
-        parts: list[Part],
-        wait: bool = True,
-    ) -> None:
-        """Send a message to the head of each casting subtree in ``groups``, in order; each
-        head forwards it further.
-
-        A head that cannot be reached is gone around: the next destination of its subtree heads
-        the rest of it. Every destination took the sender's next sequence number, and one left
-        without its message would hold back every later message from that sender (see
-        :meth:`send_actor`). Then :class:`PeerLostError` names the lost heads.
-        """
-        lost: list[str] = []
-        for group in groups:
-            subtree: casting.Group | None = group
-            while subtree is not None:
-                rest = subtree.rest
-                try:
-                    self._send_cast(subtree, mesh_id, sender, reply, gather, parts, wait)
-                except (PeerUnreachableError, PeerLostError) as exc:
-                    lost.append(str(exc))
-                    subtree = casting.Group(rest[0], rest[1:]) if rest else None
-                else:
-                    subtree = None
-        if lost:
-            raise PeerLostError("; ".join(lost))
-
-    def _send_cast(
-        self,
-        group: casting.Group,
-        mesh_id: int,
-        sender: int,
-        reply: PortRef | None,
-        gather: bool,
-        parts: list[Part],
-        wait: bool = True,
-    ) -> None:
-        head = group.head
-        here = head.addr == self.address
-        if not here:
-            self.losses.check_alive(head.addr)
-        if not group.rest:
-            if here:
-                self._deliver_local(mesh_id, sender, head.seq, head.rank, _own(parts), reply)
-                return
-            routing: bytes = pickle.dumps(((), reply, False), protocol=5)
-        else:
-            routing = pickle.dumps((group.rest, reply, gather), protocol=5)
-        if here:
-            self._on_cast(mesh_id, sender, head.seq, head.rank, routing, _own(parts))
-            return
-        framed = [routing, *parts]
-        encoder = frames.Encoder(framed, self.frame_limit)
-        flags = 0
-        if encoder.size >= bulk.BULK_MIN:
-            framed, flags = self._frame_parts(head.addr, framed)
-            encoder = frames.Encoder(framed, self.frame_limit)
-        buffers = encoder.frame(
-            wire.KIND_CAST, mesh_id, flags=flags, rank=head.rank, sender=sender, seq=head.seq
-        )
-        if encoder.size <= _COALESCE_MAX:
-            # Small: our own pickles only (out-of-band parts are larger), coalesced in a burst
-            # of casts like direct sends are (each frame alone would wake its head).
-            self._link.post([(head.addr, buffers)], encoder.size)
-        else:
-            self._link.send(head.addr, buffers, wait)
-
     @staticmethod
     def posts(parts: Sequence[Part]) -> bool:
         """Whether :meth:`send_port` posts a message of these parts: returns at once, never
@@ -325,12 +247,12 @@ class FrameRouter:
         if len(parts) == 1:  # a reply
             part = parts[0]
             size = part.nbytes if type(part) is memoryview else len(part)
-        elif len(parts) <= _OWN_PARTS:
+        elif len(parts) <= OWN_PARTS:
             size = buffers_size(parts)
         else:
             return False
         # As send_port decides: on the whole frame's size.
-        return frames.HEADER.size + 8 * len(parts) + size <= _COALESCE_MAX
+        return frames.HEADER.size + 8 * len(parts) + size <= COALESCE_MAX
 
     def send_port(
         self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
@@ -340,7 +262,7 @@ class FrameRouter:
         if addr == self.address:
             handler = self._ports.get(ref.port)
             if handler is not None:
-                handler.deliver(rank, flags, _own(parts))
+                handler.deliver(rank, flags, own_copies(parts))
             return
         self.losses.check_alive(addr)
         try:
@@ -351,7 +273,7 @@ class FrameRouter:
                 encoder = frames.Encoder(framed, self.frame_limit)
                 flags |= bulk_flags
             buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
-            if wait and len(parts) <= _OWN_PARTS and size <= _COALESCE_MAX:
+            if wait and len(parts) <= OWN_PARTS and size <= COALESCE_MAX:
                 self._link.post([(addr, buffers)], size)  # a reply: coalesced in bursts
             else:
                 self._link.send(addr, buffers, wait)
@@ -443,7 +365,7 @@ class FrameRouter:
         if kind == wire.KIND_CAST:
             if not frame.parts:
                 raise frames.FrameError("cast frame without a routing part")
-            self._on_cast(
+            self.casts.received(
                 frame.dest, frame.sender, frame.seq, frame.rank, frame.parts[0], frame.parts[1:]
             )
             return
@@ -461,32 +383,6 @@ class FrameRouter:
             return
         log.warning("closing connection from %s: unknown frame kind %d", conn.peer, kind)
         conn.close(f"unknown frame kind {kind}")
-
-    def _on_cast(
-        self,
-        mesh_id: int,
-        sender: int,
-        seq: int,
-        rank: int,
-        routing_part: Part,
-        parts: Sequence[Part],
-    ) -> None:
-        rest, reply, gather = pickle.loads(routing_part)
-        # Most procs are leaves of the tree (``rest`` empty): they need not read the fan-out.
-        groups = casting.plan(rest, casting.fanout()) if rest else []
-        local_reply = reply
-        if gather and groups:
-            acc = casting.GatherRelay(self, reply, expected=1 + len(groups))
-            local_reply = self.open_port(acc, watch=[g.head.addr for g in groups])
-            acc.bind(local_reply.port, [g.head.addr for g in groups])
-        # Down the tree first, then to our own actor: waking it could take this thread's CPU
-        # before the subtrees, whose ranks would then all start late, had their message.
-        if groups:
-            try:
-                self.send_cast(groups, mesh_id, sender, local_reply, gather, list(parts), False)
-            except PeerLostError as exc:
-                log.warning("cast could not reach some subtree heads: %s", exc)
-        self._deliver_local(mesh_id, sender, seq, rank, parts, local_reply)
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -509,12 +405,3 @@ class FrameRouter:
         for service in self._services.values():
             service.stop()
         self._link.close()
-
-
-def _own(parts: Sequence[Part]) -> list[Part]:
-    """Copies of out-of-band buffers for a receiver in this same process.
-
-    The body (part 0) is a fresh pickle nobody else holds; larger parts are views of the
-    sender's objects, which the sender may change after the send returns.
-    """
-    return [parts[0], *(bytes(p) for p in parts[1:])] if len(parts) > 1 else list(parts)

@@ -1,0 +1,160 @@
+"""The router's cast path: a message to many actors goes once to the head of each casting
+subtree, and each head forwards it down its own subtree before delivering it to its actor.
+
+The tree itself (how destinations split into subtrees, how replies gather on the way back) is
+:mod:`regency._runtime.kernel.casting`; this module sends and forwards its frames.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from regency._runtime.kernel import bulk, casting, wire
+from regency._runtime.kernel.errors import PeerLostError
+from regency._runtime.kernel.losses import Losses
+from regency._runtime.kernel.parts import COALESCE_MAX, own_copies
+from regency._runtime.kernel.port_handlers import PortHandler
+from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.seam import FrameTransport
+from regency._transport import frames
+from regency._transport.transport import PeerUnreachableError
+
+log = logging.getLogger("regency.proc")
+
+# Puts a message in a local actor's mailbox: (mesh_id, sender, seq, rank, parts, reply).
+Deliver = Callable[[int, int, int, int, Sequence[Part], PortRef | None], None]
+# The parts of a frame to an address, and its flags (large parts moved to shared memory).
+FrameParts = Callable[[str, Sequence[Part]], tuple[list[Part], int]]
+
+
+class CastHost(casting.PortSender, Protocol):
+    """What the cast path needs of its process's router (implemented by ``FrameRouter``)."""
+
+    address: str
+
+    def open_port(self, handler: PortHandler, watch: Sequence[str] = ()) -> PortRef:
+        """Register a port; ``watch`` lists processes whose loss fails it."""
+
+
+class CastPath:
+    """Sends the cast frames of one process, and forwards those it receives down the tree."""
+
+    def __init__(
+        self,
+        router: CastHost,
+        link: FrameTransport,
+        losses: Losses,
+        deliver: Deliver,
+        frame_parts: FrameParts,
+        frame_limit: int,
+    ) -> None:
+        self._router = router
+        self._link = link
+        self._losses = losses
+        self._deliver = deliver
+        self._frame_parts = frame_parts
+        self._frame_limit = frame_limit
+
+    def send(
+        self,
+        groups: Sequence[casting.Group],
+        mesh_id: int,
+        sender: int,
+        reply: PortRef | None,
+        gather: bool,
+        parts: list[Part],
+        wait: bool = True,
+    ) -> None:
+        """Send a message to the head of each casting subtree in ``groups``, in order; each
+        head forwards it further.
+
+        A head that cannot be reached is gone around: the next destination of its subtree heads
+        the rest of it. Every destination took the sender's next sequence number, and one left
+        without its message would hold back every later message from that sender (see
+        ``FrameRouter.send_actor``). Then :class:`PeerLostError` names the lost heads.
+        """
+        lost: list[str] = []
+        for group in groups:
+            subtree: casting.Group | None = group
+            while subtree is not None:
+                rest = subtree.rest
+                try:
+                    self._send_subtree(subtree, mesh_id, sender, reply, gather, parts, wait)
+                except (PeerUnreachableError, PeerLostError) as exc:
+                    lost.append(str(exc))
+                    subtree = casting.Group(rest[0], rest[1:]) if rest else None
+                else:
+                    subtree = None
+        if lost:
+            raise PeerLostError("; ".join(lost))
+
+    def _send_subtree(
+        self,
+        group: casting.Group,
+        mesh_id: int,
+        sender: int,
+        reply: PortRef | None,
+        gather: bool,
+        parts: list[Part],
+        wait: bool = True,
+    ) -> None:
+        head = group.head
+        here = head.addr == self._router.address
+        if not here:
+            self._losses.check_alive(head.addr)
+        if not group.rest:
+            if here:
+                self._deliver(mesh_id, sender, head.seq, head.rank, own_copies(parts), reply)
+                return
+            routing: bytes = pickle.dumps(((), reply, False), protocol=5)
+        else:
+            routing = pickle.dumps((group.rest, reply, gather), protocol=5)
+        if here:
+            self.received(mesh_id, sender, head.seq, head.rank, routing, own_copies(parts))
+            return
+        framed = [routing, *parts]
+        encoder = frames.Encoder(framed, self._frame_limit)
+        flags = 0
+        if encoder.size >= bulk.BULK_MIN:
+            framed, flags = self._frame_parts(head.addr, framed)
+            encoder = frames.Encoder(framed, self._frame_limit)
+        buffers = encoder.frame(
+            wire.KIND_CAST, mesh_id, flags=flags, rank=head.rank, sender=sender, seq=head.seq
+        )
+        if encoder.size <= COALESCE_MAX:
+            # Small: our own pickles only (out-of-band parts are larger), coalesced in a burst
+            # of casts like direct sends are (each frame alone would wake its head).
+            self._link.post([(head.addr, buffers)], encoder.size)
+        else:
+            self._link.send(head.addr, buffers, wait)
+
+    def received(
+        self,
+        mesh_id: int,
+        sender: int,
+        seq: int,
+        rank: int,
+        routing_part: Part,
+        parts: Sequence[Part],
+    ) -> None:
+        """A cast for this process's actor of mesh ``mesh_id``: forward it down the subtree
+        its routing part lists, then deliver it here."""
+        rest, reply, gather = pickle.loads(routing_part)
+        # Most procs are leaves of the tree (``rest`` empty): they need not read the fan-out.
+        groups = casting.plan(rest, casting.fanout()) if rest else []
+        local_reply = reply
+        if gather and groups:
+            acc = casting.GatherRelay(self._router, reply, expected=1 + len(groups))
+            local_reply = self._router.open_port(acc, watch=[g.head.addr for g in groups])
+            acc.bind(local_reply.port, [g.head.addr for g in groups])
+        # Down the tree first, then to our own actor: waking it could take this thread's CPU
+        # before the subtrees, whose ranks would then all start late, had their message.
+        if groups:
+            try:
+                self.send(groups, mesh_id, sender, local_reply, gather, list(parts), False)
+            except PeerLostError as exc:
+                log.warning("cast could not reach some subtree heads: %s", exc)
+        self._deliver(mesh_id, sender, seq, rank, parts, local_reply)

@@ -1,0 +1,68 @@
+"""Reading one connection: the I/O loop's handler that cuts its bytes into frames and hands each
+on, in order; heartbeats are dropped and requests for reverse connections go apart.
+
+A protocol error (bytes that cannot be a frame, or a frame the receiver refuses) closes the
+connection; any other error while routing a frame drops that frame alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from regency._transport import reverse
+from regency._transport.connection import Connection
+from regency._transport.frames import KIND_HEARTBEAT, Frame, FrameError
+from regency._transport.reader import FrameReader
+
+log = logging.getLogger("regency.transport")
+
+FrameHandler = Callable[[Connection, Frame], None]
+
+
+def reading(
+    conn: Connection, frame_limit: int, on_frame: FrameHandler, on_reverse: FrameHandler
+) -> Callable[[int], None]:
+    """The handler of ``conn``'s socket becoming readable: its frames go to ``on_frame``, those
+    asking for a reverse connection to ``on_reverse``."""
+    reader = FrameReader(frame_limit)
+    peer = conn.peer
+    read_lock = threading.Lock()
+
+    def readable(_: int) -> None:
+        # Any thread may run this (see IOLoop.wait_reading); the lock keeps both the byte
+        # stream and the dispatch of its frames in order.
+        with read_lock:
+            if conn.closed is not None:
+                conn.close(conn.closed)  # a failed send closed it: release the socket
+                return
+            try:
+                frames = reader.read(conn.sock)
+            except FrameError as exc:
+                log.warning("closing connection from %s: %s", peer, exc)
+                conn.close(f"protocol error: {exc}")
+                return
+            except OSError as exc:
+                conn.close(f"read failed: {exc}")
+                return
+            if frames is None:
+                conn.close("peer closed the connection")
+                return
+            conn.received += 1
+            for frame in frames:
+                if frame.kind == KIND_HEARTBEAT:
+                    continue
+                if frame.kind == reverse.KIND_REVERSE:
+                    on_reverse(conn, frame)
+                    continue
+                try:
+                    on_frame(conn, frame)
+                except FrameError as exc:
+                    log.warning("closing connection from %s: %s", peer, exc)
+                    conn.close(f"protocol error: {exc}")
+                    return
+                except Exception:
+                    log.exception("dropping a frame from %s that could not be routed", peer)
+
+    return readable
