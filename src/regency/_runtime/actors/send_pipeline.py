@@ -404,6 +404,13 @@ class SendPipeline:
         except PeerLostError as exc:
             # The router sent to every destination it could reach before it raised: each took
             # a sequence number of ours. The call itself fails.
+            if reply is not None and watch and rt.losses.will_account_for(addrs):
+                # Our procs, one of whose connections dropped a moment ago: its end and why (its
+                # exit status, its host's loss) are recorded within EXIT_REPORT_GRACE, and the
+                # watch fails the call with that account, as if the loss came after the send,
+                # rather than with the bare connection error.
+                rt.losses.watch(reply.port, watch)
+                return
             name = self.mesh_name
             self._refuse(
                 endpoint,

@@ -94,6 +94,13 @@ class Losses:
         """A proc this process started has ended."""
         self._children.discard(addr)
 
+    def will_account_for(self, addrs: Sequence[str]) -> bool:
+        """Whether the end of every one of ``addrs`` is recorded, or will be without anyone
+        asking: each is known to be gone, or is a proc this process started (a lost connection
+        to one waits for its exit report or its host's loss, then records the end)."""
+        dead, children = self._dead, self._children
+        return all(addr in dead or addr in children for addr in addrs)
+
     def started_on(self, agent: str, procs: Sequence[str]) -> bool:
         """Host agent ``agent`` starts ``procs`` for this process; whether it is the first
         time this process starts procs there (the caller then watches the agent)."""
