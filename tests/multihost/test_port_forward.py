@@ -319,7 +319,7 @@ def test_port_forward_command_with_the_real_kubectl(tmp_path: Path) -> None:
     there: kubectl accepts every flag and fails to connect, and the job says so."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl is not installed (apt-get install kubectl)")
+        pytest.skip("kubectl is not installed (apt-get install kubernetes-client)")
     kubeconfig = tmp_path / "config"
     kubeconfig.write_text(NOWHERE_KUBECONFIG)
     argv = port_forward_command(kubectl, "ml", "w-0", PORT, str(kubeconfig))
