@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from regency._tensor import engine
 from regency.actor import ProcMesh, this_host
 
 SPAWN_TIMEOUT = 60.0
@@ -57,9 +56,3 @@ def make_procs() -> Iterator[Callable[[int], ProcMesh]]:
     yield factory
     for mesh in made:
         _stop(mesh)
-
-
-def flushes(mesh: ProcMesh) -> int:
-    """Messages the engine has sent to ``mesh``'s workers so far."""
-    root = engine.known_root(mesh)
-    return root.flushes if root is not None else 0

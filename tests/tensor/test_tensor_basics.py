@@ -6,9 +6,9 @@ import gc
 
 import pytest
 import torch
+from _tensor_helpers import flushes
 
 import regency
-from conftest import flushes
 from regency._tensor import commands as c
 from regency._tensor import engine
 from regency.actor import ProcMesh
