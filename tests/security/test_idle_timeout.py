@@ -17,7 +17,7 @@ from _worker_helpers import kill_and_check
 
 from regency.actor import Actor, endpoint
 from regency.job import ProcessJob, worker_command
-from regency.job._process import DEFAULT_IDLE_TIMEOUT, _alive, _group_members, _wait_gone
+from regency.job._process import DEFAULT_IDLE_TIMEOUT, _alive, _wait_gone
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -28,6 +28,7 @@ CRASHING = """
 import json, os, sys
 from regency.actor import Actor, endpoint
 from regency.job import ProcessJob
+from regency.job._process import _group_members
 
 class Pid(Actor):
     @endpoint
@@ -39,7 +40,10 @@ hosts = job.state(cached_path=None).hosts
 procs = hosts.spawn_procs()
 proc_pid = procs.spawn("pid", Pid).pid.call_one().get(timeout=30)
 (worker,) = job._workers["hosts"]
-print(json.dumps({"worker": [worker.pid, worker.started], "proc": proc_pid}), flush=True)
+# Taken before the crash: once the controller is gone its worker stops the procs at once.
+members = _group_members(worker.pid)
+print(json.dumps({"worker": [worker.pid, worker.started], "proc": proc_pid,
+                  "members": members}), flush=True)
 os._exit(3)  # crash: no job.kill(), no proc stop
 """
 
@@ -71,7 +75,7 @@ def test_workers_of_a_crashed_controller_exit_after_the_idle_timeout(tmp_path: P
     assert done.returncode == 3, done.stderr
     found = json.loads(done.stdout.strip().splitlines()[-1])
     pid, started = found["worker"]
-    members = _group_members(pid)  # the worker, its zygote and its procs
+    members = [tuple(m) for m in found["members"]]  # the worker, its zygote and its procs
     assert any(p == found["proc"] for p, _ in members), members
     try:
         assert _wait_gone(pid, started, IDLE + MARGIN), "the orphaned worker is still running"
