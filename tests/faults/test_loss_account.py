@@ -16,7 +16,7 @@ import os
 import pytest
 from _fault_helpers import tracked_procs, wait_until
 
-from regency._runtime.kernel import state
+from regency._runtime.kernel import losses, state
 from regency.actor import Actor, ProcMesh, SupervisionError, endpoint
 
 pytestmark = pytest.mark.timeout(60)
@@ -44,8 +44,10 @@ def _lost_here(addr: str) -> bool:
 
 
 def test_a_call_inside_the_grace_fails_with_the_recorded_loss(
-    cleanup: tuple[list[ProcMesh], list[int]],
+    cleanup: tuple[list[ProcMesh], list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A grace long enough that a stalled test thread cannot outlast it on a loaded machine.
+    monkeypatch.setattr(losses, "EXIT_REPORT_GRACE", 5.0)
     procs = tracked_procs(cleanup)
     actor = procs.spawn("cutter", Cutter)
     addr, pid = actor.where.call_one().get(timeout=T)

@@ -40,9 +40,11 @@ def test_every_waiting_thread_is_woken() -> None:
     threads = [threading.Thread(target=lambda: woke.append(pending.wait(10))) for _ in range(4)]
     for thread in threads:
         thread.start()
+    # Each blocking wait registers one callback: set the value only once all four block.
     deadline = time.monotonic() + 10
-    while threading.active_count() < 5 and time.monotonic() < deadline:
+    while len(pending._callbacks or ()) < 4 and time.monotonic() < deadline:
         time.sleep(0.001)
+    assert len(pending._callbacks or ()) == 4, "the threads never blocked in wait()"
     pending.set_raw([b"\x80\x05K\x03."])  # pickle of 3
     for thread in threads:
         thread.join(10)
