@@ -153,6 +153,7 @@ class TopApp(App[None]):
         self._error: str | None = None
         self._updated = ""
         self._stacks_ref: str | None = None
+        self._fetching = False  # a tree request is on its way
 
     def compose(self) -> ComposeResult:
         """The status line, the tree and the side panel (details, stacks), the keys."""
@@ -173,18 +174,26 @@ class TopApp(App[None]):
     # ---- the tree ---------------------------------------------------------------------
 
     def action_refresh(self) -> None:
-        """Ask the admin API for the tree again."""
+        """Ask the admin API for the tree again, unless the last answer is still to come (a
+        slow controller gets one request at a time, and an old answer never replaces a newer)."""
+        if self._fetching:
+            return
+        self._fetching = True
         self._fetch_tree()
 
-    @work(thread=True, exclusive=True, group="tree")
+    @work(thread=True, group="tree")
     def _fetch_tree(self) -> None:
+        tree: Node | None = None
+        error: str | None = "no answer"
         try:
             tree, error = self._client.tree(), None
         except AdminError as exc:
-            tree, error = None, str(exc)
-        self.call_from_thread(self._got_tree, tree, error)
+            error = str(exc)
+        finally:
+            self.call_from_thread(self._got_tree, tree, error)
 
     def _got_tree(self, tree: Node | None, error: str | None) -> None:
+        self._fetching = False
         self._error = error
         if tree is not None:
             self._tree = tree
