@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import gc
 import os
-import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +31,6 @@ from regency.actor import Actor, Port, current_rank, endpoint
 
 _ops: dict[str, Any] = {}
 _frozen: list[bool] = []
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 
 
 def resolve_op(name: str) -> Any:
@@ -56,22 +52,6 @@ def _freeze_startup_objects() -> None:
         _frozen.append(True)
         gc.collect()
         gc.freeze()
-        _keep_freed_memory()
-
-
-def _keep_freed_memory() -> None:
-    """Let glibc's malloc keep freed tensor memory for reuse instead of handing it back to the
-    OS: the workers free and allocate same-sized tensors all the time (a loop's outputs), and
-    fresh pages cost a page fault each (a 16 MiB output took ~3x its copy time). Allocations
-    up to 32 MiB (glibc's largest threshold) come from the heap; elsewhere this does nothing."""
-    if not sys.platform.startswith("linux"):
-        return
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is not None:
-        mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-        mallopt(_M_MMAP_THRESHOLD, 1 << 25)
 
 
 class TensorWorker(Actor):
