@@ -174,8 +174,10 @@ class TopApp(App[None]):
     # ---- the tree ---------------------------------------------------------------------
 
     def action_refresh(self) -> None:
-        """Ask the admin API for the tree again, unless the last answer is still to come (a
-        slow controller gets one request at a time, and an old answer never replaces a newer)."""
+        """Ask the admin API for the tree again, unless the last answer is still to come.
+
+        A slow controller gets one request at a time, and an old answer never replaces a newer.
+        """
         if self._fetching:
             return
         self._fetching = True
