@@ -110,6 +110,41 @@ def test_a_cast_goes_around_a_lost_subtree_head_and_on_to_the_other_subtrees() -
     assert [got[a] for a in addrs] == [[]] + [["first", "second"]] * 5
 
 
+def test_a_cast_posts_its_frames_to_every_head_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One post for all the heads: the transport judges a post a burst or not as a whole, and
+    posts one after another would hold every head but the first until a later flush."""
+    net, root, procs = _mesh(6)
+    got = _actors(procs)
+    addrs = list(procs)
+    posted: list[list[str]] = []
+    post = root._link.post
+    monkeypatch.setattr(
+        root._link, "post", lambda frames: (posted.append([f[0] for f in frames]), post(frames))
+    )
+    with config.configured(cast_fanout=2):
+        groups = _tree(addrs, 1)
+        root.casts.send(groups, MESH, SENDER, None, False, [pickle.dumps("hi")])
+    assert posted == [[g.head.addr for g in groups]]
+    assert len(groups) > 1
+    net.pump()
+    assert [got[a] for a in addrs] == [["hi"]] * 6
+
+
+def test_a_head_found_lost_by_the_post_is_gone_around() -> None:
+    """The router does not know yet that p0 is gone (only its link does): the post names it,
+    and the rest of its subtree still gets the message."""
+    net, root, procs = _mesh(6)
+    got = _actors(procs)
+    addrs = list(procs)
+    net.kill(addrs[0], "crashed")
+    root.losses.forget_end(addrs[0])
+    with config.configured(cast_fanout=2):
+        with pytest.raises(PeerLostError, match=f"{addrs[0]}.*crashed"):
+            root.casts.send(_tree(addrs, 1), MESH, SENDER, None, False, [pickle.dumps("first")])
+        net.pump()
+    assert [got[a] for a in addrs] == [[]] + [["first"]] * 5
+
+
 def test_a_cast_goes_around_lost_heads_one_after_another() -> None:
     net, root, procs = _mesh(4)
     got = _actors(procs)

@@ -181,7 +181,7 @@ def test_posts_reach_live_peers_when_another_is_lost(make: Callable[..., Endpoin
         (p.address, frames.encode(1, 5, [b"posted"], seq=2, limit=LIMIT)) for p in (b, c, d)
     ]
     with pytest.raises(PeerUnreachableError) as info:
-        a.transport.post(posts, len(b"".join(posts[0][1])))
+        a.transport.post([(peer, buffers, len(b"".join(buffers))) for peer, buffers in posts])
     assert "its process exited" in str(info.value)
     assert "killed" in str(info.value)
     a.transport.flush()
@@ -209,7 +209,7 @@ def test_a_burst_is_the_senders_across_peers(
 
     def post(peer: Endpoint, seq: int) -> None:
         buffers = frames.encode(1, 5, [b"posted"], seq=seq, limit=LIMIT)
-        a.transport.post([(peer.address, buffers)], len(b"".join(buffers)))
+        a.transport.post([(peer.address, buffers, len(b"".join(buffers)))])
 
     for seq in range(1, 50):
         a.transport.flush()  # as a thread about to wait does: what follows starts afresh

@@ -56,7 +56,12 @@ DEFAULT_HEARTBEAT = (1.0, 5.0)
 
 
 class PeerUnreachableError(RegencyError, ConnectionError):
-    """A peer process could not be reached, or its connection was lost."""
+    """A peer process could not be reached, or its connection was lost; ``peers`` names the
+    lost ones where a send to several peers raised it."""
+
+    def __init__(self, message: str, peers: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.peers = tuple(peers)
 
 
 class Transport:
@@ -195,13 +200,15 @@ class Transport:
         except ConnectionClosedError as exc:
             raise PeerUnreachableError(str(exc)) from exc
 
-    def post(self, frames: Sequence[tuple[str, Sequence[Buffer]]], size: int) -> None:
-        """Send small ``size``-byte frames, one per ``(peer, buffers)``, coalescing bursts.
+    def post(self, frames: Sequence[tuple[str, Sequence[Buffer], int]]) -> None:
+        """Send small frames, one per ``(peer, buffers, size in bytes)``, coalescing bursts.
 
-        The caller must not touch the buffers again. Frames posted in a burst go out together on
-        the next flush: when the outbox fills, when a thread is about to wait (:meth:`flush`),
-        or shortly after on the I/O thread. A lost peer does not keep the frames to the others
-        from going out: :class:`PeerUnreachableError` names every lost one afterwards.
+        The frames of one call are one message's (to several peers): they are judged together,
+        all part of a burst or all sent at once. The caller must not touch the buffers again.
+        Frames posted in a burst go out together on the next flush: when the outbox fills, when
+        a thread is about to wait (:meth:`flush`), or shortly after on the I/O thread. A lost
+        peer does not keep the frames to the others from going out:
+        :class:`PeerUnreachableError` names every lost one afterwards (``peers`` lists them).
 
         A burst is told by the sender, not by each connection: a post that begins within
         ``BURST_WINDOW`` of the end of the last one, with no wait in between. (Judged per
@@ -212,7 +219,8 @@ class Transport:
         burst = time.monotonic() - self._last_post < BURST_WINDOW
         peers = self._peers
         lost: list[str] = []
-        for peer, buffers in frames:
+        lost_peers: list[str] = []
+        for peer, buffers, size in frames:
             entry = peers.get(peer)
             conn = entry.conn if entry is not None else None
             try:
@@ -222,12 +230,13 @@ class Transport:
                 schedule = conn.post(buffers, size, burst)
             except (ConnectionClosedError, PeerUnreachableError) as exc:
                 lost.append(str(exc))
+                lost_peers.append(peer)
                 continue
             if schedule:
                 self._mark_dirty(conn)
         self._last_post = time.monotonic()
         if lost:
-            raise PeerUnreachableError("; ".join(lost))
+            raise PeerUnreachableError("; ".join(lost), lost_peers)
 
     def _mark_dirty(self, conn: Connection) -> None:
         with self._dirty_lock:

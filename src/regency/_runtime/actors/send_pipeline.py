@@ -395,11 +395,7 @@ class SendPipeline:
                     casting.Dest(addr, next_seq(addr, mesh_id), rank)
                     for addr, rank in zip(addrs, ranks, strict=True)
                 ]
-                # Subtrees headed here last (see CastPath.received).
-                here = rt.address
-                groups = casting.plan(dests, route.fanout)
-                if here in addrs:
-                    groups.sort(key=lambda g: g.head.addr == here)
+                groups = casting.plan(dests, route.fanout)  # one headed here goes last
                 rt.casts.send(groups, mesh_id, uid, reply, gather, parts)
         except PeerLostError as exc:
             # The router sent to every destination it could reach before it raised: each took

@@ -69,29 +69,49 @@ class CastPath:
         wait: bool = True,
     ) -> None:
         """Send a message to the head of each casting subtree in ``groups``, in order; each
-        head forwards it further.
+        head forwards it further. A subtree headed by this process goes last.
 
-        A head that cannot be reached is gone around: the next destination of its subtree heads
-        the rest of it. Every destination took the sender's next sequence number, and one left
-        without its message would hold back every later message from that sender (see
-        ``FrameRouter.send_actor``). Then :class:`PeerLostError` names the lost heads.
+        The small frames to the heads go in one post: judged one burst or none together, so
+        that no head waits for a later flush behind the first. A head that cannot be reached
+        is gone around: the next destination of its subtree heads the rest of it. Every
+        destination took the sender's next sequence number, and one left without its message
+        would hold back every later message from that sender (see ``FrameRouter.send_actor``).
+        Then :class:`PeerLostError` names the lost heads.
         """
         lost: list[str] = []
-        for group in groups:
-            subtree: casting.Group | None = group
-            while subtree is not None:
-                rest = subtree.rest
+        here: list[casting.Group] = []
+        todo = list(groups)
+        while todo:
+            posts: list[tuple[str, list[Part], int]] = []
+            posted: dict[str, casting.Group] = {}
+            around: list[casting.Group] = []
+            for group in todo:
+                if group.head.addr == self._router.address:
+                    here.append(group)
+                    continue
                 try:
-                    self._send_subtree(subtree, mesh_id, sender, reply, gather, parts, wait)
+                    frame = self._frame_to_head(group, mesh_id, sender, reply, gather, parts, wait)
                 except (PeerUnreachableError, PeerLostError) as exc:
                     lost.append(str(exc))
-                    subtree = casting.Group(rest[0], rest[1:]) if rest else None
-                else:
-                    subtree = None
+                    around.extend(_without_head(group))
+                    continue
+                if frame is not None:
+                    posts.append(frame)
+                    posted[frame[0]] = group
+            if posts:
+                try:
+                    self._link.post(posts)
+                except PeerUnreachableError as exc:
+                    lost.append(str(exc))
+                    for addr in exc.peers:
+                        around.extend(_without_head(posted[addr]))
+            todo = around
+        for group in here:
+            self._to_own_actor(group, mesh_id, sender, reply, gather, parts)
         if lost:
             raise PeerLostError("; ".join(lost))
 
-    def _send_subtree(
+    def _frame_to_head(
         self,
         group: casting.Group,
         mesh_id: int,
@@ -99,23 +119,13 @@ class CastPath:
         reply: PortRef | None,
         gather: bool,
         parts: list[Part],
-        wait: bool = True,
-    ) -> None:
+        wait: bool,
+    ) -> tuple[str, list[Part], int] | None:
+        """The small frame to post to the head of ``group`` (another process), or None once a
+        large one is sent."""
         head = group.head
-        here = head.addr == self._router.address
-        if not here:
-            self._losses.check_alive(head.addr)
-        if not group.rest:
-            if here:
-                self._deliver(mesh_id, sender, head.seq, head.rank, own_copies(parts), reply)
-                return
-            routing: bytes = pickle.dumps(((), reply, False), protocol=5)
-        else:
-            routing = pickle.dumps((group.rest, reply, gather), protocol=5)
-        if here:
-            self.received(mesh_id, sender, head.seq, head.rank, routing, own_copies(parts))
-            return
-        framed = [routing, *parts]
+        self._losses.check_alive(head.addr)
+        framed = [_routing(group, reply, gather), *parts]
         encoder = frames.Encoder(framed, self._frame_limit)
         flags = 0
         if encoder.size >= bulk.BULK_MIN:
@@ -127,9 +137,26 @@ class CastPath:
         if encoder.size <= COALESCE_MAX:
             # Small: our own pickles only (out-of-band parts are larger), coalesced in a burst
             # of casts like direct sends are (each frame alone would wake its head).
-            self._link.post([(head.addr, buffers)], encoder.size)
-        else:
-            self._link.send(head.addr, buffers, wait)
+            return head.addr, buffers, encoder.size
+        self._link.send(head.addr, buffers, wait)
+        return None
+
+    def _to_own_actor(
+        self,
+        group: casting.Group,
+        mesh_id: int,
+        sender: int,
+        reply: PortRef | None,
+        gather: bool,
+        parts: list[Part],
+    ) -> None:
+        """A subtree headed by this process: forward down it, then deliver to our actor."""
+        head = group.head
+        if not group.rest:
+            self._deliver(mesh_id, sender, head.seq, head.rank, own_copies(parts), reply)
+            return
+        routing = _routing(group, reply, gather)
+        self.received(mesh_id, sender, head.seq, head.rank, routing, own_copies(parts))
 
     def received(
         self,
@@ -158,3 +185,17 @@ class CastPath:
             except PeerLostError as exc:
                 log.warning("cast could not reach some subtree heads: %s", exc)
         self._deliver(mesh_id, sender, seq, rank, parts, local_reply)
+
+
+def _routing(group: casting.Group, reply: PortRef | None, gather: bool) -> bytes:
+    """The routing part of a cast frame to ``group``'s head: the rest of its subtree, where
+    replies go, and whether they are gathered on the way (a leaf gathers nothing)."""
+    if not group.rest:
+        return pickle.dumps(((), reply, False), protocol=5)
+    return pickle.dumps((group.rest, reply, gather), protocol=5)
+
+
+def _without_head(group: casting.Group) -> list[casting.Group]:
+    """The subtree of a lost head, headed by its next destination (none if it was a leaf)."""
+    rest = group.rest
+    return [casting.Group(rest[0], rest[1:])] if rest else []

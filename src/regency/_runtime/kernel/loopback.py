@@ -98,17 +98,19 @@ class Link:
             raise PeerUnreachableError(f"{peer} is gone: {reason}")
         self._hub.enqueue(self.address, peer, b"".join(buffers))
 
-    def post(self, frames: Sequence[tuple[str, Sequence[Buffer]]], size: int) -> None:
+    def post(self, frames: Sequence[tuple[str, Sequence[Buffer], int]]) -> None:
         """Queue small frames (nothing is coalesced: every frame is queued at once); as the
         real transport does, frames to live peers are queued even when another peer is lost."""
         lost: list[str] = []
-        for peer, buffers in frames:
+        lost_peers: list[str] = []
+        for peer, buffers, _ in frames:
             try:
                 self.send(peer, buffers)
             except PeerUnreachableError as exc:
                 lost.append(str(exc))
+                lost_peers.append(peer)
         if lost:
-            raise PeerUnreachableError("; ".join(lost))
+            raise PeerUnreachableError("; ".join(lost), lost_peers)
 
     def flush(self) -> None:
         """Nothing waits to be coalesced."""

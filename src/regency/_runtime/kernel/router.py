@@ -137,7 +137,7 @@ class FrameRouter:
                 # The most common message (call_one, a one-actor mesh): one small frame, posted.
                 buffers = encoder.frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
                 try:
-                    self._link.post([(addr, buffers)], size)
+                    self._link.post([(addr, buffers, size)])
                 except PeerUnreachableError as exc:
                     raise PeerLostError(str(exc)) from exc
                 return
@@ -158,7 +158,7 @@ class FrameRouter:
         coalesce = len(parts) <= OWN_PARTS and size <= COALESCE_MAX
         big = size >= bulk.BULK_MIN
         frame = encoder.frame
-        posts: list[tuple[str, list[Part]]] = []
+        posts: list[tuple[str, list[Part], int]] = []
         here = self.address
         local: list[tuple[int, int]] = []
         lost: list[str] = []
@@ -185,14 +185,14 @@ class FrameRouter:
                     else:
                         buffers = frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
                         if coalesce:
-                            posts.append((addr, buffers))
+                            posts.append((addr, buffers, size))
                             continue
                     self._link.send(addr, buffers)
                 except PeerUnreachableError as exc:
                     lost.append(str(exc))
             if posts:
                 try:
-                    self._link.post(posts, size)
+                    self._link.post(posts)
                 except PeerUnreachableError as exc:
                     lost.append(str(exc))
         finally:
@@ -274,7 +274,7 @@ class FrameRouter:
                 flags |= bulk_flags
             buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
             if wait and len(parts) <= OWN_PARTS and size <= COALESCE_MAX:
-                self._link.post([(addr, buffers)], size)  # a reply: coalesced in bursts
+                self._link.post([(addr, buffers, size)])  # a reply: coalesced in bursts
             else:
                 self._link.send(addr, buffers, wait)
         except PeerUnreachableError as exc:

@@ -38,9 +38,10 @@ class FrameTransport(Protocol):
     def send(self, peer: str, buffers: Sequence[Buffer], wait: bool = True) -> None:
         """Send one frame to ``peer``; raise ``PeerUnreachableError`` if it is lost."""
 
-    def post(self, frames: Sequence[tuple[str, Sequence[Buffer]]], size: int) -> None:
-        """Send small frames, possibly coalesced with others until :meth:`flush`; frames to
-        live peers go even when one peer is lost, then ``PeerUnreachableError`` names it."""
+    def post(self, frames: Sequence[tuple[str, Sequence[Buffer], int]]) -> None:
+        """Send small frames ``(peer, buffers, size)``, possibly coalesced with others until
+        :meth:`flush`; frames to live peers go even when one peer is lost, then
+        ``PeerUnreachableError`` names it (its ``peers`` too)."""
 
     def flush(self) -> None:
         """Send every frame waiting to be coalesced."""
