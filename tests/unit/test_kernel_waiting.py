@@ -10,7 +10,7 @@ import pytest
 
 from regency._runtime.kernel import waiting
 from regency._runtime.kernel.pending import Pending
-from regency._transport.io_loop import REPLY_SPIN_SECONDS, Turn
+from regency._transport.io_loop import REPLY_SPIN_SECONDS, IOLoop, Turn
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -57,3 +57,27 @@ def test_a_thread_spins_only_while_its_replies_come_within_the_spin(
     assert results == [True] * len(takes)
     # A first wait spins; a slow reply stops the next wait's spin, a quick one brings it back.
     assert spins == [REPLY_SPIN_SECONDS, REPLY_SPIN_SECONDS, 0.0, 0.0, REPLY_SPIN_SECONDS]
+
+
+def test_a_flush_that_raises_gives_the_claimed_turn_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The waiting thread claimed the connections before flushing: if the flush raises, the
+    loop must read them again (nobody else would)."""
+    loop = IOLoop(name="test-waiting")
+    released: list[Turn] = []
+
+    class Runtime:
+        def __init__(self) -> None:
+            self.loop = loop
+
+        def flush(self) -> None:
+            raise KeyboardInterrupt
+
+    turn = Turn(0)
+    monkeypatch.setattr(waiting.state, "existing", Runtime)
+    monkeypatch.setattr(loop, "release", released.append)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            waiting.wait_until(lambda: False, 0, 1.0, turn=turn)
+    finally:
+        loop.stop()
+    assert released == [turn]

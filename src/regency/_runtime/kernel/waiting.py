@@ -64,7 +64,11 @@ def wait_until(
         if turn is None:
             return None
     # Claimed first, so an answer to what this flush sends is read by this thread.
-    runtime.flush()
+    try:
+        runtime.flush()
+    except BaseException:
+        loop.release(turn)  # or the connections stay out of the loop with no one reading them
+        raise
     return loop.wait_reading(until, fd, timeout, spin, turn)
 
 
