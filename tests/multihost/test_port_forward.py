@@ -331,6 +331,34 @@ def test_port_forward_command_with_the_real_kubectl(tmp_path: Path) -> None:
     assert "unknown" not in message.lower(), message  # every flag parsed
 
 
+def test_the_port_is_found_when_another_line_comes_with_it() -> None:
+    """kubectl may print a warning and the announcing line in one write: both arrive in one
+    read, and the announcement must still be seen (a stand-in kubectl, run by Python)."""
+    script = (
+        "import sys, time\n"
+        "sys.stdout.write('Warning: kubeconfig is group-readable\\n'"
+        " 'Forwarding from 127.0.0.1:43210 -> 26600\\n')\n"
+        "sys.stdout.flush()\n"
+        "time.sleep(60)\n"
+    )
+    forward = PortForward([sys.executable, "-c", script], "w-0", timeout=20)
+    try:
+        assert forward.local == "tcp://127.0.0.1:43210"
+        assert forward.alive()
+    finally:
+        forward.stop()
+    assert not forward.alive()
+
+
+def test_a_forward_that_exits_first_says_so_with_its_output() -> None:
+    script = "print('error: pods \"w-0\" not found'); raise SystemExit(1)"
+    with pytest.raises(JobError) as info:
+        PortForward([sys.executable, "-c", script], "w-0", timeout=20)
+    message = str(info.value)
+    assert "exited with status 1 before forwarding" in message, message
+    assert 'pods "w-0" not found' in message, message
+
+
 def test_port_forward_without_kubectl_names_it() -> None:
     with pytest.raises(JobError, match="is not on PATH"):
         PortForward(["no-such-kubectl-here", "port-forward"], "w-0")

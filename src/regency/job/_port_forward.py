@@ -7,8 +7,9 @@ attaches with ``attach_to_workers(forwarded={pod address: local address})``: it 
 and every proc on it only through the forward, and the pod's side reaches the controller over
 reverse connections through the same forward (see :mod:`regency._transport.reverse`).
 
-kubectl prints a line for every connection it handles: a thread reads them (so its pipe never
-fills and stalls it), keeping the last few for error messages.
+kubectl prints a line for every connection it handles: a thread reads them from the start (so
+its pipe never fills and stalls it, and no line is missed whatever arrives with the announcing
+one), keeping the last few for error messages.
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ import atexit
 import collections
 import contextlib
 import re
-import select
 import shutil
 import subprocess
 import threading
-import time
 import weakref
 from collections.abc import Sequence
 
@@ -66,6 +65,8 @@ class PortForward:
                 "or pass kubectl=...)"
             )
         self.lines: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
+        self._local: str | None = None
+        self._announced = threading.Event()  # the port is known, or kubectl's output ended
         self._proc = subprocess.Popen(
             self.argv,
             stdin=subprocess.DEVNULL,
@@ -73,49 +74,48 @@ class PortForward:
             stderr=subprocess.STDOUT,
             text=True,
         )
+        threading.Thread(target=self._drain, name="regency-port-forward", daemon=True).start()
         try:
             self.local = self._wait_for_port(timeout)
         except BaseException:
             self.stop()
             raise
-        threading.Thread(target=self._drain, name="regency-port-forward", daemon=True).start()
         _running.add(self)
 
     def _wait_for_port(self, timeout: float) -> str:
-        out = self._proc.stdout
-        assert out is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise JobError(
-                    f"kubectl port-forward to pod {self.pod} did not start within "
-                    f"{timeout:g} s; its output: {self._output()}"
-                )
-            ready, _, _ = select.select([out], [], [], left)
-            if not ready:
-                continue
-            line = out.readline()
-            if not line:
-                self._proc.wait(_STOP_TIMEOUT)
-                raise JobError(
-                    f"kubectl port-forward to pod {self.pod} exited with status "
-                    f"{self._proc.returncode} before forwarding; its output: {self._output()}"
-                )
-            self.lines.append(line.rstrip())
-            found = _FORWARDING.search(line)
-            if found:
-                return f"tcp://127.0.0.1:{found.group(1)}"
+        if not self._announced.wait(timeout):
+            raise JobError(
+                f"kubectl port-forward to pod {self.pod} did not start within "
+                f"{timeout:g} s; its output: {self._output()}"
+            )
+        if self._local is not None:
+            return self._local
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(_STOP_TIMEOUT)
+        raise JobError(
+            f"kubectl port-forward to pod {self.pod} exited with status "
+            f"{self._proc.returncode} before forwarding; its output: {self._output()}"
+        )
 
     def _output(self) -> str:
         return " | ".join(self.lines) or "(none)"
 
     def _drain(self) -> None:
+        """Read kubectl's lines for as long as it runs.
+
+        The first that announces the local port sets it; all are kept for error messages.
+        """
         out = self._proc.stdout
         assert out is not None
         with contextlib.suppress(OSError, ValueError):
             for line in out:
                 self.lines.append(line.rstrip())
+                if self._local is None:
+                    found = _FORWARDING.search(line)
+                    if found:
+                        self._local = f"tcp://127.0.0.1:{found.group(1)}"
+                        self._announced.set()
+        self._announced.set()  # the output ended (kubectl exited) before or after announcing
 
     def alive(self) -> bool:
         """Whether kubectl still runs."""
