@@ -22,7 +22,7 @@ from _introspect_scenario import FAILURE, Worker, build
 from _screenshots import keep
 
 from regency import config
-from regency.actor import ProcMesh
+from regency.actor import Actor, ProcMesh, endpoint
 from regency.observe import AdminServer, start_admin
 from regency.observe.telemetry import disable_telemetry, enable_telemetry
 
@@ -148,6 +148,14 @@ def test_dashboard_shows_the_failed_and_restarted_actors_and_stacks_on_a_click(
     expect(page.locator('tr.actor[data-state="failed"]')).to_have_count(1)
 
 
+class Crasher(Actor):
+    """Fails with a message of several lines (the page folds it under its last line)."""
+
+    @endpoint
+    def crash(self) -> None:
+        raise RuntimeError("the first line of a long story\nand how it ended")
+
+
 @pytest.fixture
 def charted(make_procs: Callable[..., ProcMesh], tmp_path: Path) -> Iterator[None]:
     """Telemetry on, and five calls to ``charted.pid`` (before the page: see ``page``)."""
@@ -159,6 +167,8 @@ def charted(make_procs: Callable[..., ProcMesh], tmp_path: Path) -> Iterator[Non
             workers = make_procs(2, name="charted").spawn("charted", Worker)
             for _ in range(5):
                 workers.pid.call().get()
+            procs = make_procs(1, name="crashing")
+            procs.spawn("crasher", Crasher).crash.broadcast()  # a failure of several lines
             yield
         finally:
             disable_telemetry()
@@ -172,6 +182,19 @@ def test_dashboard_charts_each_endpoint_from_telemetry(
     expect(card).to_contain_text("5 calls", timeout=WAIT_MS)
     expect(card.locator("svg")).to_have_count(2)  # latency and calls per second
     keep(_shot(page, tmp_path / "dashboard-telemetry.png"))
+
+    # A traceback the user opened stays open when the page redraws the failures.
+    details = page.locator("#failures details").first
+    details.locator("summary").click()
+    expect(details).to_have_attribute("open", "")
+    page.evaluate("document.querySelector('#failures details').dataset.drawn = 'before'")
+    page.locator("#refresh").click()
+    page.wait_for_function(
+        "() => { const d = document.querySelector('#failures details');"
+        " return d && d.dataset.drawn === undefined; }",
+        timeout=WAIT_MS,
+    )
+    expect(page.locator("#failures details").first).to_have_attribute("open", "")
     assert page.errors == []
 
 

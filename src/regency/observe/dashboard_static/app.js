@@ -22,6 +22,8 @@
     tree: null,
     telemetry: null,
     stacksRef: null,
+    // Failure tracebacks the user opened: kept open when a refresh redraws them.
+    openDetails: new Set(),
   };
 
   // ---- the token ------------------------------------------------------------------------
@@ -236,7 +238,7 @@
       el("b", {}, actor.actor_mesh),
       "[" + actor.rank + "] " + pointText(actor.point)
     );
-    if (actor.failure) name.append(failureText(actor.failure));
+    if (actor.failure) name.append(failureText(actor.failure, "tree " + actor.ref));
     return el(
       "tr",
       { class: "actor", "data-ref": actor.ref, "data-state": actor.state },
@@ -249,16 +251,23 @@
     );
   }
 
-  function failureText(text) {
+  // ``key`` names the place the failure is shown, so that it stays open across refreshes.
+  function failureText(text, key) {
     const lines = String(text).split("\n").filter((line) => line.trim());
     const last = lines.length ? lines[lines.length - 1] : String(text);
     if (lines.length <= 1) return el("div", { class: "failure" }, last);
-    return el(
+    const details = el(
       "details",
       { class: "failure" },
       el("summary", {}, last),
       el("pre", {}, String(text))
     );
+    details.open = state.openDetails.has(key);
+    details.addEventListener("toggle", () => {
+      if (details.open) state.openDetails.add(key);
+      else state.openDetails.delete(key);
+    });
+    return details;
   }
 
   function number(value) {
@@ -334,7 +343,7 @@
       { class: "failure-item", "data-ref": ref },
       el("b", {}, what),
       when ? el("span", { class: "muted" }, " at " + new Date(when * 1000).toLocaleTimeString()) : null,
-      failureText(text)
+      failureText(text, "failures " + ref + " " + (when || ""))
     );
   }
 
