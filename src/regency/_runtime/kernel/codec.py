@@ -166,7 +166,7 @@ def dumps_call_carrying(
     outer = getattr(_carrying, "objects", None)
     _carrying.objects = carried
     try:
-        return dumps_call(args, kwargs), carried
+        return _dumps_call_values(args, kwargs), carried
     finally:
         _carrying.objects = outer
 
@@ -175,6 +175,11 @@ def dumps_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Part]:
     """Pickle a call's arguments, large top-level ``bytes``/``bytearray`` ones out of band."""
     if _is_plain_call(args, kwargs):
         return [pickle.dumps((args, kwargs), protocol=5)]
+    return _dumps_call_values(args, kwargs)
+
+
+def _dumps_call_values(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Part]:
+    """:func:`dumps_call` of arguments known not to be plain."""
     for value in (*args, *kwargs.values()):
         if type(value) in _WRAPPED:
             wrapped: dict[int, _Large] = {}
