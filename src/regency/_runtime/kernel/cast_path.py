@@ -15,7 +15,7 @@ from typing import Protocol
 from regency._runtime.kernel import bulk, casting, wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.losses import Losses
-from regency._runtime.kernel.parts import COALESCE_MAX, own_copies
+from regency._runtime.kernel.parts import own_copies, postable
 from regency._runtime.kernel.port_handlers import PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._runtime.kernel.seam import FrameTransport
@@ -134,9 +134,9 @@ class CastPath:
         buffers = encoder.frame(
             wire.KIND_CAST, mesh_id, flags=flags, rank=head.rank, sender=sender, seq=head.seq
         )
-        if encoder.size <= COALESCE_MAX:
-            # Small: our own pickles only (out-of-band parts are larger), coalesced in a burst
-            # of casts like direct sends are (each frame alone would wake its head).
+        if postable(len(parts), encoder.size):
+            # Coalesced in a burst of casts like direct sends are (each frame alone would wake
+            # its head).
             return head.addr, buffers, encoder.size
         self._link.send(head.addr, buffers, wait)
         return None

@@ -12,6 +12,13 @@ OWN_PARTS = 2
 COALESCE_MAX = 16 * 1024
 
 
+def postable(nparts: int, frame_size: int) -> bool:
+    """Whether a frame of a message of ``nparts`` parts and ``frame_size`` bytes is posted:
+    small, and only our own bytes (out-of-band parts are far larger), so it can wait in an
+    outbox to be coalesced with others and the sender never waits for the peer."""
+    return nparts <= OWN_PARTS and frame_size <= COALESCE_MAX
+
+
 def buffers_size(buffers: Sequence[Part]) -> int:
     """Total bytes of some buffers."""
     total = 0

@@ -26,7 +26,7 @@ from regency._runtime.kernel.cast_path import CastPath
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.losses import Losses
 from regency._runtime.kernel.mailbox import Mailbox
-from regency._runtime.kernel.parts import COALESCE_MAX, OWN_PARTS, buffers_size, own_copies
+from regency._runtime.kernel.parts import OWN_PARTS, buffers_size, own_copies, postable
 from regency._runtime.kernel.port_handlers import ExitReports, PeerWatch, PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._runtime.kernel.seam import FrameSink, FrameSource, FrameTransport, LossSink, Timers
@@ -133,7 +133,7 @@ class FrameRouter:
         if len(targets) == 1:
             addr, seq, rank = targets[0]
             size = encoder.size
-            if addr != self.address and len(encoder.parts) <= OWN_PARTS and size <= COALESCE_MAX:
+            if addr != self.address and postable(len(encoder.parts), size):
                 # The most common message (call_one, a one-actor mesh): one small frame, posted.
                 buffers = encoder.frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
                 try:
@@ -155,7 +155,7 @@ class FrameRouter:
         """Send to every target that can be reached; return why the others could not be."""
         parts = encoder.parts
         size = encoder.size
-        coalesce = len(parts) <= OWN_PARTS and size <= COALESCE_MAX
+        coalesce = postable(len(parts), size)
         big = size >= bulk.BULK_MIN
         frame = encoder.frame
         posts: list[tuple[str, list[Part], int]] = []
@@ -252,7 +252,7 @@ class FrameRouter:
         else:
             return False
         # As send_port decides: on the whole frame's size.
-        return frames.HEADER.size + 8 * len(parts) + size <= COALESCE_MAX
+        return postable(len(parts), frames.HEADER.size + 8 * len(parts) + size)
 
     def send_port(
         self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
@@ -273,7 +273,7 @@ class FrameRouter:
                 encoder = frames.Encoder(framed, self.frame_limit)
                 flags |= bulk_flags
             buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
-            if wait and len(parts) <= OWN_PARTS and size <= COALESCE_MAX:
+            if wait and postable(len(parts), size):
                 self._link.post([(addr, buffers, size)])  # a reply: coalesced in bursts
             else:
                 self._link.send(addr, buffers, wait)
