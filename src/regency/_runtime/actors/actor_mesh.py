@@ -145,8 +145,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._owned = owned
         self._status: Future[None] = Future._resolved(None)
         # How this view's endpoints send: the one object they talk to.
-        self._pipeline = SendPipeline(cls, name, shape, self._procs, mesh_id)
-        self._pipeline.proc_mesh = proc_mesh
+        self._pipeline = SendPipeline(cls, name, shape, self._procs, mesh_id, proc_mesh)
         self._endpoint_specs = _endpoint_table(cls)
         for attr in _YIELDING:
             if attr in self._endpoint_specs:

@@ -43,6 +43,7 @@ from regency.shape import Shape
 if TYPE_CHECKING:
     from regency._runtime.actors.control import ProcInfo
     from regency._runtime.actors.mesh_supervisor import MeshSupervisor
+    from regency._runtime.actors.mesh_trait import ProcMeshBase
 
 
 class Route(NamedTuple):
@@ -87,6 +88,7 @@ class SendPipeline:
         shape: Shape,
         procs: list[ProcInfo],
         mesh_id: int,
+        proc_mesh: ProcMeshBase | None = None,
     ) -> None:
         self.actor_class = actor_class
         self.mesh_name = mesh_name
@@ -97,9 +99,9 @@ class SendPipeline:
         self.supervisor: MeshSupervisor | None = None
         self._procs = procs  # shared with the mesh's views and its supervisor
         self._route: Route | None = None
-        self.proc_mesh: Any = None
-        """The proc mesh the actors were spawned on (set by the actor mesh; the tensor engine
-        checks that mesh tensors sent here live on it)."""
+        self.proc_mesh = proc_mesh
+        """The proc mesh the actors were spawned on (the tensor engine checks that mesh tensors
+        sent here live on it)."""
         self._dense: Shape | None = None
 
     @property
@@ -426,5 +428,12 @@ class SendPipeline:
         # As a mesh received in a message: a reference that sends, without the owner's supervisor.
         return (
             SendPipeline,
-            (self.actor_class, self.mesh_name, self.shape, self._procs, self.mesh_id),
+            (
+                self.actor_class,
+                self.mesh_name,
+                self.shape,
+                self._procs,
+                self.mesh_id,
+                self.proc_mesh,
+            ),
         )
