@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import torch
@@ -285,12 +286,18 @@ class _Walk:
 
 def fake_args(obj: Any, metas: dict[int, TensorMeta]) -> Any:
     """Arguments for propagation: each ``Ref`` replaced by a fake tensor (under fake mode)."""
+    return refs_replaced(obj, lambda ref: fake_of(metas[ref]))
+
+
+def refs_replaced(obj: Any, value_of: Callable[[int], Any]) -> Any:
+    """``obj`` (lists, tuples and dicts of leaves) with each ``Ref`` replaced by
+    ``value_of(its id)``."""
     if isinstance(obj, c.Ref):
-        return fake_of(metas[obj.id])
+        return value_of(obj.id)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(fake_args(x, metas) for x in obj)
+        return type(obj)(refs_replaced(x, value_of) for x in obj)
     if isinstance(obj, dict):
-        return {k: fake_args(v, metas) for k, v in obj.items()}
+        return {k: refs_replaced(v, value_of) for k, v in obj.items()}
     return obj
 
 

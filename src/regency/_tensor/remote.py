@@ -11,7 +11,7 @@ from regency._tensor.access import check_access
 from regency._tensor.engine import View, active_view
 from regency._tensor.fetching import mapped, rank_at, remote_exception
 from regency._tensor.functions import FunctionRef
-from regency._tensor.mesh_tensor import MeshTensor, _Walk, build, common_view
+from regency._tensor.mesh_tensor import MeshTensor, _Walk, build, common_view, refs_replaced
 from regency._tensor.meta import describe, fake_mode, fake_of
 from regency._tensor.streams import get_active_stream
 from regency.actor import Future, ValueMesh
@@ -78,7 +78,10 @@ class Remote(Generic[P, R]):
             with fake_mode():
                 fakes = {t._ref: fake_of(t._meta) for t in walk.tensors}
                 versions = {ref: fake._version for ref, fake in fakes.items()}
-                fake = self._propagate(*_faked(enc_args, fakes), **_faked(enc_kwargs, fakes))
+                fake = self._propagate(
+                    *refs_replaced(enc_args, fakes.__getitem__),
+                    **refs_replaced(enc_kwargs, fakes.__getitem__),
+                )
             written = {ref for ref, fake in fakes.items() if fake._version != versions[ref]}
             return describe(fake), [t for t in walk.tensors if t._ref in written]
         return self._cached(enc_args, enc_kwargs, key, view), []
@@ -160,14 +163,3 @@ def call_on_shard_and_fetch(
     """Run ``fn`` on one shard of the active mesh and fetch its result."""
     target = fn if isinstance(fn, Remote) else Remote(fn, "inspect")
     return target.call_on_shard(shard, *args, **kwargs)
-
-
-def _faked(obj: Any, fakes: dict[int, Any]) -> Any:
-    """``obj`` with each ``Ref`` replaced by its fake tensor in ``fakes``."""
-    if isinstance(obj, c.Ref):
-        return fakes[obj.id]
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_faked(x, fakes) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _faked(v, fakes) for k, v in obj.items()}
-    return obj
