@@ -60,3 +60,8 @@ def ends_through_proxy() -> Iterator[tuple[End, End, OnPathProxy]]:
         proxy.close()
         dialer.close()
         listener.close()
+
+
+def marker() -> bytes:
+    """Bytes that must not appear on the wire where TLS is on: unique to each call."""
+    return b"PLAINTEXT-MARKER-" + os.urandom(8).hex().encode()

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from _attackers import OnPathProxy
-from _transport_ends import LIMIT, SECRET, End, ends_through_proxy
+from _transport_ends import LIMIT, SECRET, End, ends_through_proxy, marker
 
 from regency._transport import address, frames, routing
 from regency._transport.transport import PeerUnreachableError
@@ -36,10 +36,6 @@ def forwarded() -> Iterator[tuple[End, End, OnPathProxy]]:
         yield dialer, listener, proxy
 
 
-def _marker() -> bytes:
-    return b"PLAINTEXT-MARKER-" + os.urandom(8).hex().encode()
-
-
 def _send(end: End, payload: bytes) -> None:
     end.transport.send(NAMED, frames.encode(1, 5, [payload], seq=0, limit=LIMIT))
 
@@ -48,12 +44,12 @@ def test_a_listener_on_loopback_runs_tls_for_a_forwarded_dialer(
     forwarded: tuple[End, End, OnPathProxy],
 ) -> None:
     dialer, listener, proxy = forwarded
-    marker = _marker()
-    _send(dialer, marker)
-    assert listener.frames.get(timeout=10) == marker
+    plain = marker()
+    _send(dialer, plain)
+    assert listener.frames.get(timeout=10) == plain
     wire = bytes(proxy.upstream)
     assert wire.startswith(routing.MAGIC_TLS), wire[:8]
-    assert marker not in wire
+    assert plain not in wire
     assert SECRET not in wire
 
 
@@ -70,11 +66,11 @@ def test_stripping_the_tls_request_on_the_way_gets_nothing(
         return data
 
     proxy.tamper = downgrade
-    marker = _marker()
+    plain = marker()
     with pytest.raises(PeerUnreachableError, match="authentication failed"):
-        _send(dialer, marker)
+        _send(dialer, plain)
     assert listener.frames.empty()
-    assert marker not in bytes(proxy.upstream)
+    assert plain not in bytes(proxy.upstream)
     assert SECRET not in bytes(proxy.upstream) + bytes(proxy.downstream)
 
 

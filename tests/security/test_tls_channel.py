@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 from _attackers import OnPathProxy
-from _transport_ends import LIMIT, SECRET, End, ends_through_proxy
+from _transport_ends import LIMIT, SECRET, End, ends_through_proxy, marker
 
 from regency._transport import address, frames, routing
 
@@ -29,13 +29,9 @@ def pair() -> Iterator[tuple[End, End, OnPathProxy]]:
         yield ends
 
 
-def _marker() -> bytes:
-    return b"PLAINTEXT-MARKER-" + os.urandom(8).hex().encode()
-
-
 def _established(pair: tuple[End, End, OnPathProxy]) -> bytes:
     dialer, listener, proxy = pair
-    first = _marker()
+    first = marker()
     dialer.send(proxy.address, first)
     assert listener.frames.get(timeout=10) == first
     return first
@@ -44,7 +40,7 @@ def _established(pair: tuple[End, End, OnPathProxy]) -> bytes:
 def _check_reads(pair: tuple[End, End, OnPathProxy], visible: bool) -> None:
     dialer, listener, proxy = pair
     first = _established(pair)
-    big = _marker() * 50_000  # about 1 MiB: many TLS records
+    big = marker() * 50_000  # about 1 MiB: many TLS records
     dialer.send(proxy.address, big)
     assert listener.frames.get(timeout=10) == big
     wire = bytes(proxy.upstream)
@@ -82,7 +78,7 @@ def test_a_flipped_bit_closes_the_connection_and_delivers_nothing(
     dialer, listener, proxy = pair
     _established(pair)
     _flip_next_chunk(proxy)
-    dialer.send(proxy.address, _marker() * 100)
+    dialer.send(proxy.address, marker() * 100)
     reason = listener.lost.get(timeout=10)
     assert "read failed" in reason, reason
     assert listener.frames.empty(), "a tampered frame was delivered"
@@ -95,7 +91,7 @@ def test_control_without_tls_a_flipped_bit_is_delivered(
     dialer, listener, proxy = pair
     _established(pair)
     _flip_next_chunk(proxy)
-    sent = _marker() * 100
+    sent = marker() * 100
     dialer.send(proxy.address, sent)
     got = listener.frames.get(timeout=10)
     assert got != sent, "the flip went unnoticed"
@@ -121,7 +117,7 @@ def test_an_injected_frame_is_refused(pair: tuple[End, End, OnPathProxy]) -> Non
     _established(pair)
     forged = b"FORGED-" + os.urandom(8).hex().encode()
     _inject(proxy, forged)
-    dialer.send(proxy.address, _marker())
+    dialer.send(proxy.address, marker())
     reason = listener.lost.get(timeout=10)
     assert "read failed" in reason, reason
     assert listener.frames.empty(), "an injected frame was delivered"
@@ -135,7 +131,7 @@ def test_control_without_tls_an_injected_frame_is_delivered(
     _established(pair)
     forged = b"FORGED-" + os.urandom(8).hex().encode()
     _inject(proxy, forged)
-    dialer.send(proxy.address, _marker())
+    dialer.send(proxy.address, marker())
     assert listener.frames.get(timeout=10) == forged
 
 

@@ -4,7 +4,9 @@ before anything is sent, poisoning."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -220,13 +222,16 @@ def test_a_poisoned_shard_poisons_its_destination(procs4: ProcMesh) -> None:
     assert regency.inspect(good.to_mesh(h1), gpus=1).tolist() == [5.0] * 3
 
 
-@regency.remote(propagate=lambda t: t.clone())
-def slowly(t: torch.Tensor) -> torch.Tensor:
-    time.sleep(0.3)
+@regency.remote(propagate=lambda t, path: t.clone())
+def once_flagged(t: torch.Tensor, path: str) -> torch.Tensor:
+    """A copy of ``t``, made once ``path`` exists (its stream is busy until then)."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return t.clone()
 
 
-def test_on_another_stream(procs4: ProcMesh, procs: ProcMesh) -> None:
+def test_on_another_stream(procs4: ProcMesh, procs: ProcMesh, tmp_path: Path) -> None:
     side = regency.Stream("side")
     h0, h1 = procs4.slice(hosts=0), procs4.slice(hosts=1)
     with side.activate(), h0.activate():
@@ -235,13 +240,15 @@ def test_on_another_stream(procs4: ProcMesh, procs: ProcMesh) -> None:
     assert moved.stream is side
     with side.activate():
         assert regency.inspect(moved, gpus=1).item() == 41
-        late = slowly(x)  # side's copy is made after this: "main" must wait for it
+        flag = tmp_path / "go"
+        late = once_flagged(x, str(flag))  # side is busy until the flag: "main" must wait
     main = regency.get_active_stream()
     onto = late.to_mesh(h1, stream=main)
     assert onto.stream is main
     assert onto.mesh is h1
     with h1.activate():
         doubled = onto * 2  # on "main", as a tensor made there
+    flag.touch()  # every op above was issued while side's copy was not made yet
     assert regency.inspect(doubled, gpus=1).item() == 82
     third = regency.Stream("third")
     there = late.to_mesh(procs.rename(gpus="gpus"), stream=third)  # another proc mesh too
