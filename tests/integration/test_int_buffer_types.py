@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import resource
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from _bulk_helpers import arena_in_use, wait_until
 
 from regency import config
-from regency._runtime.kernel import state
 from regency.actor import Actor, ActorMesh, endpoint, this_host
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,21 +38,6 @@ def pattern(size: int) -> bytes:
     block = bytes(range(251))  # a prime length: no two MiB-aligned blocks look alike
     data = block * (size // len(block) + 1)
     return data[: size - 1] + b"!" if size else b""
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
-
-
-def arena_in_use() -> int:
-    """Regions of this process's arena that receivers hold."""
-    arena = state.runtime().bulk._arena
-    return 0 if arena is None else len(arena._used)
 
 
 def describe(value: Any) -> tuple[str, int, str, bool]:
@@ -172,7 +156,7 @@ def test_a_large_memoryview_arrives_over_the_arena_and_its_region_comes_back(
     assert owner.startswith("c_char_Array"), f"not a view of the arena: over {owner}"
     assert arena_in_use() == 1, "the receiver holds the region while it keeps the view"
     buffers.drop.call_one().get(timeout=T)
-    assert wait_for(lambda: arena_in_use() == 0), "the region never came back"
+    assert wait_until(lambda: arena_in_use() == 0), "the region never came back"
 
 
 def test_a_procs_heap_reuses_freed_memory_for_large_values() -> None:

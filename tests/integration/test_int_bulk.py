@@ -9,11 +9,11 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from _bulk_helpers import arena_in_use, wait_until
 
 from regency import config
 from regency._runtime.kernel import state
@@ -23,20 +23,6 @@ pytestmark = pytest.mark.timeout(60)
 
 MIB = 1 << 20
 T = 30.0
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
-
-
-def arena_in_use() -> int:
-    arena = state.runtime().bulk._arena
-    return 0 if arena is None else len(arena._used)
 
 
 def backing(x: np.ndarray) -> str:
