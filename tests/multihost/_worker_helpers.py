@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from netns import NetnsCluster
+
 from regency.actor import Actor, MeshFailure, current_rank, endpoint, this_host
 from regency.job import worker_command, worker_env
 from regency.job._process import ProcessJob, _alive, _group_members, _start_time
@@ -218,3 +220,33 @@ def all_cmdlines() -> str:
             except OSError:
                 continue
     return "\n".join(lines)
+
+
+def start_netns_workers(
+    cluster: NetnsCluster, secret: bytes, port: int = 0, bind_all: bool = False
+) -> list[str]:
+    """A worker daemon on every namespace host; the addresses they print once bound.
+
+    Each listens on its host's own address, or (``bind_all``) on every address of its host
+    (``0.0.0.0``, as a pod's worker does), on ``port`` (0: any free one).
+    """
+    addresses = []
+    for host in cluster.hosts:
+        bind = "0.0.0.0" if bind_all else host.ip
+        proc = cluster.popen(
+            host,
+            worker_command(f"tcp://{bind}:{port}"),
+            env={**os.environ, **worker_env(secret)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the worker prints it once bound, or exits
+        found = LISTENING.search(line)
+        assert found, f"worker on {host.netns} printed {line!r} (exit status {proc.poll()})"
+        assert found.group(1).startswith(f"tcp://{host.ip}:"), line
+        if port:
+            assert found.group(1) == f"tcp://{host.ip}:{port}", line
+        addresses.append(found.group(1))
+    return addresses

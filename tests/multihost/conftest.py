@@ -12,7 +12,6 @@ are up, so a developer machine without Slurm still passes.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -26,14 +25,12 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from _worker_helpers import Failures  # noqa: E402
+from _worker_helpers import Failures, start_netns_workers  # noqa: E402
 from netns import NetnsCluster, unavailable_reason  # noqa: E402
 
 import regency.actor  # noqa: E402
-from regency.job import worker_command, worker_env  # noqa: E402
 
 _START_HINT = "start one with `sudo scripts/slurm_cluster.sh start`"
-LISTENING = re.compile(r"regency worker listening on (tcp://\S+)")
 
 
 @pytest.fixture
@@ -52,27 +49,6 @@ def netns_cluster() -> Iterator[NetnsCluster]:
         pytest.skip(f"network namespaces unavailable: {reason}")
     with NetnsCluster(3) as cluster:
         yield cluster
-
-
-def start_netns_workers(cluster: NetnsCluster, secret: bytes) -> list[str]:
-    """A worker daemon on every namespace host, listening on the host's own address."""
-    addresses = []
-    for host in cluster.hosts:
-        proc = cluster.popen(
-            host,
-            worker_command(f"tcp://{host.ip}:0"),
-            env={**os.environ, **worker_env(secret)},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # the worker prints it once bound, or exits
-        found = LISTENING.search(line)
-        assert found, f"worker on {host.netns} printed {line!r} (exit status {proc.poll()})"
-        assert found.group(1).startswith(f"tcp://{host.ip}:")
-        addresses.append(found.group(1))
-    return addresses
 
 
 @pytest.fixture

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
-from _worker_helpers import Failures
+from _worker_helpers import Failures, start_netns_workers
 from netns import NetnsCluster, unavailable_reason
 
 from regency import config
 from regency._transport import tls
 from regency.actor import Actor, SupervisionError, endpoint, this_host
-from regency.job import KubernetesJob, attach_to_workers, worker_command, worker_env
+from regency.job import KubernetesJob, attach_to_workers
 from regency.job._errors import JobError
 from regency.job._port_forward import PortForward, port_forward_command
 
@@ -129,20 +129,8 @@ def out_of_cluster(record: Path | None = None, forward: bool = True) -> Iterator
     if reason is not None:
         pytest.skip(f"network namespaces unavailable: {reason}")
     with NetnsCluster(2, isolated=True) as cluster:
-        workers, pods = [], {}
-        for host in cluster.hosts:
-            proc = cluster.popen(
-                host,
-                worker_command(f"tcp://0.0.0.0:{PORT}"),
-                env={**os.environ, **worker_env(SECRET)},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            line = proc.stdout.readline() if proc.stdout is not None else ""
-            assert f"tcp://{host.ip}:{PORT}" in line, line
-            workers.append(f"tcp://{host.ip}:{PORT}")
-            pods[f"w-{host.index}"] = host.netns
+        workers = start_netns_workers(cluster, SECRET, PORT, bind_all=True)
+        pods = {f"w-{host.index}": host.netns for host in cluster.hosts}
         forwards: dict[str, Forward] = {}
         try:
             for worker, pod in zip(workers, pods, strict=True):
