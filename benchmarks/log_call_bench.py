@@ -19,6 +19,8 @@ import os
 import statistics
 import time
 
+from benchlib import median, percentile
+
 from regency import config
 from regency.actor import Actor, endpoint, this_host
 
@@ -54,9 +56,9 @@ def measure(forwarding: bool, calls: int) -> dict[str, float]:
         echo = procs.spawn("echo", Echo)
         _round_trips(echo.quiet, 300)  # warm up
         for name in ("quiet", "chatty"):
-            times = sorted(_round_trips(getattr(echo, name), calls))
-            figures[f"{name}_median_us"] = statistics.median(times) * 1e6
-            figures[f"{name}_p99_us"] = times[int(len(times) * 0.99)] * 1e6
+            times = _round_trips(getattr(echo, name), calls)
+            figures[f"{name}_median_us"] = median(times) * 1e6
+            figures[f"{name}_p99_us"] = percentile(times, 99) * 1e6
     finally:
         procs.stop().get(timeout=60)
     return figures

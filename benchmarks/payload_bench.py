@@ -27,12 +27,13 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchlib import median
+from figures import gbps_samples
 
 MIB = 1 << 20
 KINDS = ("bytes", "bytearray", "memoryview", "numpy")
@@ -57,13 +58,7 @@ def length(value: Any) -> int:
 
 def gbps(nbytes: int, run: Callable[[], object], reps: int) -> float:
     """Median GB/s of ``run`` over ``reps`` timed runs after one warm-up."""
-    run()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return nbytes / statistics.median(times) / 1e9
+    return median(gbps_samples(nbytes, run, reps))
 
 
 def baselines(nbytes: int, reps: int) -> dict[str, float]:
