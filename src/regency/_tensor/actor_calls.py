@@ -28,7 +28,6 @@ from regency._tensor.handoff import RREF_KEY, ResultSlot
 from regency._tensor.mesh_tensor import MeshTensor
 from regency._tensor.meta import TensorMeta, describe, fake_mode, fake_of
 from regency._tensor.streams import get_active_stream
-from regency._tensor.table import Poisoned
 from regency.shape import Shape, Slice
 
 _described: dict[tuple[int, Shape], int] = {}
@@ -181,11 +180,12 @@ class _RrefReplies:
     def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
         """One rank's reply; a failure goes on to that rank's process."""
         if flags & FLAG_ERROR:
+            # The error as it came (decoded by the stream there, never on this I/O thread:
+            # unpickling a user's exception may import the user's modules).
             base = self._bases[rank]
-            failure = Poisoned(self._site, base, _error_text(parts))
-            message = pickle.dumps((self._slot, failure), protocol=5)
+            head = pickle.dumps((self._slot, self._site, base), protocol=5)
             with contextlib.suppress(PeerLostError):  # gone: so is the stream waiting there
-                runtime().send_port(self._ports[base], 0, 0, [message])
+                runtime().send_port(self._ports[base], 0, 0, [head, *parts])
         self._done({rank})
 
     def peer_lost(self, addr: str, reason: str) -> None:
@@ -197,10 +197,3 @@ class _RrefReplies:
             self._waiting -= ranks
             if not self._waiting:
                 runtime().close_port(self.port, sorted(set(self._addrs)))
-
-
-def _error_text(parts: Sequence[Part]) -> str:
-    try:
-        return str(pickle.loads(parts[0], buffers=parts[1:]))
-    except Exception as exc:
-        return f"the endpoint failed (its error could not be read here: {exc!r})"

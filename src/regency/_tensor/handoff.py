@@ -45,7 +45,7 @@ runs)."""
 _cond = threading.Condition()
 _slots: dict[int, torch.Tensor | Poisoned] = {}
 """Shards published for actor calls, by slot, until the actor takes them."""
-_results: dict[int, list[torch.Tensor] | Poisoned] = {}
+_results: dict[int, list[torch.Tensor] | Poisoned | _Failed] = {}
 """``rref`` results deposited by actors (or their failures), by slot, until collected."""
 _down: dict[str, str] = {}
 """Streams whose worker on this proc failed or stopped: why."""
@@ -177,7 +177,7 @@ def publish(cmd: c.Publish, rank: int) -> None:
         _cond.notify_all()
 
 
-def deposit(slot: int, value: list[torch.Tensor] | Poisoned) -> None:
+def deposit(slot: int, value: list[torch.Tensor] | Poisoned | _Failed) -> None:
     """An ``rref`` endpoint's tensor results (or its failure) for the stream's ``Collect``."""
     with _cond:
         _results[slot] = value
@@ -191,6 +191,8 @@ def collect(cmd: c.Collect, rank: int) -> Poisoned | None:
         while cmd.slot not in _results:
             _cond.wait()
         value = _results.pop(cmd.slot)
+    if isinstance(value, _Failed):
+        value = value.poisoned()
     if cmd.metas is None:  # propagate="inspect": the results are not kept
         return value if isinstance(value, Poisoned) else None
     if not isinstance(value, Poisoned):
@@ -228,18 +230,35 @@ def stream_down(stream: str, why: str) -> None:
         _cond.notify_all()
 
 
+class _Failed:
+    """An ``rref`` call's error reply, not decoded yet: unpickling a user's exception may import
+    the user's modules, which the I/O thread must never wait for."""
+
+    def __init__(self, site: int, rank: int, parts: list[bytes]) -> None:
+        self.site, self.rank, self.parts = site, rank, parts
+
+    def poisoned(self) -> Poisoned:
+        """The failure, decoded (on the stream's thread)."""
+        try:
+            text = str(pickle.loads(self.parts[0], buffers=self.parts[1:]))
+        except Exception as exc:
+            text = f"the endpoint failed (its error could not be read here: {exc!r})"
+        return Poisoned(self.site, self.rank, text)
+
+
 class HandoffPort:
-    """This process's port for ``rref`` failures the controller forwards: ``(slot, Poisoned)``
-    messages, deposited for the stream's ``Collect`` (on the I/O thread; nothing blocks)."""
+    """This process's port for ``rref`` failures the controller forwards: ``(slot, site, rank)``
+    and the error reply's parts as they came, deposited for the stream's ``Collect`` (on the
+    I/O thread; nothing blocks, and the error is decoded by the stream, see :class:`_Failed`)."""
 
     def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
         """Deposit one forwarded failure."""
         try:
-            slot, failure = pickle.loads(parts[0])
+            slot, site, failed_rank = pickle.loads(parts[0])
         except Exception:
             traceback.print_exc()
             return
-        deposit(slot, failure)
+        deposit(slot, _Failed(site, failed_rank, [bytes(p) for p in parts[1:]]))
 
     def peer_lost(self, addr: str, reason: str) -> None:
         """Nothing to do: the port watches no process."""
