@@ -44,7 +44,7 @@ from _fault_helpers import (
     wait_until,
 )
 
-from regency._runtime.kernel import codec, state
+from regency._runtime.kernel import codec, state, wire
 from regency.actor import Actor, ActorError, ActorMesh, ProcMesh, endpoint, this_host
 
 pytestmark = pytest.mark.timeout(60)
@@ -343,7 +343,10 @@ def inbox_port() -> Iterator[tuple[_Inbox, Any]]:
 
 
 def _envelope(method: str, reply: Any) -> bytes:
-    return pickle.dumps((method, reply, ("gpus",), (1,), None), protocol=5)  # no trace context
+    # The reply port's number, then the envelope's pickle (no trace context): wire.ENVELOPE_PORT.
+    return wire.ENVELOPE_PORT.pack(reply.port) + pickle.dumps(
+        (method, reply.addr, ("gpus",), (1,), None), protocol=5
+    )
 
 
 def _call_frame(proc: LiveProc, reply: Any, method: str, *args: Any) -> bytes:

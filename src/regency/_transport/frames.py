@@ -77,6 +77,34 @@ def encode(
     return Encoder(parts, limit).frame(kind, dest, flags=flags, rank=rank, sender=sender, seq=seq)
 
 
+# The header and part table of a frame of one part, and of two, packed at once.
+_ONE_PART: Final = struct.Struct("<QBBHIQQQQ")
+_TWO_PARTS: Final = struct.Struct("<QBBHIQQQQQ")
+ONE_PART_FIXED: Final = _ONE_PART.size  # a one-part frame's bytes besides its part
+TWO_PARTS_FIXED: Final = _TWO_PARTS.size  # a two-part frame's bytes besides its parts
+
+
+def one_part(
+    kind: int, dest: int, rank: int, flags: int, part: bytes | bytearray | memoryview, size: int
+) -> list[bytes | bytearray | memoryview]:
+    """The buffers of a frame of one part of ``size`` bytes (a reply), without an
+    :class:`Encoder`; the caller has checked the frame's size (``ONE_PART_FIXED + size``)."""
+    head = _ONE_PART.pack(_FIXED + 8 + size, kind, 1, flags, rank, dest, 0, 0, size)
+    return [head, part]
+
+
+def two_parts(
+    kind: int, dest: int, rank: int, sender: int, seq: int, first: bytes, second: bytes
+) -> list[bytes | bytearray | memoryview]:
+    """The buffers of a frame of two ``bytes`` parts (an envelope and a pickle: a call), flags
+    0, without an :class:`Encoder`; the caller has checked the frame's size
+    (``TWO_PARTS_FIXED`` and the parts' lengths)."""
+    n0 = len(first)
+    n1 = len(second)
+    head = _TWO_PARTS.pack(_FIXED + 16 + n0 + n1, kind, 2, 0, rank, dest, sender, seq, n0, n1)
+    return [head, first, second]
+
+
 class Encoder:
     """Frames of the same parts for several destinations: only the header differs.
 

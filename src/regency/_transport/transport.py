@@ -238,6 +238,21 @@ class Transport:
         if lost:
             raise PeerUnreachableError("; ".join(lost), lost_peers)
 
+    def post_one(self, peer: str, buffers: Sequence[Buffer], size: int) -> None:
+        """:meth:`post` of one frame (the commonest message: a call, a reply)."""
+        entry = self._peers.get(peer)
+        conn = entry.conn if entry is not None else None
+        if conn is None:
+            self.post(((peer, buffers, size),))
+            return
+        try:
+            if conn.post(buffers, size, time.monotonic() - self._last_post < BURST_WINDOW):
+                self._mark_dirty(conn)
+        except ConnectionClosedError as exc:
+            raise PeerUnreachableError(str(exc), (peer,)) from exc
+        finally:
+            self._last_post = time.monotonic()
+
     def _mark_dirty(self, conn: Connection) -> None:
         with self._dirty_lock:
             self._dirty.add(conn)

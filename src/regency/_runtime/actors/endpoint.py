@@ -126,8 +126,9 @@ class Endpoint(Generic[R]):
 
     def _one(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         self._check_arguments(args, kwargs)
-        handler = self._pipeline.one(index, self._name, self._spec.name, args, kwargs)
-        return Future._from_pending(handler.pending)
+        return Future._from_pending(
+            self._pipeline.one(index, self._name, self._spec.name, args, kwargs)
+        )
 
     def _check_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:

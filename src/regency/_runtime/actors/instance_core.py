@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("regency.actor")
 
 _CACHE_MAX = 4096
+_PORT = wire.ENVELOPE_PORT
 STOP = "stop"
 SUPERVISE = "supervise"
 WAKE = "wake"
@@ -85,7 +86,7 @@ class ActorCore(InstanceBase):
         self._owned_stopping: list[Future[None]] = []
         self._wake: Callable[[], None] | None = None
         self._points: dict[tuple[int, tuple[str, ...], tuple[int, ...]], Point] = {}
-        self._envelopes: dict[tuple[Any, int], tuple[str, Point]] = {}
+        self._envelopes: dict[tuple[bytes, int], tuple[str, str | None, Point]] = {}
         # Set when a stop gave up waiting for the actor's thread (see _force_stop).
         self._forced = False
         self._cleanup_started: float | None = None
@@ -288,27 +289,36 @@ class ActorCore(InstanceBase):
     def _open(self, item: Delivery) -> tuple[str, PortRef | None, Point, Sequence[Part], Any]:
         """The method, reply port, point, payload and trace context of a message."""
         parts, rank, reply_override = item
-        envelope = bytes(parts[0])  # small; and a view of a writable buffer cannot be hashed
-        if reply_override is None:
-            # Envelopes without a reply port (broadcasts) repeat byte for byte: decode them once.
-            cached = self._envelopes.get((envelope, rank))
-            if cached is not None:
-                return cached[0], None, cached[1], parts[1:], None
-        method, port, labels, sizes, trace = pickle.loads(envelope)
+        head = parts[0]
+        (port,) = _PORT.unpack_from(head)
+        # The pickle after the port number repeats byte for byte for every call of an endpoint
+        # from one sender (wire.ENVELOPE_PORT): decode it once. (A view of a writable buffer
+        # cannot be hashed: bytes.)
+        key = (bytes(head[_PORT.size :]), rank)
+        cached = self._envelopes.get(key)
+        trace = None
+        if cached is None:
+            method, addr, labels, sizes, trace = pickle.loads(key[0])
+            if type(method) is not str or (port and type(addr) is not str):
+                raise ValueError(f"malformed envelope {(method, addr)!r}")
+            point_key = (rank, labels, sizes)
+            point = self._points.get(point_key)
+            if point is None:
+                if len(self._points) > _CACHE_MAX:
+                    self._points.clear()
+                point = self._points[point_key] = Point(rank, Extent(labels, sizes))
+            cached = (method, addr, point)
+            if trace is None:
+                if len(self._envelopes) > _CACHE_MAX:
+                    self._envelopes.clear()
+                self._envelopes[key] = cached
+        method, addr, point = cached
         if reply_override is not None:
             reply: PortRef | None = reply_override
+        elif port:
+            reply = tuple.__new__(PortRef, (addr, port))  # without NamedTuple's Python call
         else:
-            reply = PortRef._make(port) if port is not None else None
-        key = (rank, labels, sizes)
-        point = self._points.get(key)
-        if point is None:
-            if len(self._points) > _CACHE_MAX:
-                self._points.clear()
-            point = self._points[key] = Point(rank, Extent(labels, sizes))
-        if port is None and reply_override is None and trace is None:
-            if len(self._envelopes) > _CACHE_MAX:
-                self._envelopes.clear()
-            self._envelopes[(envelope, rank)] = (method, point)
+            reply = None
         return method, reply, point, parts[1:], trace
 
     def _reject(self, item: Any) -> None:
@@ -421,9 +431,8 @@ class ActorCore(InstanceBase):
             return None
         except BaseException as exc:
             return exc
-        self._before_reply(parts)
         try:
-            self.runtime.send_port(reply, rank, 0, parts)
+            self.runtime.send_port(reply, rank, 0, parts, before_post=self._before_reply)
         except PeerLostError:
             log.debug("reply to %s dropped: the caller is gone", reply.addr)
         except ValueError as exc:  # frame over the size limit
@@ -432,8 +441,9 @@ class ActorCore(InstanceBase):
             )
         return None
 
-    def _before_reply(self, parts: list[Part]) -> None:
-        """Called just before an endpoint's value is sent back (the sync executor's hook)."""
+    def _before_reply(self) -> None:
+        """Called just before an endpoint's value is posted back, when sending it cannot block
+        (the sync executor's hook)."""
 
     def _reply_error(self, reply: PortRef, rank: int, error: BaseException) -> None:
         try:

@@ -146,35 +146,42 @@ class Channel(Generic[T]):
         return port, receiver.ranked()
 
 
-class OnceReply:
-    """Handler for a single reply (``call_one``, ``choose``)."""
+class OnceReply(Pending):
+    """Handler for a single reply (``call_one``, ``choose``), and the pending reply itself.
 
-    __slots__ = ("_describe", "_watch", "pending", "port")
+    ``watching`` names the process the call went to: its loss fails the call (the router
+    tells every open port whose handler waits on the lost process, see ``Losses``).
+    """
 
-    def __init__(self, watch: Sequence[str], describe: LostDescriber) -> None:
-        self.pending = Pending()
-        self._watch = watch
+    __slots__ = ("_close", "_describe", "port", "watching")
+
+    def __init__(
+        self, watching: Sequence[str], describe: LostDescriber, close: Callable[[int], None]
+    ) -> None:
+        super().__init__()
+        self.watching = watching
         self._describe = describe
+        self._close = close  # the router's close_port
         self.port = -1
 
     def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
-        if self.pending.set_raw(parts, bool(flags & wire.FLAG_ERROR)):
-            state.runtime().close_port(self.port, self._watch)
+        if self.set_raw(parts, bool(flags & wire.FLAG_ERROR)):
+            self._close(self.port)
 
     def peer_lost(self, addr: str, reason: str) -> None:
-        if self.pending.set_exception(self._describe(addr, reason)):
-            state.runtime().close_port(self.port, self._watch)
+        if self.set_exception(self._describe(addr, reason)):
+            self._close(self.port)
 
 
 class GatherReply:
     """Handler for ``call``: collects one reply per rank, merged or not, then completes."""
 
-    def __init__(self, expected: int, watch: Sequence[str], describe: LostDescriber) -> None:
+    def __init__(self, expected: int, watching: Sequence[str], describe: LostDescriber) -> None:
         self.pending = Pending()
         self._expected = expected
         self._entries: list[casting.Entry] = []
         self._lock = threading.Lock()
-        self._watch = watch
+        self.watching = watching  # the processes the call went to (see OnceReply)
         self._describe = describe
         self.port = -1
 
@@ -186,21 +193,21 @@ class GatherReply:
                 return
             done = self._entries
         if self.pending.set_result(done):
-            state.runtime().close_port(self.port, self._watch)
+            state.runtime().close_port(self.port)
 
     def peer_lost(self, addr: str, reason: str) -> None:
         if self.pending.set_exception(self._describe(addr, reason)):
-            state.runtime().close_port(self.port, self._watch)
+            state.runtime().close_port(self.port)
 
 
 class StreamReply:
     """Handler for ``stream``: the i-th reply to arrive completes the i-th future."""
 
-    def __init__(self, expected: int, watch: Sequence[str], describe: LostDescriber) -> None:
+    def __init__(self, expected: int, watching: Sequence[str], describe: LostDescriber) -> None:
         self.pendings = [Pending() for _ in range(expected)]
         self._next = 0
         self._lock = threading.Lock()
-        self._watch = watch
+        self.watching = watching  # the processes the call went to (see OnceReply)
         self._describe = describe
         self.port = -1
 
@@ -212,7 +219,7 @@ class StreamReply:
             if index < len(self.pendings):
                 self.pendings[index].set_raw(entry_parts, bool(entry_flags & wire.FLAG_ERROR))
         if self._next >= len(self.pendings):
-            state.runtime().close_port(self.port, self._watch)
+            state.runtime().close_port(self.port)
 
     def peer_lost(self, addr: str, reason: str) -> None:
         error = self._describe(addr, reason)
@@ -221,7 +228,7 @@ class StreamReply:
             self._next = len(self.pendings)
         for pending in rest:
             pending.set_exception(error)
-        state.runtime().close_port(self.port, self._watch)
+        state.runtime().close_port(self.port)
 
 
 def fail_handler(handler: object, error: BaseException) -> None:
@@ -229,5 +236,7 @@ def fail_handler(handler: object, error: BaseException) -> None:
     if isinstance(handler, StreamReply):
         for pending in handler.pendings:
             pending.set_exception(error)
-    elif isinstance(handler, (OnceReply, GatherReply)):
+    elif isinstance(handler, OnceReply):
+        handler.set_exception(error)
+    elif isinstance(handler, GatherReply):
         handler.pending.set_exception(error)

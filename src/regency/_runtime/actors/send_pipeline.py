@@ -33,12 +33,15 @@ from regency._runtime.actors.ports import (
 )
 from regency._runtime.actors.proc_control import unique
 from regency._runtime.actors.supervision import UndeliverableMessageEnvelope, is_stop_reason
-from regency._runtime.kernel import casting, codec, state
+from regency._runtime.kernel import casting, codec, state, wire
 from regency._runtime.kernel.errors import PeerLostError
+from regency._runtime.kernel.parts import buffers_size
 from regency._runtime.kernel.pending import Pending
-from regency._runtime.kernel.refs import PortRef
+from regency._runtime.kernel.refs import Part, PortRef
 from regency._transport import frames
 from regency.shape import Shape
+
+_PORT = wire.ENVELOPE_PORT
 
 if TYPE_CHECKING:
     from regency._runtime.actors.control import ProcInfo
@@ -57,7 +60,10 @@ class Route(NamedTuple):
     sizes: tuple[int, ...]
     fanout: int
     routing: int  # most bytes a cast frame's routing part to ``addrs`` takes (0: no cast)
-    envelopes: dict[str, bytes]  # pickled envelopes of messages without a reply port
+    # Envelopes without a trace context (see wire.ENVELOPE_PORT): the whole first part of a
+    # message without a reply port by endpoint, the pickle after the port number by
+    # ``(endpoint, reply port's address)``.
+    envelopes: dict[Any, bytes]
     generation: int  # the supervisor's generation it was computed for
 
 
@@ -148,17 +154,7 @@ class SendPipeline:
         handler = GatherReply(len(route.bases), route.unique, self._describer(endpoint))
         reply = self._open(handler)
         self._send(
-            route,
-            endpoint,
-            method,
-            args,
-            kwargs,
-            reply,
-            route.addrs,
-            route.ranks,
-            True,
-            route.unique,
-            handler.pending,
+            route, endpoint, method, args, kwargs, reply, route.addrs, route.ranks, True, handler
         )
         return handler
 
@@ -170,17 +166,7 @@ class SendPipeline:
         handler = StreamReply(len(route.bases), route.unique, self._describer(endpoint))
         reply = self._open(handler)
         self._send(
-            route,
-            endpoint,
-            method,
-            args,
-            kwargs,
-            reply,
-            route.addrs,
-            route.ranks,
-            False,
-            route.unique,
-            handler.pendings[-1] if handler.pendings else None,
+            route, endpoint, method, args, kwargs, reply, route.addrs, route.ranks, False, handler
         )
         return handler
 
@@ -195,21 +181,11 @@ class SendPipeline:
         """Send to rank ``index`` of this view; the handler takes its reply (``call_one``)."""
         route = self.route()
         addr = route.addrs[index]
-        handler = OnceReply((addr,), self._describer(endpoint))
-        reply = self._open(handler)
-        self._send(
-            route,
-            endpoint,
-            method,
-            args,
-            kwargs,
-            reply,
-            (addr,),
-            (index,),
-            False,
-            (addr,),
-            handler.pending,
-        )
+        rt = state.runtime()
+        handler = OnceReply((addr,), functools.partial(self.describe_loss, endpoint), rt.close_port)
+        reply = rt.open_port(handler)
+        handler.port = reply.port
+        self._send(route, endpoint, method, args, kwargs, reply, (addr,), (index,), False, handler)
         return handler
 
     def post(
@@ -240,9 +216,9 @@ class SendPipeline:
         return functools.partial(self.describe_loss, endpoint)
 
     @staticmethod
-    def _open(handler: OnceReply | GatherReply | StreamReply) -> PortRef:
-        # The port watches its destinations only once the message is sent (see _send): a call
-        # refused before sending must fail with the owner's account of the rank, not a watch's.
+    def _open(handler: GatherReply | StreamReply) -> PortRef:
+        # Open before _send looks for recorded losses: a loss after that look finds the port
+        # (see Losses._notify); one before it refuses the call with the owner's account.
         ref = state.runtime().open_port(handler)
         handler.port = ref.port
         return ref
@@ -333,9 +309,10 @@ class SendPipeline:
         addrs: Sequence[str],
         ranks: Sequence[int],
         gather: bool,
-        watch: Sequence[str] = (),
-        pending: Pending | None = None,
+        handler: OnceReply | GatherReply | StreamReply | None = None,
     ) -> None:
+        """Send to ``addrs`` (ranks ``ranks`` of the view); ``handler`` takes the replies when
+        ``reply`` is a port of ours (it names the processes it waits on: ``watching``)."""
         rt = state.runtime()
         supervisor = self.supervisor
         if (
@@ -357,18 +334,87 @@ class SendPipeline:
         else:
             start, traced = probe.begin(reply is not None)
             trace = None if traced is None else (traced[0], traced[2], start)
-        if reply is None and trace is None:
-            envelope = route.envelopes.get(endpoint)
-            if envelope is None:
-                envelope = route.envelopes[endpoint] = pickle.dumps(
+        cached: bytes | None
+        if trace is not None:
+            port, reply_addr = (reply.port, reply.addr) if reply is not None else (0, None)
+            envelope = _PORT.pack(port) + pickle.dumps(
+                (method, reply_addr, route.labels, route.sizes, trace), protocol=5
+            )
+        elif reply is None:
+            cached = route.envelopes.get(endpoint)
+            if cached is None:
+                cached = route.envelopes[endpoint] = _PORT.pack(0) + pickle.dumps(
                     (method, None, route.labels, route.sizes, None), protocol=5
                 )
+            envelope = cached
         else:
-            # The reply port travels as a plain tuple: pickling a NamedTuple runs Python code.
-            port = tuple(reply) if reply is not None else None
-            envelope = pickle.dumps((method, port, route.labels, route.sizes, trace), protocol=5)
+            key = (endpoint, reply.addr)
+            cached = route.envelopes.get(key)
+            if cached is None:
+                cached = route.envelopes[key] = pickle.dumps(
+                    (method, reply.addr, route.labels, route.sizes, None), protocol=5
+                )
+            envelope = _PORT.pack(reply.port) + cached
         body, carried = codec.dumps_call_carrying(args, kwargs)
-        parts = [envelope, *body]
+        sender = context.current_instance()
+        try:
+            # The commonest call (one actor elsewhere, small plain arguments) is posted as is.
+            first = body[0]
+            if not (
+                len(addrs) == 1
+                and len(body) == 1
+                and type(first) is bytes
+                and not carried
+                and rt.post_actor(
+                    addrs[0], self.mesh_id, ranks[0], sender.uid, sender.next_seq, envelope, first
+                )
+            ):
+                self._send_framed(
+                    route, reply, addrs, ranks, gather, [envelope, *body], carried, sender.uid
+                )
+        except PeerLostError as exc:
+            # The router sent to every destination it could reach before it raised: each took
+            # a sequence number of ours. The call itself fails.
+            if handler is not None and rt.losses.will_account_for(addrs):
+                # Our procs, one of whose connections dropped a moment ago: its end and why (its
+                # exit status, its host's loss) are recorded within EXIT_REPORT_GRACE, and the
+                # reply handler, which waits on them, fails the call with that account, as if
+                # the loss came after the send, rather than with the bare connection error.
+                return
+            name = self.mesh_name
+            self._refuse(
+                endpoint,
+                reply,
+                SupervisionError(
+                    f"Endpoint call {name}.{endpoint}() failed: {exc}", f"{name}.{endpoint}"
+                ),
+            )
+            return
+        if probe is not None:
+            size = frames.HEADER.size + 8 * (1 + len(body)) + len(envelope) + buffers_size(body)
+            if isinstance(handler, StreamReply):
+                pending: Pending | None = handler.pendings[-1] if handler.pendings else None
+            elif isinstance(handler, GatherReply):
+                pending = handler.pending
+            else:
+                pending = handler
+            name = f"{self.mesh_name}.{endpoint}"
+            probe.sent(name, start, traced, size, len(addrs), pending, gather)
+
+    def _send_framed(
+        self,
+        route: Route,
+        reply: PortRef | None,
+        addrs: Sequence[str],
+        ranks: Sequence[int],
+        gather: bool,
+        parts: list[Part],
+        carried: list[Any],
+        uid: int,
+    ) -> None:
+        """Send a message of any size to any number of ranks, directly or down the casting
+        tree (what :meth:`FrameRouter.post_actor` does not take)."""
+        rt = state.runtime()
         # Refuse oversize messages before taking sequence numbers: a gap would stall the
         # receiver's ordering of every later message from this sender.
         encoder = frames.Encoder(parts, rt.frame_limit)
@@ -381,48 +427,21 @@ class SendPipeline:
             # ranks (or refuses, raising) before the message that names them goes out.
             bases = [route.bases[r] for r in ranks]
             _plugins.load("tensor").before_actor_send(carried, self, bases)
-        sender = context.current_instance()
         mesh_id = self.mesh_id
-        uid = sender.uid
-        next_seq = sender.next_seq
-        try:
-            if len(addrs) <= route.fanout:
-                targets = [
-                    (addr, next_seq(addr, mesh_id), rank)
-                    for addr, rank in zip(addrs, ranks, strict=True)
-                ]
-                rt.send_actor(targets, mesh_id, uid, encoder)
-            else:
-                dests = [
-                    casting.Dest(addr, next_seq(addr, mesh_id), rank)
-                    for addr, rank in zip(addrs, ranks, strict=True)
-                ]
-                groups = casting.plan(dests, route.fanout)  # one headed here goes last
-                rt.casts.send(groups, mesh_id, uid, reply, gather, parts)
-        except PeerLostError as exc:
-            # The router sent to every destination it could reach before it raised: each took
-            # a sequence number of ours. The call itself fails.
-            if reply is not None and watch and rt.losses.will_account_for(addrs):
-                # Our procs, one of whose connections dropped a moment ago: its end and why (its
-                # exit status, its host's loss) are recorded within EXIT_REPORT_GRACE, and the
-                # watch fails the call with that account, as if the loss came after the send,
-                # rather than with the bare connection error.
-                rt.losses.watch(reply.port, watch)
-                return
-            name = self.mesh_name
-            self._refuse(
-                endpoint,
-                reply,
-                SupervisionError(
-                    f"Endpoint call {name}.{endpoint}() failed: {exc}", f"{name}.{endpoint}"
-                ),
-            )
-            return
-        if reply is not None:
-            rt.losses.watch(reply.port, watch)
-        if probe is not None:
-            name = f"{self.mesh_name}.{endpoint}"
-            probe.sent(name, start, traced, encoder.size, len(addrs), pending, gather)
+        next_seq = context.current_instance().next_seq
+        if len(addrs) <= route.fanout:
+            targets = [
+                (addr, next_seq(addr, mesh_id), rank)
+                for addr, rank in zip(addrs, ranks, strict=True)
+            ]
+            rt.send_actor(targets, mesh_id, uid, encoder)
+        else:
+            dests = [
+                casting.Dest(addr, next_seq(addr, mesh_id), rank)
+                for addr, rank in zip(addrs, ranks, strict=True)
+            ]
+            groups = casting.plan(dests, route.fanout)  # one headed here goes last
+            rt.casts.send(groups, mesh_id, uid, reply, gather, parts)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # As a mesh received in a message: a reference that sends, without the owner's supervisor.

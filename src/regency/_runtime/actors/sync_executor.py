@@ -18,7 +18,6 @@ from regency._runtime.actors import context, tracing
 from regency._runtime.actors.identity import wait_stopped
 from regency._runtime.actors.instance_core import STOP, SUPERVISE, ActorCore, Control
 from regency._runtime.kernel.mailbox import Delivery
-from regency._runtime.kernel.refs import Part
 from regency._runtime.kernel.waiting import (
     thread_waker,
     wait_until,
@@ -98,15 +97,11 @@ class SyncExecutor(ActorCore):
     def _has_queued(self) -> bool:
         return not self._queue.empty()
 
-    def _before_reply(self, parts: list[Part]) -> None:
-        # Only before a reply that cannot block: a thread that claimed the sockets and then
-        # waited for a peer to take its bytes would not read what that peer sends meanwhile.
-        if (
-            not self._is_async
-            and self._turn is None
-            and self._queue.empty()
-            and self.runtime.posts(parts)
-        ):
+    def _before_reply(self) -> None:
+        # Only before a reply that cannot block (the router calls this only then): a thread
+        # that claimed the sockets and then waited for a peer to take its bytes would not read
+        # what that peer sends meanwhile.
+        if not self._is_async and self._turn is None and self._queue.empty():
             self._turn = self.runtime.loop.claim(thread_waker().fd)
 
     def _release_turn(self) -> None:

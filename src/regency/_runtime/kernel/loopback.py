@@ -112,6 +112,13 @@ class Link:
         if lost:
             raise PeerUnreachableError("; ".join(lost), lost_peers)
 
+    def post_one(self, peer: str, buffers: Sequence[Buffer], size: int) -> None:
+        """Queue one small frame (as :meth:`post`)."""
+        try:
+            self.send(peer, buffers)
+        except PeerUnreachableError as exc:
+            raise PeerUnreachableError(str(exc), (peer,)) from exc
+
     def flush(self) -> None:
         """Nothing waits to be coalesced."""
 

@@ -4,7 +4,9 @@ The router keeps one :class:`Losses`. It records which peers ended and why (the 
 forgotten beyond a bound), which are being stopped on purpose (losing one is its stop, not a
 failure), which are this process's own children (a lost connection to one waits for its host
 agent's exit report, which says how it ended), and the procs each remote host agent started
-(lost with that host). Ports register as watchers of addresses and hear of each loss once.
+(lost with that host). Ports register as watchers of addresses and hear of each loss once;
+a port whose handler names the addresses it waits on (``watching``: every call's reply handler)
+hears of their loss without registering, which would cost every call a watch and an unwatch.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from regency._transport.bounded import BoundedDict
 # How long a lost connection to a child waits for its host agent's report of how it ended.
 EXIT_REPORT_GRACE = 1.0
 
-# The handler of an open port, or None once it is closed.
-HandlerOf = Callable[[int], PortHandler | None]
+# The open ports of the process and their handlers (read, never changed, by Losses).
+Ports = Mapping[int, PortHandler]
 # Told of every death before the watchers are: the transport and the bulk arena forget the peer.
 Forget = Callable[[str, str], None]
 
@@ -29,8 +31,8 @@ Forget = Callable[[str, str], None]
 class Losses:
     """The ended peers of one process, and the ports watching for more."""
 
-    def __init__(self, handler_of: HandlerOf, forget: Forget, timers: Timers) -> None:
-        self._handler_of = handler_of
+    def __init__(self, ports: Ports, forget: Forget, timers: Timers) -> None:
+        self._ports = ports
         self._forget = forget
         self._timers = timers
         self._lock = threading.Lock()
@@ -64,7 +66,7 @@ class Losses:
             if waiting is None:
                 waiting = watchers.setdefault(addr, set())
             waiting.add(port)
-        handler = self._handler_of(port)
+        handler = self._ports.get(port)
         if handler is None:
             # Closed meanwhile (its reply already came): it must not linger as a watcher.
             self.unwatch(port, addrs)
@@ -177,6 +179,13 @@ class Losses:
             waiting = self._watchers.pop(addr, set())
         # A copy: a watch may still add to the set (it then sees the end recorded already).
         for port in list(waiting):
-            handler = self._handler_of(port)
+            handler = self._ports.get(port)
             if handler is not None:
+                handler.peer_lost(addr, reason)
+        # Handlers that say what they wait on. The end is recorded before this copy is taken,
+        # and a call opens its port before it looks for recorded ends: either the call sees
+        # this end and is refused, or its port is in the copy.
+        for handler in list(self._ports.values()):
+            watching = getattr(handler, "watching", None)
+            if watching is not None and addr in watching:
                 handler.peer_lost(addr, reason)

@@ -26,7 +26,7 @@ from regency._runtime.kernel.cast_path import CastPath
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.losses import Losses
 from regency._runtime.kernel.mailbox import Mailbox
-from regency._runtime.kernel.parts import OWN_PARTS, buffers_size, own_copies, postable
+from regency._runtime.kernel.parts import COALESCE_MAX, buffers_size, own_copies, postable
 from regency._runtime.kernel.port_handlers import ExitReports, PeerWatch, PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._runtime.kernel.seam import FrameSink, FrameSource, FrameTransport, LossSink, Timers
@@ -66,7 +66,7 @@ class FrameRouter:
         self._early_control: dict[int, list[Any]] = {}
         self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
         # Who ended and why, who is stopped on purpose, and the ports waiting to hear of it.
-        self.losses = Losses(self._ports.get, self._forget_peer, timers)
+        self.losses = Losses(self._ports, self._forget_peer, timers)
         self._exit_port: PortRef | None = None
         # Sends casts to subtree heads (``casts.send``) and forwards the cast frames that come.
         self.casts = CastPath(
@@ -130,20 +130,38 @@ class FrameRouter:
         sender's next sequence number, and a target left without its message would hold back
         every later message from that sender. Then :class:`PeerLostError` names the lost ones.
         """
-        if len(targets) == 1:
-            addr, seq, rank = targets[0]
-            size = encoder.size
-            if addr != self.address and postable(len(encoder.parts), size):
-                # The most common message (call_one, a one-actor mesh): one small frame, posted.
-                buffers = encoder.frame(wire.KIND_ACTOR, mesh_id, rank=rank, sender=sender, seq=seq)
-                try:
-                    self._link.post([(addr, buffers, size)])
-                except PeerUnreachableError as exc:
-                    raise PeerLostError(str(exc)) from exc
-                return
         lost = self._send_actor(targets, mesh_id, sender, encoder)
         if lost:
             raise PeerLostError("; ".join(lost))
+
+    def post_actor(
+        self,
+        addr: str,
+        mesh_id: int,
+        rank: int,
+        sender: int,
+        seq_of: Callable[[str, int], int],
+        envelope: bytes,
+        body: bytes,
+    ) -> bool:
+        """Post a small message of two parts of our own (an envelope and a pickle: the
+        commonest call) to the actor of rank ``rank`` of mesh ``mesh_id`` at ``addr``, taking
+        its sequence number from ``seq_of(addr, mesh_id)``.
+
+        Returns False, having taken no sequence number, when the message is not one to post
+        (too large, or for this process): the caller then sends it with :meth:`send_actor`.
+        """
+        size = frames.TWO_PARTS_FIXED + len(envelope) + len(body)
+        if size > COALESCE_MAX or size > self.frame_limit or addr == self.address:
+            return False
+        buffers = frames.two_parts(
+            wire.KIND_ACTOR, mesh_id, rank, sender, seq_of(addr, mesh_id), envelope, body
+        )
+        try:
+            self._link.post_one(addr, buffers, size)
+        except PeerUnreachableError as exc:
+            raise PeerLostError(str(exc)) from exc
+        return True
 
     def _send_actor(
         self,
@@ -240,24 +258,20 @@ class FrameRouter:
         except PeerUnreachableError as exc:
             raise PeerLostError(str(exc)) from exc
 
-    @staticmethod
-    def posts(parts: Sequence[Part]) -> bool:
-        """Whether :meth:`send_port` posts a message of these parts: returns at once, never
-        waiting for the peer to take bytes (a small message of our own buffers)."""
-        if len(parts) == 1:  # a reply
-            part = parts[0]
-            size = part.nbytes if type(part) is memoryview else len(part)
-        elif len(parts) <= OWN_PARTS:
-            size = buffers_size(parts)
-        else:
-            return False
-        # As send_port decides: on the whole frame's size.
-        return postable(len(parts), frames.HEADER.size + 8 * len(parts) + size)
-
     def send_port(
-        self, ref: PortRef, rank: int, flags: int, parts: Sequence[Part], wait: bool = True
+        self,
+        ref: PortRef,
+        rank: int,
+        flags: int,
+        parts: Sequence[Part],
+        wait: bool = True,
+        before_post: Callable[[], None] | None = None,
     ) -> None:
-        """Send a value to a port (anywhere)."""
+        """Send a value to a port (anywhere).
+
+        ``before_post`` runs just before a message that returns at once, never waiting for the
+        peer to take its bytes, is posted (one small part of our own: a reply).
+        """
         addr = ref.addr
         if addr == self.address:
             handler = self._ports.get(ref.port)
@@ -265,6 +279,18 @@ class FrameRouter:
                 handler.deliver(rank, flags, own_copies(parts))
             return
         self.losses.check_alive(addr)
+        if wait and len(parts) == 1:
+            part = parts[0]
+            size = part.nbytes if type(part) is memoryview else len(part)
+            if frames.ONE_PART_FIXED + size <= min(COALESCE_MAX, self.frame_limit):
+                buffers = frames.one_part(wire.KIND_PORT, ref.port, rank, flags, part, size)
+                if before_post is not None:
+                    before_post()
+                try:
+                    self._link.post_one(addr, buffers, frames.ONE_PART_FIXED + size)
+                except PeerUnreachableError as exc:
+                    raise PeerLostError(str(exc)) from exc
+                return
         try:
             encoder = frames.Encoder(parts, self.frame_limit)
             size = encoder.size

@@ -43,6 +43,9 @@ class FrameTransport(Protocol):
         :meth:`flush`; frames to live peers go even when one peer is lost, then
         ``PeerUnreachableError`` names it (its ``peers`` too)."""
 
+    def post_one(self, peer: str, buffers: Sequence[Buffer], size: int) -> None:
+        """:meth:`post` of one frame."""
+
     def flush(self) -> None:
         """Send every frame waiting to be coalesced."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Final
 
@@ -10,6 +11,12 @@ KIND_ACTOR: Final = 1  # a message for the actor whose mailbox id is ``dest``
 KIND_CAST: Final = 2  # like KIND_ACTOR, plus a routing part listing procs to forward to
 KIND_PORT: Final = 3  # a value for the port whose id is ``dest``
 KIND_CONTROL: Final = 4  # a request for the service whose id is ``dest``
+
+# An actor message's first part: the reply port's number (0: no reply port), then the pickled
+# envelope ``(method, reply port's address or None, labels, sizes, trace context or None)``.
+# Without a trace context the pickle is the same for every call of one endpoint from one process,
+# so the sender makes it once and the receiver decodes it once.
+ENVELOPE_PORT: Final = struct.Struct("<Q")
 
 # Port message flags.
 FLAG_ERROR: Final = 1  # the value is an exception to raise at the receiver
