@@ -119,7 +119,11 @@ class Connection:
             rest = _advance(buffers, sent)
         else:
             rest = _advance(buffers, 0)
-        item = _Pending(rest, threading.Event() if wait else None)
+        return self._queue_rest_locked(rest, threading.Event() if wait else None)
+
+    def _queue_rest_locked(self, rest: list[memoryview], done: threading.Event | None) -> _Pending:
+        """Queue what the socket did not take for the writer thread (started on first use)."""
+        item = _Pending(rest, done)
         self._backlog.append(item)
         if self._writer is None:
             self._writer = threading.Thread(
@@ -143,7 +147,15 @@ class Connection:
             if self.closed is not None:
                 raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
             if not burst and not self._outbox and not self._backlog:
-                self._write_locked(buffers, wait=False, total=size)
+                try:  # _write_locked's first step, inline: nearly always all of it goes
+                    sent = self.sock.sendmsg(buffers)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError as exc:
+                    self._close_locked(f"send failed: {exc}")
+                    raise ConnectionClosedError(f"connection to {self.peer} failed: {exc}") from exc
+                if sent != size:
+                    self._queue_rest_locked(_advance(buffers, sent), None)
                 return False
             self._outbox.extend(buffers)
             self._outbox_bytes += size

@@ -125,7 +125,10 @@ class Endpoint(Generic[R]):
         return n
 
     def _one(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
-        self._check_arguments(args, kwargs)
+        try:  # _check_arguments, without its call (call_one's path)
+            self._checker.check(args, kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self._pipeline.mesh_name}.{self._name}(): {exc}") from None
         return Future._from_pending(
             self._pipeline.one(index, self._name, self._spec.name, args, kwargs)
         )

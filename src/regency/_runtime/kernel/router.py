@@ -64,6 +64,8 @@ class FrameRouter:
         self._port_ids = itertools.count(16)
         self._services: dict[int, Service] = {}
         self._early_control: dict[int, list[Any]] = {}
+        # The largest part a one-part message posted by send_port may have.
+        self._post_part_max = min(COALESCE_MAX, frame_limit) - frames.ONE_PART_FIXED
         self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
         # Who ended and why, who is stopped on purpose, and the ports waiting to hear of it.
         self.losses = Losses(self._ports, self._forget_peer, timers)
@@ -282,7 +284,7 @@ class FrameRouter:
         if wait and len(parts) == 1:
             part = parts[0]
             size = part.nbytes if type(part) is memoryview else len(part)
-            if frames.ONE_PART_FIXED + size <= min(COALESCE_MAX, self.frame_limit):
+            if size <= self._post_part_max:
                 buffers = frames.one_part(wire.KIND_PORT, ref.port, rank, flags, part, size)
                 if before_post is not None:
                     before_post()
@@ -386,7 +388,8 @@ class FrameRouter:
                 handler.deliver(frame.rank, frame.flags, frame.parts)
             return
         if kind == wire.KIND_ACTOR:
-            self._deliver_local(frame.dest, frame.sender, frame.seq, frame.rank, frame.parts, None)
+            box = self._mailboxes.get(frame.dest) or self.mailbox(frame.dest)
+            box.post(frame.sender, frame.seq, (frame.parts, frame.rank, None))
             return
         if kind == wire.KIND_CAST:
             if not frame.parts:
