@@ -48,11 +48,16 @@ class Pending:
 
     def set_raw(self, parts: Sequence[Any], is_error: bool = False) -> bool:
         """Fill with undecoded message parts; returns False if already filled."""
-        if self._callbacks is None:
-            return False
-        self._raw = parts
-        self._raw_error = is_error
-        return self._finish()
+        with _STATE:  # _finish, inline: every reply comes this way
+            callbacks = self._callbacks
+            if callbacks is None:
+                return False
+            self._raw = parts
+            self._raw_error = is_error
+            self._callbacks = None
+        for cb in callbacks:
+            cb(self)
+        return True
 
     def set_result(self, value: Any) -> bool:
         """Fill with a value; returns False if already filled."""
