@@ -27,6 +27,7 @@ FILL_MIN = 4 << 20  # below: no 2 MiB interior to advise, and glibc reuses freed
 
 _PAGE = mmap.PAGESIZE
 _HUGE = 2 << 20
+_PyBUF_WRITE = 0x200
 _MADV_HUGEPAGE = 14
 _MADV_POPULATE_WRITE = 23  # Linux 5.14; Python 3.11's mmap module does not name it
 _RESIDENT = bytes(i & 1 for i in range(256))  # mincore: only the lowest bit of a byte is defined
@@ -42,6 +43,9 @@ class _Calls:
         for new in (self.new_bytes, self.new_bytearray):
             new.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
             new.restype = ctypes.py_object  # ctypes takes over the new reference
+        self.view = api.PyMemoryView_FromMemory  # format B, no ctypes array type per size
+        self.view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+        self.view.restype = ctypes.py_object
         self.bytes_address = api.PyBytes_AsString
         self.bytearray_address = api.PyByteArray_AsString
         for address in (self.bytes_address, self.bytearray_address):
@@ -94,8 +98,8 @@ def _fill(calls: _Calls, address: int, view: memoryview) -> None:
     """Copy ``view`` to ``address``, where a new object has room for it, fresh pages advised."""
     size = view.nbytes
     _advise_fresh(calls, address, size)
-    target = (ctypes.c_char * size).from_address(address)
-    memoryview(target).cast("B")[:] = view.cast("B")
+    target: memoryview = calls.view(address, size, _PyBUF_WRITE)
+    target[:] = view.cast("B")
 
 
 def _advise_fresh(calls: _Calls, address: int, size: int) -> None:
