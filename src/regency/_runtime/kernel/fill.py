@@ -106,16 +106,18 @@ def _advise_fresh(calls: _Calls, address: int, size: int) -> None:
     """Map the fresh pages of ``[address, address + size)`` at once, on huge pages where they fit.
 
     A block is fresh from some page on (a new mapping: all of it; the top of a heap that grew:
-    its end), so the advice starts at the first page not yet in use.
+    its end), so its last whole page tells (one ``mincore`` of a page: a full scan costs ~15 ns
+    a page, 4% of a copy into warm memory) and the advice starts at the first page not in use.
     """
     start = -(-address // _PAGE) * _PAGE
     end = (address + size) // _PAGE * _PAGE
+    last = ctypes.c_ubyte()
+    if calls.mincore(end - _PAGE, _PAGE, ctypes.byref(last)) != 0 or last.value & 1:
+        return  # in use up to its end (or unknown): a block the allocator reused
     resident = (ctypes.c_ubyte * ((end - start) // _PAGE))()
     if calls.mincore(start, end - start, resident) != 0:
         return
     first = bytes(resident).translate(_RESIDENT).find(0)
-    if first < 0:
-        return
     fresh = start + first * _PAGE
     huge_start = -(-fresh // _HUGE) * _HUGE
     huge_end = end // _HUGE * _HUGE
