@@ -37,17 +37,19 @@ class _Calls:
     """The C functions used here, bound once (``AttributeError``/``OSError`` where missing)."""
 
     def __init__(self) -> None:
-        api = ctypes.pythonapi  # calls that hold the GIL and raise the error they set
-        self.new_bytes = api.PyBytes_FromStringAndSize
-        self.new_bytearray = api.PyByteArray_FromStringAndSize
+        # Calls that hold the GIL and raise the error they set; ``[name]`` makes our own function
+        # objects, so the argtypes set here never change the user's ``ctypes.pythonapi.<name>``.
+        api = ctypes.pythonapi
+        self.new_bytes = api["PyBytes_FromStringAndSize"]
+        self.new_bytearray = api["PyByteArray_FromStringAndSize"]
         for new in (self.new_bytes, self.new_bytearray):
             new.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
             new.restype = ctypes.py_object  # ctypes takes over the new reference
-        self.view = api.PyMemoryView_FromMemory  # format B, no ctypes array type per size
+        self.view = api["PyMemoryView_FromMemory"]  # format B, no ctypes array type per size
         self.view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
         self.view.restype = ctypes.py_object
-        self.bytes_address = api.PyBytes_AsString
-        self.bytearray_address = api.PyByteArray_AsString
+        self.bytes_address = api["PyBytes_AsString"]
+        self.bytearray_address = api["PyByteArray_AsString"]
         for address in (self.bytes_address, self.bytearray_address):
             address.argtypes = (ctypes.py_object,)
             address.restype = ctypes.c_void_p
