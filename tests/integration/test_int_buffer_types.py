@@ -1,9 +1,10 @@
 """``bytes``, ``bytearray`` and ``memoryview`` values to and from a proc (issue 17, target 3).
 
 Each arrives as its own type with the same contents at every size, from empty through the
-out-of-band threshold (64 KiB) and the shared-memory threshold (1 MiB) to 16 MiB; a large
-memoryview arrives over the sender's arena without a copy; and a proc's heap keeps freed memory,
-so a large value it rebuilds lands in pages it already has.
+out-of-band threshold (64 KiB) and the shared-memory threshold (1 MiB) to 16 MiB, and at an odd
+size far above them, rebuilt by ``kernel/fill.py`` or, where that is refused, by a plain copy; a
+large memoryview arrives over the sender's arena without a copy; and a proc's heap keeps freed
+memory, so a large value it rebuilds lands in pages it already has.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from _bulk_helpers import arena_in_use, wait_until
 
 from regency import config
+from regency._runtime.kernel import fill
 from regency.actor import Actor, ActorMesh, endpoint, this_host
 
 pytestmark = pytest.mark.timeout(120)
@@ -117,6 +119,20 @@ def test_results_arrive_as_their_type_with_their_contents(
 ) -> None:
     back = buffers.make.call_one(kind, size).get(timeout=T)
     assert describe(back) == expected(kind, size)
+
+
+@pytest.mark.parametrize("trick", [True, False], ids=["fill", "plain-copy"])
+@pytest.mark.parametrize("kind", ["bytes", "bytearray"])
+def test_a_large_odd_sized_value_arrives_whole_both_ways(
+    buffers: ActorMesh[Buffers], monkeypatch: pytest.MonkeyPatch, kind: str, trick: bool
+) -> None:
+    """64 MiB + 3 bytes: past the fill threshold, not a whole page, not a whole huge page."""
+    if not trick:  # the controller rebuilds results as where ctypes is refused
+        monkeypatch.setattr(fill, "_calls", None)
+    size = 64 * MiB + 3
+    back = buffers.make.call_one(kind, size).get(timeout=T)
+    assert describe(back) == expected(kind, size)
+    assert tuple(buffers.describe.call_one(back).get(timeout=T)) == expected(kind, size)
 
 
 @pytest.mark.parametrize("size", [64 * KiB, 16 * MiB], ids=["64KiB", "16MiB"])

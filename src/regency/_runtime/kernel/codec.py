@@ -6,10 +6,11 @@ not copied into the body but travel as separate parts that ``sendmsg`` writes st
 object's memory.
 
 What arrives: a ``bytes`` as ``bytes`` and a ``bytearray`` as ``bytearray`` (each one copy out of
-the received part, which frees it); a ``memoryview`` as a ``memoryview`` straight over the
-received part (no copy), with the sender's ``format`` and ``shape`` where ``memoryview.cast`` can
-express them (a native single-character format and no zero in the shape; otherwise format ``B``,
-one dimension), read-only if the sender's view was.
+the received part, which frees it; large ones into memory made cheap to fill, ``fill.py``); a
+``memoryview`` as a ``memoryview`` straight over the received part (no copy), with the sender's
+``format`` and ``shape`` where ``memoryview.cast`` can express them (a native single-character
+format and no zero in the shape; otherwise format ``B``, one dimension), read-only if the
+sender's view was.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 
 import cloudpickle
 
+from regency._runtime.kernel.fill import bytearray_from, bytes_from
+
 Part = bytes | bytearray | memoryview
 
 OUT_OF_BAND_MIN = 64 * 1024
@@ -35,7 +38,8 @@ class _Large:
 
     The C pickler writes these types in-band without consulting any hook, so large top-level
     arguments and return values are wrapped before pickling. The receiver rebuilds the value
-    with ``bytes(part)`` / ``bytearray(part)``: one copy out of the received part.
+    with :func:`~regency._runtime.kernel.fill.bytes_from` / ``bytearray_from``: one copy out of
+    the received part.
     """
 
     __slots__ = ("data",)
@@ -44,7 +48,8 @@ class _Large:
         self.data = data
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        return (type(self.data), (pickle.PickleBuffer(self.data),))
+        rebuild = bytes_from if type(self.data) is bytes else bytearray_from
+        return (rebuild, (pickle.PickleBuffer(self.data),))
 
 
 def _memoryview_from_buffer(
