@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from itertools import accumulate
+from types import SimpleNamespace
 from typing import Final
 
 from regency._errors import RegencyError
@@ -27,13 +28,8 @@ MAX_PARTS: Final = 255
 KIND_HEARTBEAT: Final = 0  # header only; the transport consumes it (see heartbeat.py)
 
 
-_TABLES = [struct.Struct(f"<{n}Q") for n in range(MAX_PARTS + 1)]
-
-
-def _table(nparts: int) -> struct.Struct:
-    """The packer of a frame's part-length table (precompiled for every possible count)."""
-    return _TABLES[nparts]
-
+# The packer of a frame's part-length table, by its number of parts (each precompiled).
+PART_TABLES: Final = [struct.Struct(f"<{n}Q") for n in range(MAX_PARTS + 1)]
 
 _FIXED: Final = HEADER.size - LENGTH_PREFIX  # a frame's length counts its header but this
 
@@ -46,9 +42,13 @@ class FrameTooLargeError(RegencyError, ValueError):
     """A frame exceeds the configured size limit."""
 
 
-@dataclass(slots=True)
-class Frame:
-    """One decoded frame; ``parts`` are memoryviews over the received bytes."""
+class Frame(SimpleNamespace):
+    """One decoded frame; ``parts`` are memoryviews over the received bytes.
+
+    Made with keyword arguments, one for each field below. (A ``SimpleNamespace`` is made in
+    C: a frame per message, a dataclass's generated ``__init__`` would cost more than the
+    rest of cutting a small frame out of the stream.)
+    """
 
     kind: int
     flags: int
@@ -96,7 +96,7 @@ class Encoder:
             _check(nparts, self.body_len + LENGTH_PREFIX, limit)
         self.nparts = nparts
         self.parts = parts
-        self.table = _TABLES[nparts].pack(*sizes)
+        self.table = PART_TABLES[nparts].pack(*sizes)
 
     @property
     def size(self) -> int:
@@ -132,13 +132,18 @@ def decode(frame: memoryview) -> Frame:
     """Decode one whole frame (its length prefix included); the parts are views into it."""
     _, kind, nparts, flags, rank, dest, sender, seq = HEADER.unpack_from(frame)
     offset = HEADER.size + 8 * nparts
-    end = frame.nbytes
-    if end < offset:
+    if frame.nbytes < offset:
         raise FrameError("frame shorter than its part table")
-    parts = []
-    for size in _table(nparts).unpack_from(frame, HEADER.size):
-        parts.append(frame[offset : offset + size])
-        offset += size
-    if offset != end:
+    # Where each part ends, after where the first begins.
+    ends = list(accumulate(PART_TABLES[nparts].unpack_from(frame, HEADER.size), initial=offset))
+    if ends[-1] != frame.nbytes:
         raise FrameError("frame part lengths do not add up to the frame length")
-    return Frame(kind, flags, rank, dest, sender, seq, parts)
+    return Frame(
+        kind=kind,
+        flags=flags,
+        rank=rank,
+        dest=dest,
+        sender=sender,
+        seq=seq,
+        parts=list(map(frame.__getitem__, map(slice, ends, ends[1:]))),
+    )
