@@ -199,3 +199,57 @@ def test_huge_announced_length(pair: tuple[socket.socket, socket.socket]) -> Non
     writer.sendall(struct.pack("<Q", 2**64 - 1) + b"\0" * (HEADER.size - 8))
     with pytest.raises(FrameError):
         FrameReader(sock, LIMIT).read()
+
+
+def raw_frame(sizes: list[int], payload: bytes) -> bytes:
+    """A frame whose part table says ``sizes`` whatever ``payload`` holds."""
+    table = struct.pack(f"<{len(sizes)}Q", *sizes)
+    body_len = HEADER.size - 8 + len(table) + len(payload)
+    return HEADER.pack(body_len, 1, len(sizes), 0, 0, 7, 0, 3) + table + payload
+
+
+def test_one_frame_and_a_half_in_one_read(pair: tuple[socket.socket, socket.socket]) -> None:
+    # The quick case (one whole frame per read) must not take a frame and a half for one.
+    writer, sock = pair
+    first, second = encode(b"one", seq=1, extra=b"two"), encode(b"three" * 50, seq=2)
+    reader = FrameReader(sock, LIMIT)
+    writer.sendall(first + second[:30])
+    got = reader.read()
+    assert got is not None
+    assert [(f.seq, [bytes(p) for p in f.parts]) for f in got] == [(1, [b"one", b"two"])]
+    writer.sendall(second[30:])
+    (rest,) = reader.read() or [None]
+    assert rest is not None
+    assert (rest.seq, bytes(rest.parts[0])) == (2, b"three" * 50)
+    # Back to one whole frame per read.
+    writer.sendall(encode(b"four", seq=3))
+    assert [f.seq for f in reader.read() or []] == [3]
+
+
+def test_part_lengths_that_do_not_add_up(pair: tuple[socket.socket, socket.socket]) -> None:
+    writer, sock = pair
+    writer.sendall(raw_frame([3, 4], b"abcdefgh"))  # 7 bytes of parts announced, 8 sent
+    with pytest.raises(FrameError, match="do not add up"):
+        FrameReader(sock, LIMIT).read()
+
+
+def test_part_table_longer_than_the_frame(pair: tuple[socket.socket, socket.socket]) -> None:
+    writer, sock = pair
+    data = raw_frame([1, 1, 1], b"abc")
+    # Same length prefix, but the frame claims more parts than its bytes can hold a table for.
+    data = data[:9] + bytes([200]) + data[10:]
+    writer.sendall(data)
+    with pytest.raises(FrameError, match="shorter than its part table"):
+        FrameReader(sock, LIMIT).read()
+
+
+def test_a_whole_frame_of_the_buffer_size_in_one_read(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    writer, sock = pair
+    payload = b"y" * (CHUNK - len(encode(b"")))
+    data = encode(payload, seq=5)
+    assert len(data) == CHUNK
+    writer.sendall(data)
+    got = drain(FrameReader(sock, LIMIT), sock)
+    assert [(f.seq, bytes(f.parts[0])) for f in got] == [(5, payload)]
