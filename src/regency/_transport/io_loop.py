@@ -160,9 +160,9 @@ class IOLoop:
             if not fds:
                 return None
             previous, self._reader = self._reader, turn
-            if self._stolen is not fds:
+            stolen = self._stolen
+            if stolen is not fds:
                 # Out of the epoll set: all of them but while an earlier reader holds some.
-                stolen = self._stolen
                 for fd in fds:
                     if fd not in stolen:
                         try:  # noqa: SIM105 (per wait: suppress() costs three Python calls)

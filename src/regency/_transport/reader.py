@@ -18,6 +18,7 @@ from regency._transport.tls import SecureSocket, Stream
 _CHUNK = 256 * 1024
 _LEN = struct.Struct("<Q")
 _HEAD = HEADER.size
+_unpack_head = HEADER.unpack_from
 _MIN_BODY = _HEAD - LENGTH_PREFIX  # a frame's length counts at least its header
 # Reads of one large frame in a row over TLS (16 KiB records), before epoll gets its turn.
 _TLS_READS = 256
@@ -76,7 +77,7 @@ class FrameReader:
             return []
         if n >= _HEAD:
             buf = self._buf
-            body_len, kind, nparts, flags, rank, dest, sender, seq = HEADER.unpack_from(buf)
+            body_len, kind, nparts, flags, rank, dest, sender, seq = _unpack_head(buf)
             if n == LENGTH_PREFIX + body_len and n <= self._limit:
                 table = PART_TABLES[nparts].unpack_from(buf, _HEAD)
                 ends = list(accumulate(table, initial=_HEAD + 8 * nparts))
