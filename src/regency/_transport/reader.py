@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-from itertools import accumulate
 
 from regency._transport.frames import (
     HEADER,
@@ -79,21 +78,14 @@ class FrameReader:
             buf = self._buf
             body_len, kind, nparts, flags, rank, dest, sender, seq = _unpack_head(buf)
             if n == LENGTH_PREFIX + body_len and n <= self._limit:
-                table = PART_TABLES[nparts].unpack_from(buf, _HEAD)
-                ends = list(accumulate(table, initial=_HEAD + 8 * nparts))
-                if ends[-1] == n:  # the part lengths add up (so the table is inside the frame)
-                    data = memoryview(bytes(view[:n]))
-                    return [
-                        Frame(
-                            kind=kind,
-                            flags=flags,
-                            rank=rank,
-                            dest=dest,
-                            sender=sender,
-                            seq=seq,
-                            parts=list(map(data.__getitem__, map(slice, ends, ends[1:]))),
-                        )
-                    ]
+                data = memoryview(bytes(view[:n]))
+                offset = _HEAD + 8 * nparts
+                parts = []
+                for size in PART_TABLES[nparts].unpack_from(buf, _HEAD):
+                    parts.append(data[offset : offset + size])
+                    offset += size
+                if offset == n:  # the part lengths add up (so the table is inside the frame)
+                    return [Frame(kind, flags, rank, dest, sender, seq, parts)]
         elif n == 0:
             return None
         self._end = n
