@@ -148,7 +148,8 @@ class IOLoop:
         thread's condition true from another thread. ``None`` when inline reading is not
         possible (on the loop thread, or too many connections).
 
-        A thread's turn is the same object each time: give it back once per claim.
+        A thread's turn is the same object at each claim: one give-back (:meth:`release`, or
+        the end of a wait) ends every claim it made.
         """
         turn = _turns.turn
         if turn is None or turn.wake_fd != wake_fd:
