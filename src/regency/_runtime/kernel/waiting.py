@@ -37,6 +37,8 @@ class Waker:
 
 
 class _Local(threading.local):
+    """Each thread's :class:`Waker`, made on the thread's first look."""
+
     def __init__(self) -> None:
         self.waker = Waker()
 
