@@ -1,7 +1,9 @@
-"""``wait_pending``: a thread spins for its reply only while its replies come that quickly."""
+"""``wait_pending``: a thread spins for its reply only while its replies come that quickly, and
+gives the connections it claimed back however its wait ends."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -25,27 +27,45 @@ class Clock:
         return self.now
 
 
+class Loop:
+    """An I/O loop whose inline wait takes as long as the next entry of ``takes``."""
+
+    def __init__(self, clock: Clock, takes: list[float]) -> None:
+        self.clock = clock
+        self.takes = takes
+        self.spins: list[float] = []
+
+    def wait_reading(
+        self,
+        until: Callable[[], bool],
+        wake_fd: int,
+        timeout: float | None,
+        spin_until: float = 0.0,
+        turn: Turn | None = None,
+        before: Callable[[], None] | None = None,
+    ) -> bool:
+        self.spins.append(spin_until and spin_until - self.clock.now)
+        self.clock.now += self.takes[len(self.spins) - 1]
+        return True
+
+
+class Runtime:
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+
+    def flush(self) -> None:
+        pass
+
+
 def test_a_thread_spins_only_while_its_replies_come_within_the_spin(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = Clock()
-    spins: list[float] = []
     # How long each successive reply takes to come.
     takes = [10e-6, 3e-3, 3e-3, 10e-6, 10e-6]
-
-    def fake_wait_until(
-        until: Callable[[], bool],
-        fd: int,
-        timeout: float | None,
-        spin: float = 0.0,
-        turn: Turn | None = None,
-    ) -> bool:
-        spins.append(spin)
-        clock.now += takes[len(spins) - 1]
-        return True
-
-    monkeypatch.setattr(waiting, "time", clock)
-    monkeypatch.setattr(waiting, "wait_until", fake_wait_until)
+    loop = Loop(clock, takes)
+    monkeypatch.setattr(waiting, "monotonic", clock.monotonic)
+    monkeypatch.setattr(waiting.state, "existing", lambda: Runtime(loop))
     results: list[Any] = []
 
     def waiter() -> None:  # a thread of its own: the spin is decided per thread
@@ -56,28 +76,39 @@ def test_a_thread_spins_only_while_its_replies_come_within_the_spin(
     thread.join(10)
     assert results == [True] * len(takes)
     # A first wait spins; a slow reply stops the next wait's spin, a quick one brings it back.
-    assert spins == [REPLY_SPIN_SECONDS, REPLY_SPIN_SECONDS, 0.0, 0.0, REPLY_SPIN_SECONDS]
+    spin = pytest.approx(REPLY_SPIN_SECONDS)
+    assert loop.spins == [spin, spin, 0.0, 0.0, spin]
 
 
-def test_a_flush_that_raises_gives_the_claimed_turn_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_flush_that_raises_gives_the_claimed_sockets_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The waiting thread claimed the connections before flushing: if the flush raises, the
     loop must read them again (nobody else would)."""
     loop = IOLoop(name="test-waiting")
-    released: list[Turn] = []
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    readers: list[str] = []
+    got = threading.Event()
 
-    class Runtime:
-        def __init__(self) -> None:
-            self.loop = loop
+    def readable(_: int) -> None:
+        if ours.recv(1):
+            readers.append(threading.current_thread().name)
+            got.set()
 
+    class Failing(Runtime):
         def flush(self) -> None:
             raise KeyboardInterrupt
 
-    turn = Turn(0)
-    monkeypatch.setattr(waiting.state, "existing", Runtime)
-    monkeypatch.setattr(loop, "release", released.append)
+    loop.register(ours.fileno(), readable, stealable=True)
+    monkeypatch.setattr(waiting.state, "existing", lambda: Failing(loop))
     try:
         with pytest.raises(KeyboardInterrupt):
-            waiting.wait_until(lambda: False, 0, 1.0, turn=turn)
+            waiting.wait_pending(Pending(), 1.0)
+        theirs.send(b"x")
+        assert got.wait(10), "nobody read the socket after the failed wait"
+        assert readers == ["test-waiting"]
     finally:
         loop.stop()
-    assert released == [turn]
+        ours.close()
+        theirs.close()

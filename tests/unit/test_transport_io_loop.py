@@ -173,3 +173,69 @@ def test_the_loop_thread_cannot_claim(loop: IOLoop) -> None:
         assert claims == [None]
     finally:
         os.close(fd)
+
+
+class Marker:
+    """A socket the loop thread alone reads: once it has read a byte sent after another
+    socket's, it has seen that socket readable too (one epoll_wait brings both)."""
+
+    def __init__(self, loop: IOLoop) -> None:
+        self.ours, self.theirs = socket.socketpair()
+        self.read = threading.Event()
+        loop.register(self.ours.fileno(), self._readable)
+
+    def _readable(self, _events: int) -> None:
+        self.ours.recv(1)
+        self.read.set()
+
+    def pass_through(self) -> None:
+        """Send a byte and wait until the loop thread has read it."""
+        self.read.clear()
+        self.theirs.send(b"m")
+        assert self.read.wait(10)
+
+
+def test_a_connection_registered_during_a_turn_is_the_loops_until_the_next_claim(
+    loop: IOLoop,
+) -> None:
+    first = Peer(loop)
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    try:
+        turn = loop.claim(fd)
+        assert turn is not None
+        later = Peer(loop)  # not among the turn's connections: the loop reads it meanwhile
+        assert later.exchange() == LOOP_THREAD
+        # A claim now takes both; the loop reads neither until they are given back.
+        again = loop.claim(fd)
+        assert again is turn
+        marker = Marker(loop)
+        first.theirs.send(b"x")
+        later.theirs.send(b"x")
+        marker.pass_through()
+        assert (first.readers, later.readers) == ([], [LOOP_THREAD])
+        both = loop.wait_reading(lambda: len(later.readers) == 2, fd, 10, turn=turn)
+        assert both is True
+        me = threading.current_thread().name
+        assert (first.readers, later.readers) == ([me], [LOOP_THREAD, me])
+        assert {first.exchange(), later.exchange()} == {LOOP_THREAD}
+    finally:
+        os.close(fd)
+
+
+def test_a_connection_unregistered_during_a_turn_is_not_given_back(loop: IOLoop) -> None:
+    peer = Peer(loop)
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    try:
+        turn = loop.claim(fd)
+        assert turn is not None
+        loop.unregister(peer.ours.fileno())
+        loop.release(turn)
+        peer.theirs.send(b"x")
+        Marker(loop).pass_through()
+        assert peer.readers == []  # nobody watches it any more
+        # Not back in the epoll set behind the loop's back: it can be registered anew.
+        loop.register(peer.ours.fileno(), peer._readable, stealable=True)
+        assert peer._got.wait(10)
+        assert peer.readers == [LOOP_THREAD]
+    finally:
+        os.close(fd)

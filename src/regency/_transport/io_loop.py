@@ -9,9 +9,10 @@ import logging
 import os
 import select
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
+from threading import get_ident
+from time import monotonic
 
 log = logging.getLogger("regency.io")
 
@@ -25,44 +26,42 @@ REPLY_SPIN_SECONDS = 50e-6
 _RECHECK_MS = 100
 # Beyond this many connections, taking them from the loop costs more syscalls than it saves.
 _MAX_STOLEN = 16
+_POLLNVAL = select.POLLNVAL
 
 
 class Turn:
     """A thread's turn as the one that reads the loop's connections inline (see
-    :meth:`IOLoop.claim`): the descriptors it polls and the eventfd that wakes it."""
+    :meth:`IOLoop.claim`): the eventfd that wakes it, the descriptors it polls and its ``poll``
+    objects for them. Each thread has one, kept between its waits: a thread waits on the same
+    descriptors again and again."""
 
-    __slots__ = ("fds", "wake_fd")
+    __slots__ = ("fds", "poller", "wake_fd", "waking")
 
-    def __init__(self, wake_fd: int, fds: tuple[int, ...] = ()) -> None:
+    def __init__(self, wake_fd: int) -> None:
         self.wake_fd = wake_fd
-        self.fds = fds
+        # Polls wake_fd alone: the thread waits so once a later waiter took over.
+        self.waking = select.poll()
+        self.waking.register(wake_fd, select.POLLIN)
+        self.fds: tuple[int, ...] | None = None
+        self.poller = self.waking
+
+    def watch(self, fds: tuple[int, ...]) -> None:
+        """Poll ``fds`` (and the wake eventfd) from now on."""
+        poller = select.poll()
+        poller.register(self.wake_fd, select.POLLIN)
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        self.fds, self.poller = fds, poller
 
 
-class _Poller(threading.local):
-    """Each thread's ``poll`` object for reading inline, kept between its waits: a thread
-    waits on the same descriptors again and again (its wake eventfd and the connections)."""
+class _Turns(threading.local):
+    """The calling thread's :class:`Turn`; none for a loop thread (``barred``)."""
 
-    def __init__(self) -> None:
-        self.key: tuple[int, tuple[int, ...]] | None = None
-        self.poller = select.poll()
-
-    def get(self, wake_fd: int, fds: tuple[int, ...]) -> select.poll:
-        """A poller of ``wake_fd`` and ``fds`` (made anew when they changed)."""
-        key = (wake_fd, fds)
-        if key != self.key:
-            poller = select.poll()
-            poller.register(wake_fd, select.POLLIN)
-            for fd in fds:
-                poller.register(fd, select.POLLIN)
-            self.key, self.poller = key, poller
-        return self.poller
-
-    def drop(self) -> None:
-        """Forget the kept poller (it is about to lose a descriptor)."""
-        self.key = None
+    turn: Turn | None = None
+    barred = False
 
 
-_poller = _Poller()
+_turns = _Turns()
 
 
 class IOLoop:
@@ -76,10 +75,11 @@ class IOLoop:
         self._epoll = select.epoll()
         self._handlers: dict[int, Handler] = {}
         self._stealable: dict[int, Handler] = {}
-        self._stealable_fds: tuple[int, ...] = ()  # the keys of _stealable, for turns
+        # The keys of _stealable, for turns; empty while there are too many to claim.
+        self._stealable_fds: tuple[int, ...] = ()
         # The stealable descriptors out of the epoll set while a thread reads them inline, and
-        # that thread's turn and wake eventfd (one reader at a time: see wait_reading).
-        self._stolen: dict[int, Handler] = {}
+        # that thread's turn (one reader at a time: see wait_reading).
+        self._stolen: tuple[int, ...] = ()
         self._reader: Turn | None = None
         self._steal_lock = threading.Lock()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -94,7 +94,7 @@ class IOLoop:
 
     def in_loop(self) -> bool:
         """Whether the calling thread is the loop thread."""
-        return threading.get_ident() == self._ident
+        return get_ident() == self._ident
 
     def register(
         self, fd: int, handler: Handler, events: int = select.EPOLLIN, stealable: bool = False
@@ -105,22 +105,34 @@ class IOLoop:
         :meth:`wait_reading` may run it instead of the loop thread.
         """
         with self._steal_lock:
-            self._stolen.pop(fd, None)
+            self._forget_stolen(fd)
             self._handlers[fd] = handler
             if stealable:
                 self._stealable[fd] = handler
-                self._stealable_fds = tuple(self._stealable)
+                self._stealable_changed()
             self._epoll.register(fd, events)
 
     def unregister(self, fd: int) -> None:
         """Stop watching ``fd`` (it stays open)."""
         with self._steal_lock:
             if self._stealable.pop(fd, None) is not None:
-                self._stealable_fds = tuple(self._stealable)
-            stolen = self._stolen.pop(fd, None)
-            if self._handlers.pop(fd, None) is not None and stolen is None:
+                self._stealable_changed()
+            stolen = self._forget_stolen(fd)
+            if self._handlers.pop(fd, None) is not None and not stolen:
                 with contextlib.suppress(OSError, ValueError):
                     self._epoll.unregister(fd)
+
+    def _stealable_changed(self) -> None:
+        fds = tuple(self._stealable)
+        self._stealable_fds = fds if len(fds) <= _MAX_STOLEN else ()
+
+    def _forget_stolen(self, fd: int) -> bool:
+        """``fd`` is no longer the stolen descriptor of that number: the reader's give-back
+        must leave it alone. Whether it was stolen."""
+        if fd not in self._stolen:
+            return False
+        self._stolen = tuple(other for other in self._stolen if other != fd)
+        return True
 
     def claim(self, wake_fd: int) -> Turn | None:
         """Make the calling thread the one that reads the connections inline from now on.
@@ -135,26 +147,37 @@ class IOLoop:
         claim and the wait. ``wake_fd`` (an eventfd) is written by whoever makes the
         thread's condition true from another thread. ``None`` when inline reading is not
         possible (on the loop thread, or too many connections).
+
+        A thread's turn is the same object at each claim: one give-back (:meth:`release`, or
+        the end of a wait) ends every claim it made.
         """
-        if threading.get_ident() == self._ident:
-            return None
-        with self._steal_lock:
-            stealable = self._stealable
-            if not stealable or len(stealable) > _MAX_STOLEN:
+        turn = _turns.turn
+        if turn is None or turn.wake_fd != wake_fd:
+            if _turns.barred or get_ident() == self._ident:
                 return None
-            stolen = self._stolen
-            for fd, owner in stealable.items():
-                if fd not in stolen:
-                    try:  # noqa: SIM105 (per wait: suppress() costs three Python calls)
-                        self._epoll.unregister(fd)
-                    except (OSError, ValueError):
-                        pass
-                    stolen[fd] = owner
-            turn = Turn(wake_fd, self._stealable_fds)
+            turn = _turns.turn = Turn(wake_fd)
+        with self._steal_lock:
+            fds = self._stealable_fds
+            if not fds:
+                return None
             previous, self._reader = self._reader, turn
-        if previous is not None:
-            with contextlib.suppress(OSError):
+            stolen = self._stolen
+            if stolen is not fds:
+                # Out of the epoll set: all of them but while an earlier reader holds some.
+                for fd in fds:
+                    if fd not in stolen:
+                        try:  # noqa: SIM105 (per wait: suppress() costs three Python calls)
+                            self._epoll.unregister(fd)
+                        except (OSError, ValueError):
+                            pass
+                self._stolen = fds
+        if turn.fds is not fds:
+            turn.watch(fds)
+        if previous is not None and previous is not turn:
+            try:  # noqa: SIM105
                 os.eventfd_write(previous.wake_fd, 1)
+            except OSError:
+                pass
         return turn
 
     def release(self, turn: Turn) -> None:
@@ -166,18 +189,20 @@ class IOLoop:
         until: Callable[[], bool],
         wake_fd: int,
         timeout: float | None,
-        spin: float = 0.0,
+        spin_until: float = 0.0,
         turn: Turn | None = None,
+        before: Callable[[], None] | None = None,
     ) -> bool | None:
         """Wait for ``until()`` on the calling thread while reading the connections directly.
 
         The calling thread takes the stealable descriptors out of the loop's epoll set (or
-        uses ``turn``, taken earlier with :meth:`claim`) and polls them itself, so a reply
-        wakes it straight away instead of waking the loop thread which would then wake it.
-        ``wake_fd`` (an eventfd) is written by whoever makes ``until()`` true from another
-        thread. For ``spin`` seconds it polls without sleeping. Returns whether ``until()``
-        became true, or ``None`` when reading inline is not possible (the caller then waits
-        the plain way).
+        uses ``turn``, taken earlier with :meth:`claim`), calls ``before()`` if given (once it
+        has them: an answer to what ``before`` sends is read by this thread) and polls them
+        itself, so a reply wakes it straight away instead of waking the loop thread which
+        would then wake it. ``wake_fd`` (an eventfd) is written by whoever makes ``until()``
+        true from another thread. Until ``spin_until`` (a ``time.monotonic()``) it polls
+        without sleeping. Returns whether ``until()`` became true, or ``None`` when reading
+        inline is not possible (the caller then waits the plain way; ``before`` is not called).
 
         One thread reads inline at a time: the one that began waiting last, the likeliest to
         get the next message (an actor back from handling one; a caller that just sent a
@@ -192,27 +217,30 @@ class IOLoop:
             turn = self.claim(wake_fd)
             if turn is None:
                 return None
-        poller = _poller.get(wake_fd, turn.fds)
-        reading = True
-        monotonic = time.monotonic
-        deadline = None if timeout is None else monotonic() + timeout
-        spin_until = monotonic() + spin if spin else 0.0
-        stealable = self._stealable
         try:
+            if before is not None:
+                before()
+            poller = turn.poller
+            stealable = self._stealable
+            deadline = None if timeout is None else monotonic() + timeout
+            wait_ms = _RECHECK_MS
             while not until():
-                if reading and self._reader is not turn:
+                if self._reader is not turn:
                     # A later waiter took over; this one is woken through wake_fd.
-                    reading = False
-                    poller = _poller.get(wake_fd, ())
+                    poller = turn.waking
                 # A bounded sleep: the condition is re-checked even if a wake-up is lost.
-                wait_ms = _RECHECK_MS
                 if deadline is not None:
                     left = deadline - monotonic()
                     if left <= 0:
                         return False
-                    wait_ms = min(wait_ms, int(left * 1000) + 1)
-                if spin_until and monotonic() < spin_until:
-                    wait_ms = 0
+                    wait_ms = min(_RECHECK_MS, int(left * 1000) + 1)
+                if spin_until:
+                    if monotonic() < spin_until:
+                        wait_ms = 0
+                    else:
+                        spin_until = 0.0
+                        if deadline is None:
+                            wait_ms = _RECHECK_MS
                 for fd, mask in poller.poll(wait_ms):
                     if fd == wake_fd:
                         try:  # noqa: SIM105 (per wake-up: suppress() costs three Python calls)
@@ -221,8 +249,8 @@ class IOLoop:
                             pass
                         continue
                     handler = stealable.get(fd)
-                    if handler is None or mask & select.POLLNVAL:
-                        _poller.drop()
+                    if handler is None or mask & _POLLNVAL:
+                        turn.fds = None  # polled anew at the next claim
                         poller.unregister(fd)
                         continue
                     handler(mask)
@@ -236,14 +264,12 @@ class IOLoop:
             if self._reader is not turn:
                 return
             self._reader = None
-            stolen, self._stolen = self._stolen, {}
-            stealable = self._stealable
-            for fd, handler in stolen.items():
-                if stealable.get(fd) is handler:
-                    try:  # noqa: SIM105 (per wait: suppress() costs three Python calls)
-                        self._epoll.register(fd, select.EPOLLIN)
-                    except (OSError, ValueError):
-                        pass
+            stolen, self._stolen = self._stolen, ()
+            for fd in stolen:
+                try:  # noqa: SIM105 (per wait: suppress() costs three Python calls)
+                    self._epoll.register(fd, select.EPOLLIN)
+                except (OSError, ValueError):
+                    pass
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the loop thread as soon as possible."""
@@ -255,7 +281,7 @@ class IOLoop:
         """Run ``fn`` on the loop thread after ``delay`` seconds."""
 
         def add() -> None:
-            heapq.heappush(self._timers, (time.monotonic() + delay, next(self._counter), fn))
+            heapq.heappush(self._timers, (monotonic() + delay, next(self._counter), fn))
 
         if self.in_loop():
             add()
@@ -270,12 +296,13 @@ class IOLoop:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        _turns.barred = True  # this thread must never block reading inline
         handlers = self._handlers
         wake_fd = self._wake_fd
         while not self._stopping:
             timeout = -1.0
             if self._timers:
-                timeout = max(0.0, self._timers[0][0] - time.monotonic())
+                timeout = max(0.0, self._timers[0][0] - monotonic())
             try:
                 events = self._epoll.poll(timeout)
             except InterruptedError:
@@ -298,7 +325,7 @@ class IOLoop:
                     fn()
                 except Exception:
                     log.exception("scheduled I/O call failed")
-            now = time.monotonic()
+            now = monotonic()
             while self._timers and self._timers[0][0] <= now:
                 _, _, fn = heapq.heappop(self._timers)
                 try:

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import struct
 
-from regency._transport.frames import HEADER, LENGTH_PREFIX, Frame, FrameError, decode
+from regency._transport.frames import (
+    HEADER,
+    LENGTH_PREFIX,
+    PART_TABLES,
+    Frame,
+    FrameError,
+    decode,
+)
 from regency._transport.tls import SecureSocket, Stream
 
 _CHUNK = 256 * 1024
 _LEN = struct.Struct("<Q")
-_MIN_BODY = HEADER.size - LENGTH_PREFIX  # a frame's length counts at least its header
+_HEAD = HEADER.size
+_unpack_head = HEADER.unpack_from
+_MIN_BODY = _HEAD - LENGTH_PREFIX  # a frame's length counts at least its header
 # Reads of one large frame in a row over TLS (16 KiB records), before epoll gets its turn.
 _TLS_READS = 256
 
@@ -22,9 +31,24 @@ class FrameReader:
     again.
     """
 
-    __slots__ = ("_big", "_big_filled", "_buf", "_end", "_limit", "_start", "_view")
+    __slots__ = (
+        "_big",
+        "_big_filled",
+        "_buf",
+        "_end",
+        "_limit",
+        "_quick",
+        "_recv_into",
+        "_sock",
+        "_start",
+        "_tls",
+        "_view",
+    )
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, sock: Stream, limit: int) -> None:
+        self._sock = sock
+        self._recv_into = sock.recv_into
+        self._tls = isinstance(sock, SecureSocket)
         self._limit = limit
         self._buf = bytearray(_CHUNK)
         self._view = memoryview(self._buf)
@@ -32,26 +56,60 @@ class FrameReader:
         self._end = 0
         self._big: bytearray | None = None
         self._big_filled = 0
+        # Whether the next read may take the quick path: nothing buffered, no TLS.
+        self._quick = not self._tls
 
-    def read(self, sock: Stream) -> list[Frame] | None:
+    def read(self) -> list[Frame] | None:
         """Read what is available; return complete frames, or ``None`` at end of stream.
 
         Raises :class:`FrameError` on bytes that cannot be a frame.
         """
+        if not self._quick:
+            return self._read()
+        # The common read: into an empty buffer, exactly one whole frame (a call, a reply),
+        # decoded here as frames.decode does. Anything else (part of a frame, several, a bad
+        # one) goes on through _cut, which raises on what cannot be a frame.
+        view = self._view
         try:
-            frames = self._step(sock)
+            n = self._recv_into(view)
         except (BlockingIOError, InterruptedError):
             return []
-        if frames is None or not isinstance(sock, SecureSocket):
+        if n >= _HEAD:
+            buf = self._buf
+            body_len, kind, nparts, flags, rank, dest, sender, seq = _unpack_head(buf)
+            if n == LENGTH_PREFIX + body_len and n <= self._limit:
+                data = memoryview(bytes(view[:n]))
+                offset = _HEAD + 8 * nparts
+                parts = []
+                for size in PART_TABLES[nparts].unpack_from(buf, _HEAD):
+                    parts.append(data[offset : offset + size])
+                    offset += size
+                if offset == n:  # the part lengths add up (so the table is inside the frame)
+                    return [Frame(kind, flags, rank, dest, sender, seq, parts)]
+        elif n == 0:
+            return None
+        self._end = n
+        self._quick = False
+        return self._cut()
+
+    def _read(self) -> list[Frame] | None:
+        """A read with bytes buffered, a large frame under way, or over TLS."""
+        try:
+            frames = self._step()
+        except (BlockingIOError, InterruptedError):
+            return []
+        if frames is None or not self._tls:
             return frames
         # OpenSSL hands out one record per read. Read on while it holds decrypted bytes
         # (epoll cannot see those), and through a large frame; otherwise epoll says when the
         # next record is in (a read that would only return "nothing yet" costs a syscall).
+        sock = self._sock
+        assert isinstance(sock, SecureSocket)
         reads = 1
         while sock.pending() or (self._big is not None and reads < _TLS_READS):
             reads += 1
             try:
-                more = self._step(sock)
+                more = self._step()
             except (BlockingIOError, InterruptedError):
                 break
             if more is None:  # the end: hand over these frames, the next read sees it again
@@ -59,46 +117,37 @@ class FrameReader:
             frames.extend(more)
         return frames
 
-    def _step(self, sock: Stream) -> list[Frame] | None:
+    def _step(self) -> list[Frame] | None:
         """One receive (``BlockingIOError`` when nothing is there)."""
         if self._big is not None:
-            return self._read_big(sock)
-        n = sock.recv_into(self._view[self._end :])
+            return self._read_big()
+        n = self._recv_into(self._view[self._end :])
         if n == 0:
             return None
         self._end += n
         return self._cut()
 
-    def _read_big(self, sock: Stream) -> list[Frame] | None:
+    def _read_big(self) -> list[Frame] | None:
         big = self._big
         assert big is not None
-        n = sock.recv_into(memoryview(big)[self._big_filled :])
+        n = self._recv_into(memoryview(big)[self._big_filled :])
         if n == 0:
             return None
         self._big_filled += n
         if self._big_filled < len(big):
             return []
         self._big = None
+        self._quick = not self._tls
         return [decode(memoryview(big))]
 
     def _cut(self) -> list[Frame]:
         buf = self._buf
         start = pos = self._start
         end = self._end
-        if end - start >= HEADER.size:
-            # The common read: exactly one whole frame (a call, a reply).
-            (body_len,) = _LEN.unpack_from(buf, start)
-            if (
-                end - start == LENGTH_PREFIX + body_len
-                and _MIN_BODY <= body_len <= self._limit - LENGTH_PREFIX
-            ):
-                frame = decode(memoryview(bytes(self._view[start:end])))
-                self._start = self._end = 0
-                return [frame]
         ends: list[int] = []  # where each complete frame of this read ends
         pending = 0  # length of an incomplete frame at ``pos``, once its header is in
         least, most = _MIN_BODY, self._limit - LENGTH_PREFIX
-        while end - pos >= HEADER.size:
+        while end - pos >= _HEAD:
             (body_len,) = _LEN.unpack_from(buf, pos)
             if not least <= body_len <= most:
                 raise self._bad_length(body_len)
@@ -123,6 +172,7 @@ class FrameReader:
         remaining = end - pos
         if remaining == 0:
             self._start = self._end = 0
+            self._quick = not self._tls
         elif pending > len(buf):
             self._start_big(pending)
         elif pending > len(buf) - pos or pos > len(buf) // 2:

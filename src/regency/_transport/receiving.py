@@ -11,10 +11,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-from regency._transport import reverse
 from regency._transport.connection import Connection
 from regency._transport.frames import KIND_HEARTBEAT, Frame, FrameError
 from regency._transport.reader import FrameReader
+from regency._transport.reverse import KIND_REVERSE
 
 log = logging.getLogger("regency.transport")
 
@@ -26,7 +26,7 @@ def reading(
 ) -> Callable[[int], None]:
     """The handler of ``conn``'s socket becoming readable: its frames go to ``on_frame``, those
     asking for a reverse connection to ``on_reverse``."""
-    reader = FrameReader(frame_limit)
+    read = FrameReader(conn.sock, frame_limit).read
     peer = conn.peer
     read_lock = threading.Lock()
 
@@ -38,7 +38,7 @@ def reading(
                 conn.close(conn.closed)  # a failed send closed it: release the socket
                 return
             try:
-                frames = reader.read(conn.sock)
+                frames = read()
             except FrameError as exc:
                 log.warning("closing connection from %s: %s", peer, exc)
                 conn.close(f"protocol error: {exc}")
@@ -51,18 +51,17 @@ def reading(
                 return
             conn.received += 1
             for frame in frames:
-                if frame.kind == KIND_HEARTBEAT:
-                    continue
-                if frame.kind == reverse.KIND_REVERSE:
+                # Kinds are one byte: a heartbeat is 0, a reverse request the last.
+                if KIND_HEARTBEAT < frame.kind < KIND_REVERSE:
+                    try:
+                        on_frame(conn, frame)
+                    except FrameError as exc:
+                        log.warning("closing connection from %s: %s", peer, exc)
+                        conn.close(f"protocol error: {exc}")
+                        return
+                    except Exception:
+                        log.exception("dropping a frame from %s that could not be routed", peer)
+                elif frame.kind == KIND_REVERSE:
                     on_reverse(conn, frame)
-                    continue
-                try:
-                    on_frame(conn, frame)
-                except FrameError as exc:
-                    log.warning("closing connection from %s: %s", peer, exc)
-                    conn.close(f"protocol error: {exc}")
-                    return
-                except Exception:
-                    log.exception("dropping a frame from %s that could not be routed", peer)
 
     return readable

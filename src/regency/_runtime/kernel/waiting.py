@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Callable
+from time import monotonic
 
 from regency._runtime.kernel import state
 from regency._runtime.kernel.pending import Pending
@@ -36,40 +36,36 @@ class Waker:
                 os.eventfd_write(self.fd, 1)
 
 
-_local = threading.local()
+class _Local(threading.local):
+    """Each thread's :class:`Waker`, made on the thread's first look."""
+
+    def __init__(self) -> None:
+        self.waker = Waker()
+
+
+_local = _Local()
 
 
 def thread_waker() -> Waker:
     """The calling thread's :class:`Waker`."""
-    waker: Waker | None = getattr(_local, "waker", None)
-    if waker is None:
-        waker = _local.waker = Waker()
-    return waker
+    return _local.waker
 
 
 def wait_until(
     until: Callable[[], bool],
     fd: int,
     timeout: float | None,
-    spin: float = 0.0,
     turn: Turn | None = None,
 ) -> bool | None:
-    """Wait for ``until()`` while reading inline; ``None`` if inline reading is not possible."""
+    """Wait for ``until()`` while reading inline; ``None`` if inline reading is not possible.
+
+    The process's frames waiting to be coalesced go first (once the thread has claimed the
+    connections, so that an answer to them is read by this thread).
+    """
     runtime = state.existing()
     if runtime is None:
         return None
-    loop = runtime.loop
-    if turn is None:
-        turn = loop.claim(fd)
-        if turn is None:
-            return None
-    # Claimed first, so an answer to what this flush sends is read by this thread.
-    try:
-        runtime.flush()
-    except BaseException:
-        loop.release(turn)  # or the connections stay out of the loop with no one reading them
-        raise
-    return loop.wait_reading(until, fd, timeout, spin, turn)
+    return runtime.loop.wait_reading(until, fd, timeout, 0.0, turn, runtime.flush)
 
 
 def wait_pending(pending: Pending, timeout: float | None) -> bool:
@@ -80,23 +76,29 @@ def wait_pending(pending: Pending, timeout: float | None) -> bool:
     ``call_one(...).get()`` loop would otherwise look like a burst and have its calls
     coalesced, waking the I/O thread to flush them).
     """
+    runtime = state.existing()
     if pending.done:
-        runtime = state.existing()
         if runtime is not None:
             runtime.flush()
         return True
-    me = thread_waker()
+    me = _local.waker
     pending.add_done_callback(me.wake)
-    # Spin only while this thread's replies come back within the spin: one waiting for long
-    # calls (a training step per call) would burn the spin every time, right after waking the
-    # ranks, which on a busy machine may be queued on this very CPU.
-    began = time.monotonic()
-    result = wait_until(pending.is_done, me.fd, timeout, REPLY_SPIN_SECONDS if me.quick else 0.0)
-    if result:
-        me.quick = time.monotonic() - began <= REPLY_SPIN_SECONDS
-    if result is None:
-        runtime = state.existing()
-        if runtime is not None:
-            runtime.flush()
-        return pending.wait(timeout)
-    return result
+    if runtime is not None:
+        # Spin only while this thread's replies come back within the spin: one waiting for
+        # long calls (a training step per call) would burn the spin every time, right after
+        # waking the ranks, which on a busy machine may be queued on this very CPU.
+        began = monotonic()
+        result = runtime.loop.wait_reading(
+            pending.is_done,
+            me.fd,
+            timeout,
+            began + REPLY_SPIN_SECONDS if me.quick else 0.0,
+            None,
+            runtime.flush,
+        )
+        if result is not None:
+            if result:
+                me.quick = monotonic() - began <= REPLY_SPIN_SECONDS
+            return result
+        runtime.flush()
+    return pending.wait(timeout)
