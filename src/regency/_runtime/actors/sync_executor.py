@@ -20,7 +20,6 @@ from regency._runtime.actors.instance_core import STOP, SUPERVISE, ActorCore, Co
 from regency._runtime.kernel.mailbox import Delivery
 from regency._runtime.kernel.waiting import (
     thread_waker,
-    wait_until,
 )
 from regency._transport.io_loop import Turn
 
@@ -89,8 +88,10 @@ class SyncExecutor(ActorCore):
         me = thread_waker()
         self._wake = me.wake
         turn, self._turn = self._turn, None
+        runtime = self.runtime
         try:
-            wait_until(self._has_queued, me.fd, None, turn=turn)
+            # None when reading inline is not possible: the queue's get() then blocks.
+            runtime.loop.wait_reading(self._has_queued, me.fd, None, 0.0, turn, runtime.flush)
         finally:
             self._wake = None
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable
 from time import monotonic
 
 from regency._runtime.kernel import state
 from regency._runtime.kernel.pending import Pending
-from regency._transport.io_loop import REPLY_SPIN_SECONDS, Turn
+from regency._transport.io_loop import REPLY_SPIN_SECONDS
 
 
 class Waker:
@@ -49,23 +48,6 @@ _local = _Local()
 def thread_waker() -> Waker:
     """The calling thread's :class:`Waker`."""
     return _local.waker
-
-
-def wait_until(
-    until: Callable[[], bool],
-    fd: int,
-    timeout: float | None,
-    turn: Turn | None = None,
-) -> bool | None:
-    """Wait for ``until()`` while reading inline; ``None`` if inline reading is not possible.
-
-    The process's frames waiting to be coalesced go first (once the thread has claimed the
-    connections, so that an answer to them is read by this thread).
-    """
-    runtime = state.existing()
-    if runtime is None:
-        return None
-    return runtime.loop.wait_reading(until, fd, timeout, 0.0, turn, runtime.flush)
 
 
 def wait_pending(pending: Pending, timeout: float | None) -> bool:
