@@ -8,6 +8,7 @@ thread instead of waking the proc's I/O thread, which would read it and hand it 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -75,3 +76,44 @@ def test_next_message_waits_for_the_actor_thread_held_up_after_its_reply(
     # Before the actor's thread claimed the sockets ahead of its reply, the I/O thread was
     # woken for every one of them (CALLS or more).
     assert woken <= CALLS // 4, woken
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time so far of every thread of process ``pid``."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            continue  # a thread that just ended
+    return total
+
+
+class Quick(Actor):
+    @endpoint
+    def ping(self, i: int) -> int:
+        return i
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_an_idle_mesh_spends_no_cpu_after_quick_calls(make_procs: Any) -> None:
+    # While messages come within the idle spin (a call_one loop, a stream of broadcasts), an
+    # actor's thread and the caller poll without sleeping for a moment after each message;
+    # once they stop coming, nothing may keep polling.
+    procs: ProcMesh = make_procs(2)
+    quick = procs.spawn("quick", Quick)
+    pids = quick.pid.call().get(timeout=T).values()
+    first = quick.slice(gpus=0)
+    assert [first.ping.call_one(i).get(timeout=T) for i in range(2000)] == list(range(2000))
+    for i in range(2000):
+        quick.ping.broadcast(i)
+    assert list(quick.ping.call(7).get(timeout=T).values()) == [7, 7]
+    watched = [os.getpid(), *pids]
+    before = sum(_cpu_ns(pid) for pid in watched)
+    time.sleep(1.0)  # the idle second being measured
+    spent_ms = (sum(_cpu_ns(pid) for pid in watched) - before) / 1e6
+    # ~1 ms here; a spin that never ends would take ~1,000 ms of it per busy thread.
+    assert spent_ms < 100, f"{spent_ms:.1f} ms of CPU in an idle second"

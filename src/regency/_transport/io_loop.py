@@ -20,8 +20,9 @@ Handler = Callable[[int], None]
 
 # A thread waiting for a reply polls without sleeping this long first: a quick reply then
 # neither wakes it nor pays for waking it (costly on VMs). It does so only while its replies
-# come that quickly (kernel/waiting.py). Idle readers do not spin: with many procs per core,
-# spinning steals the CPU the others need.
+# come that quickly (kernel/waiting.py); an idle sync actor likewise, only while its messages
+# come that quickly (sync_executor.py). A polling thread yields its CPU between polls, so a
+# runnable process on the same CPU (the peer it waits for, a sibling proc) goes first.
 REPLY_SPIN_SECONDS = 50e-6
 _RECHECK_MS = 100
 # Beyond this many connections, taking them from the loop costs more syscalls than it saves.
@@ -237,6 +238,7 @@ class IOLoop:
                 if spin_until:
                     if monotonic() < spin_until:
                         wait_ms = 0
+                        os.sched_yield()
                     else:
                         spin_until = 0.0
                         if deadline is None:

@@ -25,6 +25,13 @@ from regency._transport.io_loop import Turn
 
 log = logging.getLogger("regency.actor")
 
+# An idle actor polls this long before it sleeps, while its messages come within it (a caller
+# in a call_one loop sends the next call tens of µs after the reply): the next message then
+# neither wakes it nor pays for waking its CPU (costly on VMs). Messages further apart (a mesh
+# of many procs per core, a training step per call) turn the polling off until one comes
+# quickly again, so an idle mesh spends nothing (tests/integration/test_int_wakeups.py).
+IDLE_SPIN_SECONDS = 50e-6
+
 _UNSET: Any = object()
 
 
@@ -33,6 +40,8 @@ class SyncExecutor(ActorCore):
 
     # The inline reader's turn this thread claimed before its last reply (see the module).
     _turn: Turn | None = None
+    # Whether the last message came within IDLE_SPIN_SECONDS of the thread going idle.
+    _quick = True
 
     def _serve_sync(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self._construct(cls, args, kwargs):
@@ -89,11 +98,21 @@ class SyncExecutor(ActorCore):
         self._wake = me.wake
         turn, self._turn = self._turn, None
         runtime = self.runtime
+        began = time.monotonic()
         try:
             # None when reading inline is not possible: the queue's get() then blocks.
-            runtime.loop.wait_reading(self._has_queued, me.fd, None, 0.0, turn, runtime.flush)
+            got = runtime.loop.wait_reading(
+                self._has_queued,
+                me.fd,
+                None,
+                began + IDLE_SPIN_SECONDS if self._quick else 0.0,
+                turn,
+                runtime.flush,
+            )
         finally:
             self._wake = None
+        if got:
+            self._quick = time.monotonic() - began <= IDLE_SPIN_SECONDS
 
     def _has_queued(self) -> bool:
         return not self._queue.empty()
