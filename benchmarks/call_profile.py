@@ -98,6 +98,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "send: router and transport, to the socket",
         (
             "FrameRouter.send_actor",
+            "FrameRouter.post_actor",
             "FrameRouter._send_actor",
             "FrameRouter.send_port",
             "FrameRouter._send_port",
@@ -111,7 +112,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "frame: header and part table",
-        ("Encoder.", "encode", "_nbytes", "_table"),
+        ("Encoder.", "encode", "_nbytes", "_table", "one_part", "two_parts"),
     ),
     (
         "pickle: envelope, arguments, value",
