@@ -23,7 +23,7 @@ Handler = Callable[[int], None]
 # come that quickly (kernel/waiting.py); an idle sync actor likewise, only while its messages
 # come that quickly (sync_executor.py). A polling thread yields its CPU between polls, so a
 # runnable process on the same CPU (the peer it waits for, a sibling proc) goes first.
-REPLY_SPIN_SECONDS = 50e-6
+REPLY_SPIN_SECONDS = 100e-6
 _RECHECK_MS = 100
 # Beyond this many connections, taking them from the loop costs more syscalls than it saves.
 _MAX_STOLEN = 16

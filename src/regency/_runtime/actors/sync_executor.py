@@ -30,7 +30,7 @@ log = logging.getLogger("regency.actor")
 # neither wakes it nor pays for waking its CPU (costly on VMs). Messages further apart (a mesh
 # of many procs per core, a training step per call) turn the polling off until one comes
 # quickly again, so an idle mesh spends nothing (tests/integration/test_int_wakeups.py).
-IDLE_SPIN_SECONDS = 50e-6
+IDLE_SPIN_SECONDS = 100e-6
 
 _UNSET: Any = object()
 
