@@ -107,19 +107,24 @@ class Connection:
                 total = 0
                 for b in buffers:
                     total += b.nbytes if isinstance(b, memoryview) else len(b)
-            try:
-                sent = self.sock.sendmsg(buffers)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as exc:
-                self._close_locked(f"send failed: {exc}")
-                raise ConnectionClosedError(f"connection to {self.peer} failed: {exc}") from exc
+            sent = self._sendmsg_locked(buffers)
             if sent == total:
                 return None
             rest = _advance(buffers, sent)
         else:
             rest = _advance(buffers, 0)
         return self._queue_rest_locked(rest, threading.Event() if wait else None)
+
+    def _sendmsg_locked(self, buffers: Sequence[Buffer]) -> int:
+        """Write what the socket takes now (0 bytes if none); a failure closes the connection
+        and raises :class:`ConnectionClosedError`."""
+        try:
+            return self.sock.sendmsg(buffers)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            self._close_locked(f"send failed: {exc}")
+            raise ConnectionClosedError(f"connection to {self.peer} failed: {exc}") from exc
 
     def _queue_rest_locked(self, rest: list[memoryview], done: threading.Event | None) -> _Pending:
         """Queue what the socket did not take for the writer thread (started on first use)."""
@@ -147,13 +152,7 @@ class Connection:
             if self.closed is not None:
                 raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
             if not burst and not self._outbox and not self._backlog:
-                try:  # _write_locked's first step, inline: nearly always all of it goes
-                    sent = self.sock.sendmsg(buffers)
-                except (BlockingIOError, InterruptedError):
-                    sent = 0
-                except OSError as exc:
-                    self._close_locked(f"send failed: {exc}")
-                    raise ConnectionClosedError(f"connection to {self.peer} failed: {exc}") from exc
+                sent = self._sendmsg_locked(buffers)  # nearly always all of it goes
                 if sent != size:
                     self._queue_rest_locked(_advance(buffers, sent), None)
                 return False
