@@ -112,3 +112,31 @@ def test_a_flush_that_raises_gives_the_claimed_sockets_back(
         loop.stop()
         ours.close()
         theirs.close()
+
+
+class TimingOut(Loop):
+    """An inline wait that always runs out of time."""
+
+    def wait_reading(self, *args: Any, **kwargs: Any) -> bool:
+        super().wait_reading(*args, **kwargs)
+        return False
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_timed_out_waits_leave_no_callbacks_behind(
+    monkeypatch: pytest.MonkeyPatch, inline: bool
+) -> None:
+    # A caller polling get(timeout) on a long call: each timed-out wait must take back the
+    # wake-up it registered, or the pending holds one more callback per poll.
+    clock = Clock()
+    loop = TimingOut(clock, [1e-3] * 50)
+    monkeypatch.setattr(waiting, "monotonic", clock.monotonic)
+    monkeypatch.setattr(waiting.state, "existing", lambda: Runtime(loop) if inline else None)
+    pending = Pending()
+    seen: list[str] = []
+    pending.add_done_callback(lambda _: seen.append("done"))
+    assert [waiting.wait_pending(pending, 0.001) for _ in range(50)] == [False] * 50
+    assert len(pending._callbacks or ()) == 1  # only the caller's own
+    pending.set_result(7)
+    assert seen == ["done"]
+    assert pending.outcome() == 7

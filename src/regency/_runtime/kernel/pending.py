@@ -92,8 +92,15 @@ class Pending:
         # (kernel/waiting.py) or not at all.
         gate = threading.Lock()
         gate.acquire()
-        self.add_done_callback(lambda _: gate.release())
-        return gate.acquire(timeout=-1 if timeout is None else timeout)
+
+        def release(_: Pending) -> None:
+            gate.release()
+
+        self.add_done_callback(release)
+        if gate.acquire(timeout=-1 if timeout is None else timeout):
+            return True
+        self.remove_done_callback(release)  # a later wait must not find this one's callback
+        return self._callbacks is None
 
     def failed(self) -> bool:
         """Whether the outcome is an error, known without decoding it. Only valid once done."""
@@ -106,6 +113,15 @@ class Pending:
                 self._callbacks.append(fn)
                 return
         fn(self)
+
+    def remove_done_callback(self, fn: Callable[[Pending], None]) -> None:
+        """Forget ``fn`` (added with :meth:`add_done_callback`) if it has not run: a wait that
+        timed out takes its wake-up back, or a caller polling ``get(timeout)`` on a long call
+        would leave one more every time."""
+        with _STATE:
+            callbacks = self._callbacks
+            if callbacks is not None and fn in callbacks:
+                callbacks.remove(fn)
 
     def outcome(self) -> Any:
         """The value, or raise the error. Only valid once done."""

@@ -63,9 +63,9 @@ def wait_pending(pending: Pending, timeout: float | None) -> bool:
         if runtime is not None:
             runtime.flush()
         return True
-    me = _local.waker
-    pending.add_done_callback(me.wake)
     if runtime is not None:
+        me = _local.waker
+        pending.add_done_callback(me.wake)
         # Spin only while this thread's replies come back within the spin: one waiting for
         # long calls (a training step per call) would burn the spin every time, right after
         # waking the ranks, which on a busy machine may be queued on this very CPU.
@@ -81,6 +81,9 @@ def wait_pending(pending: Pending, timeout: float | None) -> bool:
         if result is not None:
             if result:
                 me.quick = monotonic() - began <= REPLY_SPIN_SECONDS
+            else:
+                pending.remove_done_callback(me.wake)  # timed out: see remove_done_callback
             return result
+        pending.remove_done_callback(me.wake)  # not reading inline: the plain wait wakes it
         runtime.flush()
     return pending.wait(timeout)
