@@ -18,9 +18,7 @@ from regency._runtime.actors import context, tracing
 from regency._runtime.actors.identity import wait_stopped
 from regency._runtime.actors.instance_core import STOP, SUPERVISE, ActorCore, Control
 from regency._runtime.kernel.mailbox import Delivery
-from regency._runtime.kernel.waiting import (
-    thread_waker,
-)
+from regency._runtime.kernel.waiting import poll_then_wait, thread_waker
 from regency._transport.io_loop import Turn
 
 log = logging.getLogger("regency.actor")
@@ -97,22 +95,13 @@ class SyncExecutor(ActorCore):
         me = thread_waker()
         self._wake = me.wake
         turn, self._turn = self._turn, None
-        runtime = self.runtime
-        began = time.monotonic()
         try:
-            # None when reading inline is not possible: the queue's get() then blocks.
-            got = runtime.loop.wait_reading(
-                self._has_queued,
-                me.fd,
-                None,
-                began + IDLE_SPIN_SECONDS if self._quick else 0.0,
-                turn,
-                runtime.flush,
+            # When reading inline is not possible, the queue's get() blocks instead.
+            _, self._quick = poll_then_wait(
+                self.runtime, self._has_queued, me.fd, None, IDLE_SPIN_SECONDS, self._quick, turn
             )
         finally:
             self._wake = None
-        if got:
-            self._quick = time.monotonic() - began <= IDLE_SPIN_SECONDS
 
     def _has_queued(self) -> bool:
         return not self._queue.empty()

@@ -10,11 +10,16 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from time import monotonic
+from typing import TYPE_CHECKING
 
 from regency._runtime.kernel import state
 from regency._runtime.kernel.pending import Pending
-from regency._transport.io_loop import REPLY_SPIN_SECONDS
+from regency._transport.io_loop import REPLY_SPIN_SECONDS, Turn
+
+if TYPE_CHECKING:
+    from regency._runtime.kernel.proc_runtime import ProcRuntime
 
 
 class Waker:
@@ -50,6 +55,32 @@ def thread_waker() -> Waker:
     return _local.waker
 
 
+def poll_then_wait(
+    runtime: ProcRuntime,
+    until: Callable[[], bool],
+    fd: int,
+    timeout: float | None,
+    spin: float,
+    quick: bool,
+    turn: Turn | None = None,
+) -> tuple[bool | None, bool]:
+    """Wait for ``until()`` reading inline (``IOLoop.wait_reading``, the process's waiting frames
+    flushed first), polling without sleeping for ``spin`` seconds first if ``quick``.
+
+    Returns the wait's result and whether it ended within the spin: the next wait's ``quick``.
+    So a thread polls only while what it waits for comes that fast (a reply, an actor's next
+    message); one waiting for long calls (a training step per call) would burn the spin every
+    time, right after waking the ranks, which on a busy machine may be queued on this very CPU.
+    """
+    began = monotonic()
+    result = runtime.loop.wait_reading(
+        until, fd, timeout, began + spin if quick else 0.0, turn, runtime.flush
+    )
+    if result:
+        quick = monotonic() - began <= spin
+    return result, quick
+
+
 def wait_pending(pending: Pending, timeout: float | None) -> bool:
     """Block until ``pending`` is done or ``timeout`` passes; return whether it is done.
 
@@ -66,22 +97,11 @@ def wait_pending(pending: Pending, timeout: float | None) -> bool:
     if runtime is not None:
         me = _local.waker
         pending.add_done_callback(me.wake)
-        # Spin only while this thread's replies come back within the spin: one waiting for
-        # long calls (a training step per call) would burn the spin every time, right after
-        # waking the ranks, which on a busy machine may be queued on this very CPU.
-        began = monotonic()
-        result = runtime.loop.wait_reading(
-            pending.is_done,
-            me.fd,
-            timeout,
-            began + REPLY_SPIN_SECONDS if me.quick else 0.0,
-            None,
-            runtime.flush,
+        result, me.quick = poll_then_wait(
+            runtime, pending.is_done, me.fd, timeout, REPLY_SPIN_SECONDS, me.quick
         )
         if result is not None:
-            if result:
-                me.quick = monotonic() - began <= REPLY_SPIN_SECONDS
-            else:
+            if not result:
                 pending.remove_done_callback(me.wake)  # timed out: see remove_done_callback
             return result
         pending.remove_done_callback(me.wake)  # not reading inline: the plain wait wakes it
