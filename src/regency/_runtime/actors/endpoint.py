@@ -64,14 +64,10 @@ class Endpoint(Generic[R]):
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Send to the single actor of this mesh and return its reply."""
-        pipeline = self._pipeline
-        if pipeline.size != 1:
-            raise ValueError(f"call_one requires exactly 1 actor, but mesh has {pipeline.size}")
-        try:  # _one, inline
-            self._checker.check(args, kwargs)
-        except TypeError as exc:
-            raise TypeError(f"{pipeline.mesh_name}.{self._name}(): {exc}") from None
-        return Future._from_pending(pipeline.one(0, self._name, self._spec.name, args, kwargs))
+        n = self._pipeline.size
+        if n != 1:
+            raise ValueError(f"call_one requires exactly 1 actor, but mesh has {n}")
+        return self._one(0, args, kwargs)
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Send to one actor picked at random and return its reply."""
@@ -129,10 +125,7 @@ class Endpoint(Generic[R]):
         return n
 
     def _one(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
-        try:  # _check_arguments, without its call (call_one's path)
-            self._checker.check(args, kwargs)
-        except TypeError as exc:
-            raise TypeError(f"{self._pipeline.mesh_name}.{self._name}(): {exc}") from None
+        self._check_arguments(args, kwargs)
         return Future._from_pending(
             self._pipeline.one(index, self._name, self._spec.name, args, kwargs)
         )

@@ -179,10 +179,7 @@ class SendPipeline:
         kwargs: dict[str, Any],
     ) -> OnceReply:
         """Send to rank ``index`` of this view; the handler takes its reply (``call_one``)."""
-        route = self._route  # route(), inline where it is made already and still current
-        supervisor = self.supervisor
-        if route is None or (supervisor is not None and route.generation != supervisor.generation):
-            route = self.route()
+        route = self.route()
         addr = route.addrs[index]
         rt = state.runtime()
         handler = OnceReply((addr,), functools.partial(self.describe_loss, endpoint), rt.close_port)

@@ -34,14 +34,6 @@ class Mailbox:
                 self._emit(delivery)
                 return
             expected = self._next.get(sender, 1)
-            if seq == expected and not self._held:  # the common case: in order, none held
-                self._next[sender] = expected + 1
-                sink = self._sink
-                if sink is not None:
-                    sink(delivery)
-                else:
-                    self._early.append(delivery)
-                return
             if seq != expected:
                 if seq > expected:
                     self._held.setdefault(sender, {})[seq] = delivery
