@@ -35,7 +35,6 @@ from regency._runtime.actors.proc_control import unique
 from regency._runtime.actors.supervision import UndeliverableMessageEnvelope, is_stop_reason
 from regency._runtime.kernel import casting, codec, state, wire
 from regency._runtime.kernel.errors import PeerLostError
-from regency._runtime.kernel.parts import buffers_size
 from regency._runtime.kernel.pending import Pending
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._transport import frames
@@ -45,8 +44,10 @@ _PORT = wire.ENVELOPE_PORT
 
 if TYPE_CHECKING:
     from regency._runtime.actors.control import ProcInfo
+    from regency._runtime.actors.identity import InstanceBase
     from regency._runtime.actors.mesh_supervisor import MeshSupervisor
     from regency._runtime.actors.mesh_trait import ProcMeshBase
+    from regency._runtime.kernel.proc_runtime import ProcRuntime
 
 
 class Route(NamedTuple):
@@ -60,10 +61,9 @@ class Route(NamedTuple):
     sizes: tuple[int, ...]
     fanout: int
     routing: int  # most bytes a cast frame's routing part to ``addrs`` takes (0: no cast)
-    # Envelopes without a trace context (see wire.ENVELOPE_PORT): the whole first part of a
-    # message without a reply port by endpoint, the pickle after the port number by
-    # ``(endpoint, reply port's address)``.
-    envelopes: dict[Any, bytes]
+    # The pickles of envelopes without a trace context (what follows the reply port's number,
+    # wire.ENVELOPE_PORT), by ``(endpoint, reply port's address or None)``.
+    envelopes: dict[tuple[str, str | None], bytes]
     generation: int  # the supervisor's generation it was computed for
 
 
@@ -334,27 +334,15 @@ class SendPipeline:
         else:
             start, traced = probe.begin(reply is not None)
             trace = None if traced is None else (traced[0], traced[2], start)
-        cached: bytes | None
-        if trace is not None:
-            port, reply_addr = (reply.port, reply.addr) if reply is not None else (0, None)
-            envelope = _PORT.pack(port) + pickle.dumps(
-                (method, reply_addr, route.labels, route.sizes, trace), protocol=5
-            )
-        elif reply is None:
-            cached = route.envelopes.get(endpoint)
-            if cached is None:
-                cached = route.envelopes[endpoint] = _PORT.pack(0) + pickle.dumps(
-                    (method, None, route.labels, route.sizes, None), protocol=5
-                )
-            envelope = cached
-        else:
-            key = (endpoint, reply.addr)
-            cached = route.envelopes.get(key)
-            if cached is None:
-                cached = route.envelopes[key] = pickle.dumps(
-                    (method, reply.addr, route.labels, route.sizes, None), protocol=5
-                )
-            envelope = _PORT.pack(reply.port) + cached
+        port, reply_addr = (reply.port, reply.addr) if reply is not None else (0, None)
+        key = (endpoint, reply_addr)
+        pickled = route.envelopes.get(key) if trace is None else None
+        if pickled is None:
+            envelope_fields = (method, reply_addr, route.labels, route.sizes, trace)
+            pickled = pickle.dumps(envelope_fields, protocol=5)
+            if trace is None:  # the same for every untraced call: made once
+                route.envelopes[key] = pickled
+        envelope = _PORT.pack(port) + pickled
         body, carried = codec.dumps_call_carrying(args, kwargs)
         sender = context.current_instance()
         try:
@@ -370,7 +358,7 @@ class SendPipeline:
                 )
             ):
                 self._send_framed(
-                    route, reply, addrs, ranks, gather, [envelope, *body], carried, sender.uid
+                    rt, route, reply, addrs, ranks, gather, [envelope, *body], carried, sender
                 )
         except PeerLostError as exc:
             # The router sent to every destination it could reach before it raised: each took
@@ -391,7 +379,7 @@ class SendPipeline:
             )
             return
         if probe is not None:
-            size = frames.HEADER.size + 8 * (1 + len(body)) + len(envelope) + buffers_size(body)
+            size = frames.Encoder([envelope, *body], rt.frame_limit).size
             if isinstance(handler, StreamReply):
                 pending: Pending | None = handler.pendings[-1] if handler.pendings else None
             elif isinstance(handler, GatherReply):
@@ -403,6 +391,7 @@ class SendPipeline:
 
     def _send_framed(
         self,
+        rt: ProcRuntime,
         route: Route,
         reply: PortRef | None,
         addrs: Sequence[str],
@@ -410,11 +399,10 @@ class SendPipeline:
         gather: bool,
         parts: list[Part],
         carried: list[Any],
-        uid: int,
+        sender: InstanceBase,
     ) -> None:
         """Send a message of any size to any number of ranks, directly or down the casting
         tree (what :meth:`FrameRouter.post_actor` does not take)."""
-        rt = state.runtime()
         # Refuse oversize messages before taking sequence numbers: a gap would stall the
         # receiver's ordering of every later message from this sender.
         encoder = frames.Encoder(parts, rt.frame_limit)
@@ -428,7 +416,8 @@ class SendPipeline:
             bases = [route.bases[r] for r in ranks]
             _plugins.load("tensor").before_actor_send(carried, self, bases)
         mesh_id = self.mesh_id
-        next_seq = context.current_instance().next_seq
+        uid = sender.uid
+        next_seq = sender.next_seq
         if len(addrs) <= route.fanout:
             targets = [
                 (addr, next_seq(addr, mesh_id), rank)
