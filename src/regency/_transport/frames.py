@@ -28,7 +28,7 @@ KIND_HEARTBEAT: Final = 0  # header only; the transport consumes it (see heartbe
 
 
 # The packer of a frame's part-length table, by its number of parts (each precompiled).
-PART_TABLES: Final = [struct.Struct(f"<{n}Q") for n in range(MAX_PARTS + 1)]
+_PART_TABLES: Final = [struct.Struct(f"<{n}Q") for n in range(MAX_PARTS + 1)]
 
 _FIXED: Final = HEADER.size - LENGTH_PREFIX  # a frame's length counts its header but this
 
@@ -119,7 +119,7 @@ class Encoder:
             _check(nparts, self.body_len + LENGTH_PREFIX, limit)
         self.nparts = nparts
         self.parts = parts
-        self.table = PART_TABLES[nparts].pack(*sizes)
+        self.table = _PART_TABLES[nparts].pack(*sizes)
 
     @property
     def size(self) -> int:
@@ -159,7 +159,7 @@ def decode(frame: memoryview) -> Frame:
     if end < offset:
         raise FrameError("frame shorter than its part table")
     parts = []
-    for size in PART_TABLES[nparts].unpack_from(frame, HEADER.size):
+    for size in _PART_TABLES[nparts].unpack_from(frame, HEADER.size):
         parts.append(frame[offset : offset + size])
         offset += size
     if offset != end:

@@ -7,7 +7,6 @@ import struct
 from regency._transport.frames import (
     HEADER,
     LENGTH_PREFIX,
-    PART_TABLES,
     Frame,
     FrameError,
     decode,
@@ -17,7 +16,6 @@ from regency._transport.tls import SecureSocket, Stream
 _CHUNK = 256 * 1024
 _LEN = struct.Struct("<Q")
 _HEAD = HEADER.size
-_unpack_head = HEADER.unpack_from
 _MIN_BODY = _HEAD - LENGTH_PREFIX  # a frame's length counts at least its header
 # Reads of one large frame in a row over TLS (16 KiB records), before epoll gets its turn.
 _TLS_READS = 256
@@ -66,26 +64,17 @@ class FrameReader:
         """
         if not self._quick:
             return self._read()
-        # The common read: into an empty buffer, exactly one whole frame (a call, a reply),
-        # decoded here as frames.decode does. Anything else (part of a frame, several, a bad
-        # one) goes on through _cut, which raises on what cannot be a frame.
+        # The common read: into an empty buffer, exactly one whole frame (a call, a reply).
+        # Anything else (part of a frame, several, a bad length) goes on through _cut.
         view = self._view
         try:
             n = self._recv_into(view)
         except (BlockingIOError, InterruptedError):
             return []
         if n >= _HEAD:
-            buf = self._buf
-            body_len, kind, nparts, flags, rank, dest, sender, seq = _unpack_head(buf)
+            (body_len,) = _LEN.unpack_from(self._buf)
             if n == LENGTH_PREFIX + body_len and n <= self._limit:
-                data = memoryview(bytes(view[:n]))
-                offset = _HEAD + 8 * nparts
-                parts = []
-                for size in PART_TABLES[nparts].unpack_from(buf, _HEAD):
-                    parts.append(data[offset : offset + size])
-                    offset += size
-                if offset == n:  # the part lengths add up (so the table is inside the frame)
-                    return [Frame(kind, flags, rank, dest, sender, seq, parts)]
+                return [decode(memoryview(bytes(view[:n])))]
         elif n == 0:
             return None
         self._end = n
