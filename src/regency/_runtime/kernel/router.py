@@ -64,8 +64,8 @@ class FrameRouter:
         self._port_ids = itertools.count(16)
         self._services: dict[int, Service] = {}
         self._early_control: dict[int, list[Any]] = {}
-        # The largest part a one-part message posted by send_port may have.
-        self._post_part_max = min(COALESCE_MAX, frame_limit) - frames.ONE_PART_FIXED
+        # The largest frame posted without an Encoder (post_actor, send_port).
+        self._post_max = min(COALESCE_MAX, frame_limit)
         self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
         # Who ended and why, who is stopped on purpose, and the ports waiting to hear of it.
         self.losses = Losses(self._ports, self._forget_peer, timers)
@@ -154,7 +154,7 @@ class FrameRouter:
         (too large, or for this process): the caller then sends it with :meth:`send_actor`.
         """
         size = frames.TWO_PARTS_FIXED + len(envelope) + len(body)
-        if size > COALESCE_MAX or size > self.frame_limit or addr == self.address:
+        if size > self._post_max or addr == self.address:
             return False
         buffers = frames.two_parts(
             wire.KIND_ACTOR, mesh_id, rank, sender, seq_of(addr, mesh_id), envelope, body
@@ -271,8 +271,8 @@ class FrameRouter:
     ) -> None:
         """Send a value to a port (anywhere).
 
-        ``before_post`` runs just before a message that returns at once, never waiting for the
-        peer to take its bytes, is posted (one small part of our own: a reply).
+        ``before_post`` runs just before a message is posted: one that returns at once, never
+        waiting for the peer to take its bytes (small, of our own parts: a reply).
         """
         addr = ref.addr
         if addr == self.address:
@@ -284,7 +284,7 @@ class FrameRouter:
         if wait and len(parts) == 1:
             part = parts[0]
             size = part.nbytes if type(part) is memoryview else len(part)
-            if size <= self._post_part_max:
+            if frames.ONE_PART_FIXED + size <= self._post_max:
                 buffers = frames.one_part(wire.KIND_PORT, ref.port, rank, flags, part, size)
                 if before_post is not None:
                     before_post()
@@ -302,6 +302,8 @@ class FrameRouter:
                 flags |= bulk_flags
             buffers = encoder.frame(wire.KIND_PORT, ref.port, rank=rank, flags=flags)
             if wait and postable(len(parts), size):
+                if before_post is not None:
+                    before_post()
                 self._link.post([(addr, buffers, size)])  # a reply: coalesced in bursts
             else:
                 self._link.send(addr, buffers, wait)
