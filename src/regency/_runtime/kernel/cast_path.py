@@ -174,9 +174,10 @@ class CastPath:
         groups = casting.plan(rest, casting.fanout()) if rest else []
         local_reply = reply
         if gather and groups:
+            heads = [g.head.addr for g in groups]
             acc = casting.GatherRelay(self._router, reply, expected=1 + len(groups))
-            local_reply = self._router.open_port(acc, watch=[g.head.addr for g in groups])
-            acc.bind(local_reply.port, [g.head.addr for g in groups])
+            local_reply = self._router.open_port(acc, watch=heads)
+            acc.bind(local_reply.port, heads)
         # Down the tree first, then to our own actor: waking it could take this thread's CPU
         # before the subtrees, whose ranks would then all start late, had their message.
         if groups:
