@@ -149,6 +149,7 @@ def micro() -> dict[str, float]:
         name, stopped, failed = "bench", False, None
 
     core = Core()
+
     def reply_only(_: int) -> None:  # what a call costs anyway: its pending and its reply
         Pending().set_result(0)
 

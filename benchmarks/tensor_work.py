@@ -111,9 +111,7 @@ def _torch_worker(rank: int, port: int, reps: int, out: Any) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4
-    )
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
     x = torch.ones(REDUCE_MIB * (1 << 20) // 4)
     dist.all_reduce(x)
     dist.barrier()

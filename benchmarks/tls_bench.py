@@ -126,8 +126,10 @@ def main() -> None:
     secret = os.urandom(32)
     runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     with NetnsCluster(2) as cluster:
-        workers = {mode: [_start_worker(cluster, h, secret, mode) for h in cluster.hosts]
-                   for mode in (False, True)}
+        workers = {
+            mode: [_start_worker(cluster, h, secret, mode) for h in cluster.hosts]
+            for mode in (False, True)
+        }
         try:
             for _ in range(args.rounds):
                 for mode in (False, True):
