@@ -11,7 +11,10 @@ against the checkout::
 It prints one JSON object: each tree's per-round figures, the medians, b/a ratios and the load
 average at the end. With ``--monarch PYTHON`` (a venv with torchmonarch, ``make monarch-venv``)
 every round also runs ``actor_bench.py --system monarch`` with that interpreter, in the rotating
-order, and the output adds Monarch's medians and each tree's ratio to them.
+order, and the output adds Monarch's medians and each tree's ratio to them. With ``--floor``
+every round also runs ``floor_bench.py`` (the same figures by a bare pickled RPC with no
+runtime, its ``threads`` and ``asyncio`` variants), and the output adds each tree's ratio to
+those: how far the tree is from what pure Python allows on the machine.
 """
 
 from __future__ import annotations
@@ -25,7 +28,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-METRICS = ("call_one_median_us", "call_one_p99_us", "pipelined_calls_per_s", "broadcasts_per_s")
+METRICS = (
+    "call_one_median_us",
+    "call_one_p99_us",
+    "call_one_steal_ms",
+    "pipelined_calls_per_s",
+    "broadcasts_per_s",
+)
 
 
 def run_tree(tree: Path | None, figures: str, python: str = sys.executable) -> dict[str, float]:
@@ -50,6 +59,20 @@ def run_tree(tree: Path | None, figures: str, python: str = sys.executable) -> d
     return metrics
 
 
+def run_floor(variant: str) -> dict[str, float]:
+    """One run of ``floor_bench.py``'s ``variant`` (no regency at all)."""
+    out = subprocess.run(
+        [sys.executable, str(HERE / "floor_bench.py"), "--variant", variant, "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd="/tmp",
+        check=True,
+    )
+    metrics: dict[str, float] = json.loads(out.stdout)["medians"][variant]
+    return metrics
+
+
 def main() -> None:
     """Parse the command line, alternate the trees, print the JSON summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,18 +81,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--figures", default="call_one,broadcast")
     parser.add_argument("--monarch", help="a Python with torchmonarch: run it in every round too")
+    parser.add_argument(
+        "--floor", action="store_true", help="run floor_bench.py's two variants in every round too"
+    )
     args = parser.parse_args()
     trees: dict[str, Path | None] = {"a": args.a.resolve(), "b": args.b.resolve()}
     if args.monarch:
         trees["monarch"] = None
-    names = list(trees)
+    floors = ("floor_threads", "floor_asyncio") if args.floor else ()
+    names = list(trees) + list(floors)
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     loads: list[float] = []
     for index in range(args.rounds):
         shift = index % len(names)  # each system first in turn
         for name in names[shift:] + names[:shift]:
-            python = args.monarch if trees[name] is None else sys.executable
-            rounds[name].append(run_tree(trees[name], args.figures, python))
+            if name in floors:
+                rounds[name].append(run_floor(name.removeprefix("floor_")))
+            else:
+                python = args.monarch if trees[name] is None else sys.executable
+                rounds[name].append(run_tree(trees[name], args.figures, python))
             loads.append(os.getloadavg()[0])
             print(f"round {index} {name}: {rounds[name][-1]}", file=sys.stderr, flush=True)
     medians = {
@@ -78,6 +108,7 @@ def main() -> None:
     }
     summary: dict[str, object] = {
         "trees": {name: str(path) for name, path in trees.items()},
+        "floors": list(floors),
         "rounds": rounds,
         "medians": medians,
         "b_over_a": {m: medians["b"][m] / medians["a"][m] for m in medians["a"]},
@@ -86,6 +117,11 @@ def main() -> None:
     if args.monarch:
         summary["over_monarch"] = {
             tree: {m: medians[tree][m] / medians["monarch"][m] for m in medians[tree]}
+            for tree in ("a", "b")
+        }
+    for floor in floors:
+        summary[f"over_{floor}"] = {
+            tree: {m: medians[tree][m] / medians[floor][m] for m in medians[tree]}
             for tree in ("a", "b")
         }
     print(json.dumps(summary, indent=2))

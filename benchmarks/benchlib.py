@@ -61,6 +61,7 @@ METRICS: tuple[Metric, ...] = (
     Metric(spawn_key(8), "spawn 8 procs x 1 actor, until first reply", "s", False),
     Metric("call_one_median_us", "call_one round trip, median", "µs", False),
     Metric("call_one_p99_us", "call_one round trip, p99", "µs", False),
+    Metric("call_one_steal_ms", "hypervisor steal time during the call_one samples", "ms", False),
     Metric("pipelined_calls_per_s", "10k pipelined call_one to one actor", "calls/s", True),
     *(
         Metric(gather_key(n), f"call + gather on {n} procs, median", "ms", False)
@@ -104,6 +105,17 @@ def percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return float(ordered[rank - 1])
+
+
+def steal_ms() -> float | None:
+    """CPU time the hypervisor has taken from this machine's CPUs so far (all of them, the
+    ``steal`` column of ``/proc/stat``), in ms; ``None`` where it cannot be read. A round trip
+    that a steal lands on waits for it: on a VM this, not the code, makes most of a p99."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) * 1000 / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def rss_mib(pid: int) -> float | None:

@@ -38,6 +38,7 @@ from benchlib import (
     rdma_key,
     rss_summary,
     spawn_key,
+    steal_ms,
 )
 from fault_actor import VICTIM_NAME, read_failures
 
@@ -161,11 +162,16 @@ def fig_call_one(a: Adapter, plan: Plan) -> Metrics:
     """Sequential call_one round trip to one actor in another proc, after a warmup."""
     with a.spawn(1) as group:
         round_trips(a, group, plan.warmup)
+        stolen = steal_ms()
         samples = round_trips(a, group, plan.round_trips)
-    return {
+        stolen_after = steal_ms()
+    metrics = {
         "call_one_median_us": median(samples) * 1e6,
         "call_one_p99_us": percentile(samples, 99) * 1e6,
     }
+    if stolen is not None and stolen_after is not None:
+        metrics["call_one_steal_ms"] = stolen_after - stolen
+    return metrics
 
 
 def fig_pipelined(a: Adapter, plan: Plan) -> Metrics:
