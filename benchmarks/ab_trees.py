@@ -73,6 +73,36 @@ def run_floor(variant: str) -> dict[str, float]:
     return metrics
 
 
+def ratios(x: dict[str, float], y: dict[str, float]) -> dict[str, float]:
+    """``x / y`` for each figure both have (not the steal time: a condition of the run)."""
+    return {m: x[m] / y[m] for m in x if m in y and y[m] and m != "call_one_steal_ms"}
+
+
+def summarize(
+    trees: dict[str, Path | None],
+    floors: tuple[str, ...],
+    rounds: dict[str, list[dict[str, float]]],
+) -> dict[str, object]:
+    """Each system's medians over the rounds, and the ratios of the two trees to the rest."""
+    medians = {
+        name: {m: statistics.median(r[m] for r in runs) for m in METRICS if m in runs[0]}
+        for name, runs in rounds.items()
+    }
+    summary: dict[str, object] = {
+        "trees": {name: str(path) for name, path in trees.items()},
+        "floors": list(floors),
+        "rounds": rounds,
+        "medians": medians,
+        "b_over_a": ratios(medians["b"], medians["a"]),
+    }
+    for other in ("monarch", *floors):
+        if other in medians:
+            summary[f"over_{other}"] = {
+                tree: ratios(medians[tree], medians[other]) for tree in ("a", "b")
+            }
+    return summary
+
+
 def main() -> None:
     """Parse the command line, alternate the trees, print the JSON summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -102,28 +132,8 @@ def main() -> None:
                 rounds[name].append(run_tree(trees[name], args.figures, python))
             loads.append(os.getloadavg()[0])
             print(f"round {index} {name}: {rounds[name][-1]}", file=sys.stderr, flush=True)
-    medians = {
-        name: {m: statistics.median(r[m] for r in runs) for m in METRICS if m in runs[0]}
-        for name, runs in rounds.items()
-    }
-    summary: dict[str, object] = {
-        "trees": {name: str(path) for name, path in trees.items()},
-        "floors": list(floors),
-        "rounds": rounds,
-        "medians": medians,
-        "b_over_a": {m: medians["b"][m] / medians["a"][m] for m in medians["a"]},
-        "load_average_after_each_run": loads,
-    }
-    if args.monarch:
-        summary["over_monarch"] = {
-            tree: {m: medians[tree][m] / medians["monarch"][m] for m in medians[tree]}
-            for tree in ("a", "b")
-        }
-    for floor in floors:
-        summary[f"over_{floor}"] = {
-            tree: {m: medians[tree][m] / medians[floor][m] for m in medians[tree]}
-            for tree in ("a", "b")
-        }
+    summary = summarize(trees, floors, rounds)
+    summary["load_average_after_each_run"] = loads
     print(json.dumps(summary, indent=2))
 
 
