@@ -13,8 +13,8 @@ average at the end. With ``--monarch PYTHON`` (a venv with torchmonarch, ``make 
 every round also runs ``actor_bench.py --system monarch`` with that interpreter, in the rotating
 order, and the output adds Monarch's medians and each tree's ratio to them. With ``--floor``
 every round also runs ``floor_bench.py`` (the same figures by a bare pickled RPC with no
-runtime, its ``threads`` and ``asyncio`` variants), and the output adds each tree's ratio to
-those: how far the tree is from what pure Python allows on the machine.
+runtime: its ``threads``, ``batched`` and ``asyncio`` variants), and the output adds each
+tree's ratio to those: how far the tree is from what pure Python allows on the machine.
 """
 
 from __future__ import annotations
@@ -112,13 +112,13 @@ def main() -> None:
     parser.add_argument("--figures", default="call_one,broadcast")
     parser.add_argument("--monarch", help="a Python with torchmonarch: run it in every round too")
     parser.add_argument(
-        "--floor", action="store_true", help="run floor_bench.py's two variants in every round too"
+        "--floor", action="store_true", help="run floor_bench.py's variants in every round too"
     )
     args = parser.parse_args()
     trees: dict[str, Path | None] = {"a": args.a.resolve(), "b": args.b.resolve()}
     if args.monarch:
         trees["monarch"] = None
-    floors = ("floor_threads", "floor_asyncio") if args.floor else ()
+    floors = ("floor_threads", "floor_batched", "floor_asyncio") if args.floor else ()
     names = list(trees) + list(floors)
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     loads: list[float] = []
