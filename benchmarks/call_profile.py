@@ -21,7 +21,12 @@ the CPU figures what it costs. Run it once per source tree (``PYTHONPATH=tree/sr
     py-spy record --subprocesses --nonblocking --rate 1000 --format flamegraph -o out.svg -- \
         .venv/bin/python benchmarks/call_profile.py --plain --calls 20000
 
-Usage: .venv/bin/python benchmarks/call_profile.py [--calls 3000] [--json out.json] [--plain]
+``--pipelined`` instead issues ``--calls`` calls without waiting, then takes every value, five
+times: the rate, the calling thread's CPU per call in each phase (``time.thread_time``) and
+every thread's CPU per call on each side (where the controller's GIL-bound time goes).
+
+Usage: .venv/bin/python benchmarks/call_profile.py [--calls 3000] [--json out.json]
+[--plain | --pipelined]
 """
 
 from __future__ import annotations
@@ -222,6 +227,34 @@ def threads(pid: int) -> dict[str, tuple[int, int]]:
     return out
 
 
+def cpu_us_per_call(before: dict[str, tuple[int, int]], pid: int, calls: int) -> float:
+    """CPU µs per call that ``pid``'s threads spent since ``before`` (a :func:`threads`)."""
+    spent = 0
+    for tid, (cpu, _) in threads(pid).items():
+        spent += cpu - before.get(tid, (0, 0))[0]
+    return spent / calls / 1e3
+
+
+def pipelined(ping: Any, n: int, me: int, proc_pid: int) -> dict[str, float]:
+    """``n`` calls issued, then their values taken: rate and CPU per call."""
+    controller, proc = threads(me), threads(proc_pid)
+    start, cpu_start = time.perf_counter(), time.thread_time()
+    futures = [ping.call_one() for _ in range(n)]
+    sent, cpu_sent = time.perf_counter(), time.thread_time()
+    futures_per_s = n / (sent - start)
+    for future in futures:
+        future.get()
+    done, cpu_done = time.perf_counter(), time.thread_time()
+    return {
+        "calls_per_s": n / (done - start),
+        "issued_per_s": futures_per_s,
+        "caller_cpu_us_sending": (cpu_sent - cpu_start) / n * 1e6,
+        "caller_cpu_us_taking": (cpu_done - cpu_sent) / n * 1e6,
+        "controller_cpu_us": cpu_us_per_call(controller, me, n),
+        "proc_cpu_us": cpu_us_per_call(proc, proc_pid, n),
+    }
+
+
 def perf_syscalls(pids: list[int]) -> subprocess.Popen[str] | None:
     """``perf stat`` counting system calls of every thread of ``pids`` (None without perf)."""
     tids = [t.rsplit("/", 1)[1] for p in pids for t in glob.glob(f"/proc/{p}/task/*")]
@@ -245,6 +278,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--plain", action="store_true", help="only the timed calls")
+    parser.add_argument("--pipelined", action="store_true", help="calls issued, then gathered")
     args = parser.parse_args()
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     mesh = procs.spawn("pinger", Pinger)
@@ -263,6 +297,11 @@ def main() -> None:
             times.append(time.perf_counter() - begin)
         return sorted(times)
 
+    if args.pipelined:
+        result["runs"] = [pipelined(mesh.ping, n, me, proc_pid) for _ in range(5)]
+        procs.stop().get()
+        print(json.dumps(result, indent=1))
+        return
     if args.plain:
         times = loop()
         print(f"median {times[n // 2] * 1e6:.0f} us, p99 {times[int(n * 0.99)] * 1e6:.0f} us")
