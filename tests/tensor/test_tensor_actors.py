@@ -270,3 +270,94 @@ def test_slice_made_before_its_parent_was_activated(make_procs) -> None:  # type
     with mesh.activate():
         whole = mesh.rank_tensor("gpus") * 1
     assert regency.inspect(whole, gpus=3).item() == 3
+
+
+class Released(Actor):
+    """Takes mesh tensors; fails (a broadcast that raises) once a file exists."""
+
+    @endpoint
+    def fail_once(self, path: str) -> None:
+        deadline = time.monotonic() + T
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise ValueError("the actor fails with calls queued behind this one")
+
+    @endpoint
+    def total(self, t: torch.Tensor) -> list[float]:
+        return t.tolist()
+
+    @endpoint
+    def pair(self, a: torch.Tensor, b: torch.Tensor) -> list[float]:
+        return a.tolist() + b.tolist()
+
+
+class ShardCount(Actor):
+    @endpoint
+    def held(self) -> tuple[int, int]:
+        """Shards published on this proc for calls that have not taken them, and slots of
+        calls that will never run whose shards are still to come."""
+        from regency._tensor import handoff
+
+        return len(handoff._slots), len(getattr(handoff, "_discarded", ()))
+
+
+def test_a_call_that_never_runs_releases_its_shards(make_procs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # The call is sent (and its shards published) while the actors are healthy, queued behind
+    # a message that fails them: they answer it without running it.
+    procs = make_procs(2)
+    counts = procs.spawn("counts", ShardCount)
+    actors = procs.spawn("released", Released)
+    flag = tmp_path / "fail"
+    with procs.activate():
+        t = torch.ones(3)
+        actors.fail_once.broadcast(str(flag))
+        never_run = [actors.slice(gpus=rank).total.call_one(t) for rank in range(2)]
+        flag.touch()
+        for call in never_run:  # each rank's answer: both have refused their call
+            with pytest.raises(SupervisionError, match="released"):
+                call.get(timeout=T)
+        for rank in range(2):  # each proc's stream is past the Publish
+            assert regency.inspect(t + 1, gpus=rank).tolist() == [2.0] * 3
+    assert list(counts.held.call().get(timeout=T).values()) == [(0, 0), (0, 0)]
+
+
+def test_a_poisoned_argument_releases_the_other_arguments_shards(make_procs) -> None:  # type: ignore[no-untyped-def]
+    procs = make_procs(2)
+    counts = procs.spawn("counts", ShardCount)
+    actors = procs.spawn("pairs", Released)
+    with pytest.raises(RemoteException):  # noqa: PT012 - the failure is also raised at exit
+        with procs.activate():
+            bad = failing(torch.ones(2))
+            with pytest.raises(ActorError, match="boom from the worker"):
+                actors.pair.call(bad, torch.ones(2)).get(timeout=T)
+            assert actors.pair.call(torch.ones(1), torch.zeros(1)).get(timeout=T).item(gpus=0) == [
+                1.0,
+                0.0,
+            ]
+    assert list(counts.held.call().get(timeout=T).values()) == [(0, 0), (0, 0)]
+
+
+def test_a_call_refused_before_its_shards_are_published_drops_them_when_they_come(
+    make_procs,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    # The stream is busy, so the actors refuse the call before its Publish runs there: the
+    # shards are dropped when it does.
+    procs = make_procs(2)
+    counts = procs.spawn("counts", ShardCount)
+    actors = procs.spawn("early", Released)
+    fail, go = tmp_path / "fail", tmp_path / "go"
+    with procs.activate():
+        t = torch.ones(3)
+        wait_for(str(go), T)
+        actors.fail_once.broadcast(str(fail))
+        never_run = [actors.slice(gpus=rank).total.call_one(t) for rank in range(2)]
+        fail.touch()
+        for call in never_run:
+            with pytest.raises(SupervisionError, match="early"):
+                call.get(timeout=T)
+        assert list(counts.held.call().get(timeout=T).values()) == [(0, 1), (0, 1)]
+        go.touch()
+        for rank in range(2):
+            assert regency.inspect(t + 1, gpus=rank).tolist() == [2.0] * 3
+    assert list(counts.held.call().get(timeout=T).values()) == [(0, 0), (0, 0)]

@@ -277,3 +277,25 @@ def test_values_that_travel_as_references_are_handed_to_both_ends() -> None:
     assert codec.carry("nobody listens") is False
     with pytest.raises(AssertionError):
         pickle.dumps(Ticket(5))  # its __reduce__ insists on being carried
+
+
+def _refuse(number: int) -> None:
+    raise ValueError(f"ticket {number} cannot arrive")
+
+
+class BadTicket:
+    """Unpickles by raising (after the tickets before it arrived)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_refuse, (9,))
+
+
+def test_what_a_message_that_will_not_run_carried_is_found_as_far_as_it_decodes() -> None:
+    parts, _ = codec.dumps_call_carrying((Ticket(1), BadTicket(), Ticket(2)), {})
+    raw = [bytes(p) for p in parts]
+    with pytest.raises(ValueError, match="ticket 9"):
+        codec.loads_carrying(raw)
+    # The ticket before the failure arrived; nothing is raised, nothing else collects after.
+    assert codec.carried_in(raw) == [("arrived", 1)]
+    assert codec.carry("nobody listens") is False
+    assert codec.carried_in(codec.dumps_call((1, "a"), {})) == []

@@ -47,6 +47,9 @@ _slots: dict[int, torch.Tensor | Poisoned] = {}
 """Shards published for actor calls, by slot, until the actor takes them."""
 _results: dict[int, list[torch.Tensor] | Poisoned | _Failed] = {}
 """``rref`` results deposited by actors (or their failures), by slot, until collected."""
+_discarded: dict[int, str] = {}
+"""Slots of calls that will never run, whose shards are not published yet: the stream's
+``Publish`` drops them when it comes (a stream that goes down takes its own back)."""
 _down: dict[str, str] = {}
 """Streams whose worker on this proc failed or stopped: why."""
 _site_texts: dict[int, str] = {}
@@ -129,8 +132,28 @@ def bind_arrivals(fn: Callable[..., Any], is_async: bool, carried: Sequence[Any]
 
 
 def _settle(arrivals: Sequence[Arrival]) -> None:
+    # Every slot is taken even when one cannot be (a poisoned shard): the endpoint will not
+    # run, and a shard left in its slot would stay in this proc's memory.
+    failure: Exception | None = None
     for found in arrivals:
-        found.tensor.set_(take(found.slot, found.stream))  # type: ignore[call-overload]
+        try:
+            found.tensor.set_(take(found.slot, found.stream))  # type: ignore[call-overload]
+        except Exception as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
+def discard_arrivals(carried: Sequence[Any]) -> None:
+    """Free the shards published (or still to be) for a call that will never run, given what
+    its message carried (an actor that had failed or stopped, an endpoint that does not exist,
+    arguments that did not decode)."""
+    with _cond:
+        for found in carried:
+            if not isinstance(found, Arrival) or _slots.pop(found.slot, None) is not None:
+                continue
+            if found.stream not in _down:  # else no Publish will come
+                _discarded[found.slot] = found.stream
 
 
 def take(slot: int, stream: str) -> torch.Tensor:
@@ -173,7 +196,9 @@ def publish(cmd: c.Publish, rank: int) -> None:
             value = value.detach().clone()
         values[slot] = value
     with _cond:
-        _slots.update(values)
+        for slot, value in values.items():
+            if _discarded.pop(slot, None) is None:
+                _slots[slot] = value
         _cond.notify_all()
 
 
@@ -227,6 +252,8 @@ def stream_down(stream: str, why: str) -> None:
     """The worker of ``stream`` here failed or stopped: actors waiting for it give up."""
     with _cond:
         _down[stream] = why
+        for slot in [slot for slot, owner in _discarded.items() if owner == stream]:
+            del _discarded[slot]
         _cond.notify_all()
 
 

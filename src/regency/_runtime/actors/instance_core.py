@@ -327,7 +327,8 @@ class ActorCore(InstanceBase):
             if item.kind is STOP:
                 item.arg()
             return
-        method, reply, point, _, _ = self._open(item)
+        method, reply, point, payload, _ = self._open(item)
+        self._release_carried(payload)
         if reply is None:
             return
         if self.failed is not None:
@@ -336,6 +337,14 @@ class ActorCore(InstanceBase):
             why = stopped_text(str(self), self.stop_reason, f"actor mesh {self.name} is stopped")
         text = f"Endpoint call {self.name}.{method}() failed, {why}"
         self._reply_error(reply, point.rank, SupervisionError(text, f"{self.name}.{method}"))
+
+    @staticmethod
+    def _release_carried(payload: Sequence[Part]) -> None:
+        """Release what a message that will not run carried (mesh tensors' shards, published
+        on this proc for it), or they would stay until the proc ends."""
+        carried = codec.carried_in(payload)
+        if carried:
+            _plugins.load("tensor").discard_arrivals(carried)
 
     def _prepare(self, item: Delivery) -> tuple[Any, ...] | None:
         """Decode a message; returns None (after replying) when it cannot run."""
@@ -357,9 +366,11 @@ class ActorCore(InstanceBase):
                 # Mesh tensors among the arguments: the call waits for their shards first.
                 fn = _plugins.load("tensor").bind_arrivals(fn, spec.is_async, carried)
         except Exception as exc:
+            self._release_carried(payload)
             self._on_error(method, reply, point, exc)
             return None
         except BaseException as exc:  # SystemExit from a __reduce__: as if the endpoint raised it
+            self._release_carried(payload)
             self._die(method, reply, point, exc)
             return None
         if spec.explicit_port:

@@ -271,6 +271,27 @@ def loads(parts: Sequence[Part]) -> Any:
         return pickle.loads(body, buffers=parts[1:])
 
 
+def carried_in(parts: Sequence[Part]) -> list[Any]:
+    """The objects :func:`carry` was called with while unpickling ``parts``, as far as
+    unpickling gets (it may fail again): what a message that will not run stood for, to be
+    released. Nothing is decoded when the pickle names no module (nothing can be carried)."""
+    if _NAMES_A_MODULE.search(parts[0]) is None:
+        return []
+    carried: list[Any] = []
+    outer = getattr(_carrying, "objects", None)
+    _carrying.objects = carried
+    try:
+        with _importing:
+            pickle.loads(parts[0], buffers=parts[1:])
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # a SystemExit from a __reduce__ too: the message will not run
+        pass  # what was carried before it failed is all there is
+    finally:
+        _carrying.objects = outer
+    return carried
+
+
 def loads_carrying(parts: Sequence[Part]) -> tuple[Any, list[Any]]:
     """:func:`loads`, and the objects :func:`carry` was called with while unpickling.
 
