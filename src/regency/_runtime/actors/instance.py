@@ -184,7 +184,7 @@ class ActorInstance(SyncExecutor, AsyncExecutor):
                 return
             self._forced = True
             self.stopped = True
-            self.runtime.mailbox(self.mesh_id).attach(self._reject)
+            self.runtime.mailbox(self.mesh_id).attach(self._reject_arriving)
         print(
             f"regency: actor {self} was still busy {grace:g} s (cleanup_timeout) after it was "
             "asked to stop; it is stopped without waiting for it",

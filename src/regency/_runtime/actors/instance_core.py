@@ -268,7 +268,7 @@ class ActorCore(InstanceBase):
 
     def _reject_from_now_on(self) -> None:
         """Refuse later messages, and those queued but never run, with a ``SupervisionError``."""
-        self.runtime.mailbox(self.mesh_id).attach(self._reject)
+        self.runtime.mailbox(self.mesh_id).attach(self._reject_arriving)
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -321,14 +321,16 @@ class ActorCore(InstanceBase):
             reply = None
         return method, reply, point, parts[1:], trace
 
-    def _reject(self, item: Any) -> None:
-        """Answer a message the actor will never run (it failed or stopped)."""
+    def _reject(self, item: Any, on_io_thread: bool = False) -> None:
+        """Answer a message the actor will never run (it failed or stopped), and release what
+        it carried (see :meth:`_reject_arriving` for ``on_io_thread``)."""
         if type(item) is Control:
             if item.kind is STOP:
                 item.arg()
             return
         method, reply, point, payload, _ = self._open(item)
-        self._release_carried(payload)
+        if not on_io_thread:
+            self._release_carried(payload)
         if reply is None:
             return
         if self.failed is not None:
@@ -337,6 +339,13 @@ class ActorCore(InstanceBase):
             why = stopped_text(str(self), self.stop_reason, f"actor mesh {self.name} is stopped")
         text = f"Endpoint call {self.name}.{method}() failed, {why}"
         self._reply_error(reply, point.rank, SupervisionError(text, f"{self.name}.{method}"))
+
+    def _reject_arriving(self, item: Delivery) -> None:
+        """The mailbox's sink once the actor has stopped: :meth:`_reject` on the I/O thread,
+        which never unpickles a user's message (that may wait for imports), so what such a
+        message carried is not released (a call that raced the stop from another sender, or
+        down a casting tree: the owner refuses calls once it has asked for the stop)."""
+        self._reject(item, on_io_thread=True)
 
     @staticmethod
     def _release_carried(payload: Sequence[Part]) -> None:
