@@ -4,11 +4,12 @@ Issue 17 asks for the control path "close to what the machine allows". This meas
 floor with the same three shapes as ``figures.py`` (a ``call_one`` round trip, 10k pipelined
 calls to one actor, 10k fire-and-forget broadcasts to 4 actors then one call), by the least a
 Python remote call can do: the controller pickles ``(call id, method, args)`` into a
-length-prefixed frame and writes it to a Unix socket; each actor is a forked process whose one
-thread reads whatever bytes are there, cuts them into frames, unpickles each, runs the method
-and pickles its reply into a frame, writing a read's replies in one ``sendall``. There is no
-ordering beyond the socket's, no supervision, no mailbox, no futures beyond a slot per call, no
-tracing, no security. Two variants:
+length-prefixed frame and writes it to a Unix socket; each actor (``bench_actor``'s behaviour,
+as in the other benchmarks) is a forked process whose one thread reads whatever bytes are
+there, cuts them into frames, unpickles each, runs the method and pickles its reply into a
+frame, writing a read's replies in one ``sendall``. There is no ordering beyond the socket's,
+no supervision, no mailbox, no futures beyond a slot per call, no tracing, no security. Three
+variants:
 
 * ``threads`` (the shape of regency: blocking sockets, the caller's thread sends, a reader
   thread takes the replies, the caller waits on a condition only when its reply is not in yet);
@@ -33,29 +34,13 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from bench_actor import BenchBehavior
 
 HEADER = struct.Struct("<I")
-
-
-class Pinger:
-    """The actor of the floor: the same three methods as the benchmark's actor."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def ping(self) -> int:
-        """Reply at once."""
-        return 1
-
-    def incr(self) -> None:
-        """Count one broadcast."""
-        self.count += 1
-
-    def total(self) -> int:
-        """How many broadcasts arrived."""
-        return self.count
+R = TypeVar("R")
 
 
 def frame(obj: object) -> bytes:
@@ -81,22 +66,28 @@ def cut(buffer: bytearray) -> list[Any]:
     return out
 
 
+def run_calls(actor: BenchBehavior, buffer: bytearray) -> bytes:
+    """Run every whole call at the front of ``buffer``; the frames of their replies."""
+    replies = []
+    for call_id, method, args in cut(buffer):
+        result = getattr(actor, method)(*args)
+        if call_id is not None:
+            replies.append(frame((call_id, result)))
+    return b"".join(replies)
+
+
 def serve_threads(sock: socket.socket) -> None:
     """The actor process: read, run, reply, one thread."""
-    actor = Pinger()
+    actor = BenchBehavior()
     buffer = bytearray()
     while True:
         data = sock.recv(1 << 16)
         if not data:
             return
         buffer += data
-        replies = []
-        for call_id, method, args in cut(buffer):
-            result = getattr(actor, method)(*args)
-            if call_id is not None:
-                replies.append(frame((call_id, result)))
+        replies = run_calls(actor, buffer)
         if replies:
-            sock.sendall(b"".join(replies))
+            sock.sendall(replies)
 
 
 class ThreadClient:
@@ -261,7 +252,7 @@ def serve_asyncio(sock: socket.socket) -> None:
     """The actor process of the ``asyncio`` variant."""
 
     async def run() -> None:
-        actor = Pinger()
+        actor = BenchBehavior()
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         buffer = bytearray()
         while True:
@@ -269,26 +260,22 @@ def serve_asyncio(sock: socket.socket) -> None:
             if not data:
                 return
             buffer += data
-            replies = []
-            for call_id, method, args in cut(buffer):
-                result = getattr(actor, method)(*args)
-                if call_id is not None:
-                    replies.append(frame((call_id, result)))
+            replies = run_calls(actor, buffer)
             if replies:
-                writer.write(b"".join(replies))
+                writer.write(replies)
                 await writer.drain()
 
-    new_loop().run_until_complete(run())
+    run_loop(run())
 
 
-def new_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop where installed, else asyncio's."""
+def run_loop(main: Coroutine[Any, Any, R]) -> R:
+    """Run ``main`` on uvloop's event loop where installed, else on asyncio's."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
+        return asyncio.run(main)
+    result: R = uvloop.run(main)
+    return result
 
 
 class AsyncClient:
@@ -358,7 +345,7 @@ def figures_asyncio(round_trips: int, pipelined: int, broadcasts: int) -> dict[s
         return summarize(samples, pipelined / pipelined_seconds, broadcasts / broadcast_seconds)
 
     try:
-        return new_loop().run_until_complete(run())
+        return run_loop(run())
     finally:
         for sock, pid in pairs:
             sock.close()
