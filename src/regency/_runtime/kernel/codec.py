@@ -21,8 +21,8 @@ import re
 import sys
 import threading
 import types
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import cloudpickle
 
@@ -144,6 +144,7 @@ _WRAPPED = (bytes, bytearray)
 
 
 _carrying = threading.local()
+T = TypeVar("T")
 
 
 def carry(obj: Any) -> bool:
@@ -168,10 +169,16 @@ def dumps_call_carrying(
     if _is_plain_call(args, kwargs):  # no value of a plain call can carry anything
         return [pickle.dumps((args, kwargs), protocol=5)], []
     carried: list[Any] = []
+    return _carrying_into(carried, _dumps_call_values, args, kwargs), carried
+
+
+def _carrying_into(carried: list[Any], work: Callable[..., T], *args: Any) -> T:
+    """``work(*args)``, with what :func:`carry` is called with on this thread meanwhile
+    appended to ``carried``."""
     outer = getattr(_carrying, "objects", None)
     _carrying.objects = carried
     try:
-        return _dumps_call_values(args, kwargs), carried
+        return work(*args)
     finally:
         _carrying.objects = outer
 
@@ -267,8 +274,7 @@ def loads(parts: Sequence[Part]) -> Any:
     body = parts[0]
     if _NAMES_A_MODULE.search(body) is None:  # the common small message: no lock
         return pickle.loads(body, buffers=parts[1:])
-    with _importing:
-        return pickle.loads(body, buffers=parts[1:])
+    return _loads_importing(parts)
 
 
 def carried_in(parts: Sequence[Part]) -> list[Any]:
@@ -278,17 +284,12 @@ def carried_in(parts: Sequence[Part]) -> list[Any]:
     if _NAMES_A_MODULE.search(parts[0]) is None:
         return []
     carried: list[Any] = []
-    outer = getattr(_carrying, "objects", None)
-    _carrying.objects = carried
     try:
-        with _importing:
-            pickle.loads(parts[0], buffers=parts[1:])
+        _carrying_into(carried, _loads_importing, parts)
     except KeyboardInterrupt:
         raise
     except BaseException:  # a SystemExit from a __reduce__ too: the message will not run
         pass  # what was carried before it failed is all there is
-    finally:
-        _carrying.objects = outer
     return carried
 
 
@@ -303,10 +304,11 @@ def loads_carrying(parts: Sequence[Part]) -> tuple[Any, list[Any]]:
     if _NAMES_A_MODULE.search(body) is None:  # nothing named, nothing called back
         return pickle.loads(body, buffers=parts[1:]), []
     carried: list[Any] = []
-    outer = getattr(_carrying, "objects", None)
-    _carrying.objects = carried
-    try:
-        with _importing:
-            return pickle.loads(body, buffers=parts[1:]), carried
-    finally:
-        _carrying.objects = outer
+    return _carrying_into(carried, _loads_importing, parts), carried
+
+
+def _loads_importing(parts: Sequence[Part]) -> Any:
+    """Unpickle ``parts``, whose pickle names modules, one such thread at a time
+    (``_importing``)."""
+    with _importing:
+        return pickle.loads(parts[0], buffers=parts[1:])
