@@ -194,7 +194,7 @@ class ActorInstance(SyncExecutor, AsyncExecutor):
         # Wait (bounded) for what it owns, so that a returned stop means its descendants are
         # stopped too, as when the actor's thread stops them itself.
         self.stop_owned(f"their owner {self} stopped", grace)
-        self._reject_queued()
+        self._reject_queued(release=False)  # the actor's thread may hold the unpickling lock
         # Unblock the thread if it waits for a message, so that it can end.
         self._queue.put(Control(WAKE))
         once()

@@ -121,25 +121,26 @@ class ActorCore(InstanceBase):
             self.runtime.mailbox(self.mesh_id).attach(sink)
             return True
 
-    def _reject_queued(self) -> None:
-        """Refuse every message still waiting in the actor's queues."""
+    def _reject_queued(self, release: bool = True) -> None:
+        """Refuse every message still waiting in the actor's queues (``release``: see
+        :meth:`_reject`)."""
         inbox = self._inbox
         while inbox:
             try:
                 item = inbox.popleft()
             except IndexError:
                 break
-            self._reject_safely(item)
+            self._reject_safely(item, release)
         while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            self._reject_safely(item)
+            self._reject_safely(item, release)
 
-    def _reject_safely(self, item: Any) -> None:
+    def _reject_safely(self, item: Any, release: bool = True) -> None:
         try:
-            self._reject(item)
+            self._reject(item, release)
         except Exception:
             log.exception("actor %s dropped a malformed message", self.name)
 
@@ -321,15 +322,17 @@ class ActorCore(InstanceBase):
             reply = None
         return method, reply, point, parts[1:], trace
 
-    def _reject(self, item: Any, on_io_thread: bool = False) -> None:
-        """Answer a message the actor will never run (it failed or stopped), and release what
-        it carried (see :meth:`_reject_arriving` for ``on_io_thread``)."""
+    def _reject(self, item: Any, release: bool = True) -> None:
+        """Answer a message the actor will never run (it failed or stopped), and ``release``
+        what it carried: that unpickles the message, so only a thread that may wait for the
+        lock unpickling takes does it (not the I/O thread: :meth:`_reject_arriving`; not a
+        forced stop, whose actor thread may be stuck holding it)."""
         if type(item) is Control:
             if item.kind is STOP:
                 item.arg()
             return
         method, reply, point, payload, _ = self._open(item)
-        if not on_io_thread:
+        if release:
             self._release_carried(payload)
         if reply is None:
             return
@@ -345,7 +348,7 @@ class ActorCore(InstanceBase):
         which never unpickles a user's message (that may wait for imports), so what such a
         message carried is not released (a call that raced the stop from another sender, or
         down a casting tree: the owner refuses calls once it has asked for the stop)."""
-        self._reject(item, on_io_thread=True)
+        self._reject(item, release=False)
 
     @staticmethod
     def _release_carried(payload: Sequence[Part]) -> None:

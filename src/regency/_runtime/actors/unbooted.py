@@ -27,10 +27,10 @@ class UnbootedInstance(ActorInstance):
         self._send_status(f"the bootstrap of its proc raised:\n{self._bootstrap_error}")
         self.runtime.mailbox(self.mesh_id).attach(self._reject)
 
-    def _reject(self, item: Any, on_io_thread: bool = True) -> None:
+    def _reject(self, item: Any, release: bool = False) -> None:
         # The mailbox's sink: nothing was published on a proc whose bootstrap failed.
         if not isinstance(item, tuple):  # a stop request (or a wake-up): nothing runs here
-            super()._reject(item, on_io_thread)
+            super()._reject(item, release)
             return
         method, reply, point, _, _ = self._open(item)
         if reply is None:
