@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from regency import config
 from regency.job._errors import JobError
 from regency.job._trait import JobTrait
 from regency.job._worker import worker_command, worker_env
@@ -119,6 +120,7 @@ class ProcessJob(JobTrait):
         for name, count in meshes.items():
             if not isinstance(count, int) or count <= 0:
                 raise ValueError(f"mesh {name!r} needs a positive number of hosts, got {count!r}")
+            config._check_procs_per_host(count, f"ProcessJob mesh {name!r} of {count} hosts")
         self.meshes = dict(meshes)
         self.env = dict(env or {})
         self.log_dir: str | None = None
