@@ -507,4 +507,3 @@ def parametrize_config_pointwise(
 
 
 _public.publish(__name__, globals())
-
