@@ -72,18 +72,26 @@ def _swap_problem(directory: Path, st: os.stat_result) -> str | None:
     return None
 
 
-def check_unswappable(path: str | Path) -> Path:
+def check_unswappable(path: str | Path, *, closed: bool = False) -> Path:
     """``path`` resolved once (symlinks followed), checked that no other user can swap it.
 
     Every directory from it up to ``/`` must be owned by this user or root and writable by
     nobody else, unless it has the sticky bit (as ``/tmp`` has: others may add entries there but
-    not rename or remove this user's). Raises :class:`UnsafePathError` naming the directory and
-    its owner or mode, and ``FileNotFoundError`` when ``path`` does not exist.
+    not rename or remove this user's). ``closed``: ``path``'s own directory may not be writable
+    by others even with the sticky bit (they could create the files that are to come there).
+    Raises :class:`UnsafePathError` naming the directory and its owner or mode, and
+    ``FileNotFoundError`` when ``path`` does not exist.
     """
     real = Path(os.path.realpath(path, strict=True))
     directory = real if real.is_dir() else real.parent
     for step in (directory, *directory.parents):
-        problem = _swap_problem(step, os.stat(step))
+        st = os.stat(step)
+        problem = _swap_problem(step, st)
+        if problem is None and closed and step == directory and _writable_by_others(st):
+            problem = (
+                f"directory {step} is writable by other users (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}), who can create files in it"
+            )
         if problem is not None:
             raise UnsafePathError(
                 f"refusing to use {path}: {problem}; pick a path whose directories only you "

@@ -256,3 +256,89 @@ def test_dump_replaces_a_planted_file_instead_of_writing_through_it(
     assert st.st_uid == os.geteuid(), "the attacker's inode (which they can read) was reused"
     assert st.st_mode & 0o777 == 0o600
     assert job_load(cache).secret == job.secret
+
+
+# -- telemetry database ------------------------------------------------------------------------
+
+
+def _planted_database(attacker: Attacker, directory: Path, name: str) -> Path:
+    """The other user creates an SQLite file with a row of theirs in ``directory``."""
+    path = directory / name
+    attacker.sh(
+        f"python3 -c \"import sqlite3; c = sqlite3.connect('{path}'); "
+        "c.execute('CREATE TABLE spans (job TEXT, name TEXT)'); "
+        "c.execute(\\\"INSERT INTO spans VALUES ('x', 'planted row')\\\"); c.commit()\" && "
+        f"chmod 0666 {path}"
+    )
+    return path
+
+
+def test_telemetry_database_another_user_planted_is_refused(
+    attacker: Attacker, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from regency.observe.telemetry.recorder import Recorder, run_sql
+    from regency.observe.telemetry.switch import enable_telemetry
+
+    path = _planted_database(attacker, open_dir, "telemetry.db")
+    open_dir.chmod(0o755)  # the directory is this user's and closed now; the file is not
+    planted = path.read_bytes()
+    text = (
+        f"refusing to use telemetry database {path}: file {path} is owned by uid "
+        f"{attacker.uid}, not by this user (uid {os.geteuid()}); another user may have planted "
+        "it: remove it or pick another path"
+    )
+    with pytest.raises(UnsafePathError) as info:
+        Recorder(path)
+    assert str(info.value) == text
+    with pytest.raises(UnsafePathError, match="owned by uid"):
+        run_sql("SELECT name FROM spans", path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "regency",
+            "telemetry",
+            "sql",
+            "--db",
+            str(path),
+            "SELECT * FROM spans",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done
+    assert "planted row" not in done.stdout, "the other user's rows were shown"
+    assert done.stderr.strip() == f"regency telemetry: {text}", done.stderr
+    from regency import config
+
+    with config.configured(telemetry_db=str(path)):
+        with pytest.raises(UnsafePathError, match=f"file {path} is owned by uid {attacker.uid}"):
+            enable_telemetry()
+        config.configure(telemetry=False)
+    assert path.read_bytes() == planted, "nothing was written into the planted file"
+
+
+def test_telemetry_database_in_a_directory_others_can_write_is_refused(
+    attacker: Attacker, shared_dir: Path, open_dir: Path
+) -> None:
+    """Even with the sticky bit (``/tmp``): the other user could create the file, or the
+    ``-wal`` log SQLite replays on open, before this user does."""
+    from regency.observe.telemetry.recorder import Recorder
+
+    path = shared_dir / "telemetry.db"
+    with pytest.raises(UnsafePathError) as info:
+        Recorder(path)
+    assert str(info.value) == (
+        f"refusing to use {shared_dir}: directory {shared_dir} is writable by other users "
+        "(mode 1777), who can create files in it; pick a path whose directories only you (or "
+        "root) can write"
+    )
+    assert not path.exists()
+    # A log planted beside the database before the directory was closed is refused too.
+    wal = _planted_database(attacker, open_dir, "telemetry.db-wal")
+    open_dir.chmod(0o755)
+    with pytest.raises(UnsafePathError, match=f"file {wal} is owned by uid {attacker.uid}"):
+        Recorder(open_dir / "telemetry.db")
+    assert not (open_dir / "telemetry.db").exists()
