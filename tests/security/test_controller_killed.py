@@ -64,8 +64,14 @@ class Pid(Actor):
         return os.getpid()
 
 
-def _run_and_kill(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
-    """Run the controller script until it reports its processes, then SIGKILL it."""
+def _run_and_kill(
+    tmp_path: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    silence: float = 0.0,
+) -> dict:  # type: ignore[type-arg]
+    """Run the controller script until it reports its processes, then SIGKILL it; with
+    ``silence``, SIGSTOP it first and give its workers that long to notice it fell silent."""
     script = tmp_path / "controller.py"
     script.write_text(CONTROLLER)
     controller = subprocess.Popen(
@@ -79,6 +85,12 @@ def _run_and_kill(tmp_path: Path, *args: str, env: dict[str, str] | None = None)
         line = controller.stdout.readline().decode()
         assert line, controller.stderr.read().decode() if controller.stderr else ""
         found: dict = json.loads(line)  # type: ignore[type-arg]
+        if silence:
+            controller.send_signal(signal.SIGSTOP)
+            members = [tuple(m) for m in found["members"]]
+            found["left_while_stopped"] = _left(
+                [m for m in members if m[0] != found["worker"]], silence
+            )
     finally:
         controller.send_signal(signal.SIGKILL)
         controller.wait(10)
@@ -119,6 +131,16 @@ def test_uncached_process_job_leaves_nothing(tmp_path: Path, leftovers: list[int
     assert {p for p, _ in members} >= {found["worker"], *found["procs"]}
     assert _zygotes(members, found), f"no zygote among {members}"
     assert _left(members, GONE_WITHIN) == [], "processes outlived the killed controller"
+
+
+def test_a_silent_controller_is_noticed_by_missed_heartbeats(
+    tmp_path: Path, leftovers: list[int]
+) -> None:
+    """A stopped controller keeps its connections open: the worker notices the silence after
+    ``heartbeat_timeout`` (5 s) and cleans up as for a killed one."""
+    found = _run_and_kill(tmp_path, "uncached", "-", silence=5.0 + GONE_WITHIN)
+    leftovers.append(found["worker"])
+    assert found["left_while_stopped"] == [], "procs or zygote outlived the silent controller"
 
 
 def test_cached_process_job_keeps_only_the_bare_worker_for_a_rerun(
