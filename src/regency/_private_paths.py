@@ -6,6 +6,9 @@ path runs as the job's user, so every such path is checked here first:
 
 - :func:`private_dir` makes (or accepts) a directory that is a real directory, owned by the
   current user, with mode 0700; anything else raises :class:`UnsafePathError`.
+- :func:`check_unswappable` resolves a path once and refuses it when another user could swap
+  what it names: a directory on the way that they own, or may write without the sticky bit.
+- :func:`check_owned_file` refuses a file another user owns or may write (a planted one).
 - :func:`read_private_file` reads a file only when it is a regular file owned by the current user
   that neither group nor others may write (checked on the opened descriptor, so the check and
   the read are about the same file).
@@ -14,7 +17,9 @@ path runs as the job's user, so every such path is checked here first:
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
+import pwd
 import stat
 import tempfile
 from pathlib import Path
@@ -33,6 +38,87 @@ def _owner_problem(st: os.stat_result, what: str, path: Path) -> str | None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{what} {path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
+
+
+def _group_is_private(gid: int) -> bool:
+    """Whether group ``gid`` is this user's own, so that its write bit lets nobody else in.
+
+    That is the user-private-group scheme: the group is named after the user and has no other
+    member.
+    """
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == user and set(group.gr_mem) <= {user}
+
+
+def _writable_by_others(st: os.stat_result) -> bool:
+    """Whether someone besides the owner (and root) may write the file or directory."""
+    if st.st_mode & stat.S_IWOTH:
+        return True
+    return bool(st.st_mode & stat.S_IWGRP) and not _group_is_private(st.st_gid)
+
+
+def _swap_problem(directory: Path, st: os.stat_result) -> str | None:
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"directory {directory} is owned by uid {st.st_uid}, who can swap what it holds"
+    if _writable_by_others(st) and not st.st_mode & stat.S_ISVTX:
+        return (
+            f"directory {directory} is writable by other users (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}) and has no sticky bit, so they can swap what it holds"
+        )
+    return None
+
+
+def check_unswappable(path: str | Path, *, closed: bool = False) -> Path:
+    """``path`` resolved once (symlinks followed), checked that no other user can swap it.
+
+    Every directory from it up to ``/`` must be owned by this user or root and writable by
+    nobody else, unless it has the sticky bit (as ``/tmp`` has: others may add entries there but
+    not rename or remove this user's). ``closed``: ``path``'s own directory may not be writable
+    by others even with the sticky bit (they could create the files that are to come there).
+    Raises :class:`UnsafePathError` naming the directory and its owner or mode, and
+    ``FileNotFoundError`` when ``path`` does not exist.
+    """
+    real = Path(os.path.realpath(path, strict=True))
+    directory = real if real.is_dir() else real.parent
+    for step in (directory, *directory.parents):
+        st = os.stat(step)
+        problem = _swap_problem(step, st)
+        if problem is None and closed and step == directory and _writable_by_others(st):
+            problem = (
+                f"directory {step} is writable by other users (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}), who can create files in it"
+            )
+        if problem is not None:
+            raise UnsafePathError(
+                f"refusing to use {path}: {problem}; pick a path whose directories only you "
+                "(or root) can write"
+            )
+    return real
+
+
+def check_owned_file(path: str | Path, what: str) -> None:
+    """Refuse a file another user may have planted or may change.
+
+    That is ``path`` (named ``what`` in the error) when it exists as a symlink or something
+    other than a regular file, is owned by another user, or is writable by others.
+    """
+    target = Path(path)
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    problem = _owner_problem(st, "file", target)
+    if problem is None and not stat.S_ISREG(st.st_mode):
+        problem = f"{target} is not a regular file"
+    if problem is not None:
+        raise UnsafePathError(
+            f"refusing to use {what}: {problem}; another user may have planted it: remove it "
+            "or pick another path"
+        )
 
 
 def user_root() -> Path:

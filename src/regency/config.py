@@ -25,6 +25,10 @@ key                         default   meaning
                                       worker hosts and their procs); also the TCP keepalive period
 ``heartbeat_timeout``       5.0       seconds of silence after which a TCP peer (a stopped
                                       process, a host cut off) is declared lost
+``max_procs_per_host``      1024      most processes one request starts on one machine: the
+                                      procs per host of ``spawn_procs`` (the product of
+                                      ``per_host``'s sizes) and the hosts of a ``ProcessJob``
+                                      mesh; a larger request is refused at once
 ``telemetry``               False     record spans and metrics (``docs/introspection.md``);
                                       procs follow the controller's setting
 ``telemetry_traces_per_s``  100.0     most new traces a process starts per second (calls and
@@ -87,6 +91,7 @@ _DEFAULTS: dict[str, Any] = {
     "heap_keep_bytes": 1024**3,
     "heartbeat_interval": 1.0,
     "heartbeat_timeout": 5.0,
+    "max_procs_per_host": 1024,
     "telemetry": False,
     "telemetry_traces_per_s": 100.0,
     "telemetry_retention": 3600.0,
@@ -396,6 +401,20 @@ def clear_runtime_config() -> None:
     """Forget every value set with :func:`configure`."""
     _runtime.clear()
     _refeed()
+
+
+def _check_procs_per_host(count: int, what: str) -> None:
+    """Refuse a request for more processes on one machine than ``max_procs_per_host``.
+
+    ``count`` is how many it asks for, ``what`` names it in the ``ValueError``.
+    """
+    limit = get("max_procs_per_host")
+    if count > limit:
+        raise ValueError(
+            f"{what} asks for {count} processes on one host, over the limit of {limit} "
+            f"(max_procs_per_host; raise it with regency.config.configure(max_procs_per_host=N) "
+            f"or REGENCY_MAX_PROCS_PER_HOST)"
+        )
 
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,7 +63,10 @@ def test_synced_module_is_importable_on_every_host(job: ProcessJob, tmp_path: Pa
     ws = sync_workspace(job.state(cached_path=None).hosts, code, str(remote))
     assert ws.paths == [str(remote), str(remote)]
     found = _imported(job, ws.bootstrap)
-    assert found == [("one", str(remote / "shipped_mod.py"))] * 2
+    # Imported from the version the link pointed at when the proc started, never the link.
+    version = Path(os.path.realpath(remote))
+    assert version.parent == remote.parent / ".ws.versions"
+    assert found == [("one", str(version / "shipped_mod.py"))] * 2
     shipped = sorted(str(p.relative_to(remote)) for p in remote.rglob("*"))
     assert shipped == ["link.txt", "pkg", "pkg/data.txt", "shipped_mod.py"]
     assert (remote / "link.txt").read_text() == "inside"

@@ -36,7 +36,8 @@ class Pid(Actor):
         return os.getpid()
 
 job = ProcessJob({"hosts": 1}, idle_timeout=float(sys.argv[1]))
-hosts = job.state(cached_path=None).hosts
+# Cached, so the worker waits for a re-run (an uncached one would exit with its controller).
+hosts = job.state(cached_path=sys.argv[2]).hosts
 procs = hosts.spawn_procs()
 proc_pid = procs.spawn("pid", Pid).pid.call_one().get(timeout=30)
 (worker,) = job._workers["hosts"]
@@ -66,7 +67,7 @@ def test_workers_of_a_crashed_controller_exit_after_the_idle_timeout(tmp_path: P
     script = tmp_path / "crash.py"
     script.write_text(CRASHING)
     done = subprocess.run(
-        [sys.executable, str(script), str(IDLE)],
+        [sys.executable, str(script), str(IDLE), str(tmp_path / "job.pkl")],
         capture_output=True,
         text=True,
         timeout=60,

@@ -8,13 +8,16 @@ cache before the job's user does; regency must refuse them (``UnsafePathError``,
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -100,12 +103,80 @@ def test_workspace_link_planted_elsewhere_is_not_put_on_sys_path(
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("PYTHONPATH", "")
     AddToPath(str(target), "job", "ws")()
-    assert sys.path[0] == str(target)
+    # The version directory the link resolved to, never the link (which can be switched later).
+    assert sys.path[0] == os.path.realpath(target)
+    assert Path(sys.path[0]).parent == (shared_dir / ".ws.versions").resolve()
+    assert os.environ["PYTHONPATH"] == sys.path[0]
     # The attacker cannot write into the versions directory, but may own a look-alike link.
     attacker.sh(f"mkdir -m 0755 {shared_dir}/evil && ln -s evil {shared_dir}/ws2")
     private_dir(shared_dir / ".ws2.versions")
     with pytest.raises(UnsafePathError, match="outside its versions directory"):
         AddToPath(str(shared_dir / "ws2"), "job", "ws2")()
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory every user may write to *without* the sticky bit: anyone may rename or
+    replace what it holds (and removed afterwards)."""
+    path = Path(tempfile.mkdtemp(prefix="regency-open-"))
+    path.chmod(0o777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_workspace_in_a_directory_others_can_write_is_refused(
+    attacker: Attacker, open_dir: Path, tmp_path: Path
+) -> None:
+    target = open_dir / "ws"
+    data = pack(_code(tmp_path))
+    with pytest.raises(UnsafePathError) as info:
+        unpack(data, target)
+    assert str(info.value) == (
+        f"refusing to use {open_dir / '.ws.versions'}: directory {open_dir} is writable by other "
+        "users (mode 0777) and has no sticky bit, so they can swap what it holds; pick a path "
+        "whose directories only you (or root) can write"
+    )
+    assert not target.exists()
+    # A directory that another user owns is refused too, whatever its mode.
+    theirs = open_dir / "theirs"
+    attacker.sh(f"mkdir -m 0755 {theirs}")
+    with pytest.raises(
+        UnsafePathError, match=rf"directory {theirs} is owned by uid {attacker.uid}"
+    ):
+        unpack(data, theirs / "ws")
+
+
+def test_swapped_workspace_link_never_runs_the_other_users_code(
+    attacker: Attacker, open_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workspace was unpacked while its directory was private; later the directory is
+    opened to everyone (no sticky bit) and another user switches the link to their own code."""
+    module = f"ws_swap_{os.getpid()}"
+    code = tmp_path / "proj"
+    code.mkdir()
+    (code / f"{module}.py").write_text("VALUE = 'mine'\n")
+    open_dir.chmod(0o755)
+    target = open_dir / "ws"
+    unpack(pack(code), target)
+    open_dir.chmod(0o777)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    with pytest.raises(UnsafePathError, match=rf"directory {open_dir} is writable by other users"):
+        AddToPath(str(target), "job", "ws")()
+    # What the other user can do to a link in such a directory, at any time after a check.
+    marker = tmp_path / "pwned"
+    attacker.sh(
+        f"mkdir {open_dir}/evil && echo \"open('{marker}', 'w').write('ran')\" "
+        f"> {open_dir}/evil/{module}.py && ln -s evil {open_dir}/ws.new && "
+        f"mv -f -T {open_dir}/ws.new {target}"
+    )
+    assert os.readlink(target) == "evil", "the other user switched the link"
+    importlib.invalidate_caches()
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(module)
+    assert not marker.exists(), "the other user's code ran as this user"
 
 
 def test_versions_directory_is_private(shared_dir: Path, tmp_path: Path) -> None:
@@ -185,3 +256,89 @@ def test_dump_replaces_a_planted_file_instead_of_writing_through_it(
     assert st.st_uid == os.geteuid(), "the attacker's inode (which they can read) was reused"
     assert st.st_mode & 0o777 == 0o600
     assert job_load(cache).secret == job.secret
+
+
+# -- telemetry database ------------------------------------------------------------------------
+
+
+def _planted_database(attacker: Attacker, directory: Path, name: str) -> Path:
+    """The other user creates an SQLite file with a row of theirs in ``directory``."""
+    path = directory / name
+    attacker.sh(
+        f"python3 -c \"import sqlite3; c = sqlite3.connect('{path}'); "
+        "c.execute('CREATE TABLE spans (job TEXT, name TEXT)'); "
+        "c.execute(\\\"INSERT INTO spans VALUES ('x', 'planted row')\\\"); c.commit()\" && "
+        f"chmod 0666 {path}"
+    )
+    return path
+
+
+def test_telemetry_database_another_user_planted_is_refused(
+    attacker: Attacker, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from regency.observe.telemetry.recorder import Recorder, run_sql
+    from regency.observe.telemetry.switch import enable_telemetry
+
+    path = _planted_database(attacker, open_dir, "telemetry.db")
+    open_dir.chmod(0o755)  # the directory is this user's and closed now; the file is not
+    planted = path.read_bytes()
+    text = (
+        f"refusing to use telemetry database {path}: file {path} is owned by uid "
+        f"{attacker.uid}, not by this user (uid {os.geteuid()}); another user may have planted "
+        "it: remove it or pick another path"
+    )
+    with pytest.raises(UnsafePathError) as info:
+        Recorder(path)
+    assert str(info.value) == text
+    with pytest.raises(UnsafePathError, match="owned by uid"):
+        run_sql("SELECT name FROM spans", path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "regency",
+            "telemetry",
+            "sql",
+            "--db",
+            str(path),
+            "SELECT * FROM spans",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done
+    assert "planted row" not in done.stdout, "the other user's rows were shown"
+    assert done.stderr.strip() == f"regency telemetry: {text}", done.stderr
+    from regency import config
+
+    with config.configured(telemetry_db=str(path)):
+        with pytest.raises(UnsafePathError, match=f"file {path} is owned by uid {attacker.uid}"):
+            enable_telemetry()
+        config.configure(telemetry=False)
+    assert path.read_bytes() == planted, "nothing was written into the planted file"
+
+
+def test_telemetry_database_in_a_directory_others_can_write_is_refused(
+    attacker: Attacker, shared_dir: Path, open_dir: Path
+) -> None:
+    """Even with the sticky bit (``/tmp``): the other user could create the file, or the
+    ``-wal`` log SQLite replays on open, before this user does."""
+    from regency.observe.telemetry.recorder import Recorder
+
+    path = shared_dir / "telemetry.db"
+    with pytest.raises(UnsafePathError) as info:
+        Recorder(path)
+    assert str(info.value) == (
+        f"refusing to use {shared_dir}: directory {shared_dir} is writable by other users "
+        "(mode 1777), who can create files in it; pick a path whose directories only you (or "
+        "root) can write"
+    )
+    assert not path.exists()
+    # A log planted beside the database before the directory was closed is refused too.
+    wal = _planted_database(attacker, open_dir, "telemetry.db-wal")
+    open_dir.chmod(0o755)
+    with pytest.raises(UnsafePathError, match=f"file {wal} is owned by uid {attacker.uid}"):
+        Recorder(open_dir / "telemetry.db")
+    assert not (open_dir / "telemetry.db").exists()

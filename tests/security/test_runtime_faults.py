@@ -1,13 +1,18 @@
-"""Issue 12 §5: actor runtime faults an attacker (or a bug) can provoke.
+"""Actor runtime faults an attacker (or a bug) can provoke.
 
-A ``BaseException`` raised while unpickling an endpoint's arguments or pickling its return value
-must fail the call and the actor through supervision exactly as one raised inside the endpoint
-does (no hang, prompt ``stop()``); calls on an empty slice raise ``IndexError``.
+A ``BaseException`` raised inside an endpoint fails the actor through supervision (Monarch's
+rule). One raised while unpickling a call's arguments or pickling its reply (a ``__reduce__``
+raising ``SystemExit``, an unpickling raising ``KeyboardInterrupt``) is the bytes' doing, not the
+endpoint's: it fails that one call with an ``ActorError`` naming it and the actor serves on, in
+sync and async actors alike; with no reply path (a broadcast) the actor fails visibly, as for any
+exception there. A reply whose unpickling raises one fails that call at the caller with
+``pickle.UnpicklingError``. Calls on an empty slice raise ``IndexError``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import pickle
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +21,15 @@ import pytest
 from _fault_helpers import wait_until
 
 import regency.actor
-from regency.actor import Actor, MeshFailure, ProcMesh, SupervisionError, endpoint, this_host
+from regency.actor import (
+    Actor,
+    ActorError,
+    MeshFailure,
+    ProcMesh,
+    SupervisionError,
+    endpoint,
+    this_host,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,15 +37,19 @@ T = 20.0
 PROMPT = 5.0  # far below the 10 s a hung actor thread made stop() take
 
 
-class ExitOnLoad:
-    """Raises ``SystemExit`` when unpickled (in the proc, decoding the call's arguments)."""
+def _raise_now(kind: type[BaseException], why: str) -> None:
+    raise kind(f"{kind.__name__.lower()} while {why}")
+
+
+class RaiseOnLoad:
+    """Raises ``kind`` when unpickled (in the proc, decoding the call's arguments; in the
+    caller, decoding a reply)."""
+
+    def __init__(self, kind: type[BaseException]) -> None:
+        self.kind = kind
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_exit_now, ("unpickled",))
-
-
-def _exit_now(why: str) -> None:
-    raise SystemExit(f"exit while {why}")
+        return (_raise_now, (self.kind, "unpickled"))
 
 
 class ExitOnDump:
@@ -40,6 +57,13 @@ class ExitOnDump:
 
     def __reduce__(self) -> tuple[Any, ...]:
         raise SystemExit("exit while pickled")
+
+
+class ExitOnReduceError(Exception):
+    """An exception that cannot be pickled: its ``__reduce__`` raises ``SystemExit``."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise SystemExit("exit while pickling the error")
 
 
 class Echo(Actor):
@@ -52,8 +76,34 @@ class Echo(Actor):
         return ExitOnDump()
 
     @endpoint
+    def interrupt_at_caller(self) -> RaiseOnLoad:
+        return RaiseOnLoad(KeyboardInterrupt)
+
+    @endpoint
+    def raise_unpicklable(self) -> None:
+        raise ExitOnReduceError("the endpoint's own error")
+
+    @endpoint
     def raise_exit(self) -> None:
         raise SystemExit("exit while pickled")
+
+
+class AsyncEcho(Actor):
+    @endpoint
+    async def echo(self, value: Any) -> Any:
+        return value
+
+    @endpoint
+    async def exit_on_return(self) -> ExitOnDump:
+        return ExitOnDump()
+
+    @endpoint
+    async def interrupt_at_caller(self) -> RaiseOnLoad:
+        return RaiseOnLoad(KeyboardInterrupt)
+
+    @endpoint
+    async def raise_unpicklable(self) -> None:
+        raise ExitOnReduceError("the endpoint's own error")
 
 
 @pytest.fixture
@@ -76,11 +126,13 @@ def _failed_call(fn: Any) -> SupervisionError:
     return info.value
 
 
-def _check_fails_like_endpoint(
-    procs: ProcMesh, faults: list[MeshFailure], name: str, call: Any, text: str
+def test_system_exit_raised_in_endpoint_fails_the_actor(
+    procs: ProcMesh, faults: list[MeshFailure]
 ) -> None:
+    """The reference: an endpoint that raises ``SystemExit`` fails its actor (Monarch's rule)."""
+    name, text = "raised", "SystemExit: exit while pickled"
     mesh = procs.spawn(name, Echo)
-    err = _failed_call(lambda: call(mesh.slice(gpus=1)))
+    err = _failed_call(mesh.slice(gpus=1).raise_exit.call_one)
     assert f"Endpoint call {name}." in str(err), str(err)
     assert "have failed" in str(err), str(err)
     assert text in str(err), str(err)
@@ -99,36 +151,79 @@ def _check_fails_like_endpoint(
     assert time.monotonic() - started < PROMPT, "stop() waited on a dead actor thread"
 
 
-def test_system_exit_raised_in_endpoint_is_the_reference(
-    procs: ProcMesh, faults: list[MeshFailure]
-) -> None:
-    _check_fails_like_endpoint(
-        procs, faults, "raised", lambda m: m.raise_exit.call_one(), "SystemExit: exit while pickled"
-    )
-
-
-def test_system_exit_unpickling_arguments_fails_the_call(
-    procs: ProcMesh, faults: list[MeshFailure]
-) -> None:
-    _check_fails_like_endpoint(
-        procs,
-        faults,
-        "unpickle",
-        lambda m: m.echo.call_one(ExitOnLoad()),
-        "SystemExit: exit while unpickled",
-    )
-
-
-def test_system_exit_pickling_the_return_value_fails_the_call(
-    procs: ProcMesh, faults: list[MeshFailure]
-) -> None:
-    _check_fails_like_endpoint(
-        procs,
-        faults,
-        "pickle",
+_BAD_CALLS: dict[str, tuple[Any, str]] = {
+    "exit_unpickling_argument": (
+        lambda m: m.echo.call_one(RaiseOnLoad(SystemExit)),
+        "SystemExit: systemexit while unpickled",
+    ),
+    "interrupt_unpickling_argument": (
+        lambda m: m.echo.call_one(RaiseOnLoad(KeyboardInterrupt)),
+        "KeyboardInterrupt: keyboardinterrupt while unpickled",
+    ),
+    "exit_pickling_return_value": (
         lambda m: m.exit_on_return.call_one(),
         "SystemExit: exit while pickled",
-    )
+    ),
+    "exit_pickling_endpoint_error": (
+        lambda m: m.raise_unpicklable.call_one(),
+        "ExitOnReduceError: the endpoint's own error",
+    ),
+}
+
+
+@pytest.mark.parametrize("cls", [Echo, AsyncEcho], ids=["sync", "async"])
+@pytest.mark.parametrize("case", list(_BAD_CALLS))
+def test_base_exception_encoding_or_decoding_fails_only_that_call(
+    procs: ProcMesh, faults: list[MeshFailure], cls: type[Actor], case: str
+) -> None:
+    call, text = _BAD_CALLS[case]
+    mesh = procs.spawn("bad", cls)
+    started = time.monotonic()
+    with pytest.raises(ActorError) as info:
+        call(mesh.slice(gpus=1)).get(timeout=T)
+    assert time.monotonic() - started < PROMPT, "the call waited for a dead actor thread"
+    assert "Actor call bad" in str(info.value), str(info.value)
+    assert text in str(info.value), str(info.value)
+    # The actor serves on, call after call, and nothing failed.
+    for n in range(3):
+        assert mesh.slice(gpus=1).echo.call_one(n).get(timeout=PROMPT) == n
+    assert faults == []
+    started = time.monotonic()
+    mesh.stop().get(timeout=T)
+    assert time.monotonic() - started < PROMPT, "stop() waited on a dead actor thread"
+
+
+@pytest.mark.parametrize("cls", [Echo, AsyncEcho], ids=["sync", "async"])
+def test_interrupt_unpickling_a_broadcast_fails_the_actor_visibly(
+    procs: ProcMesh, faults: list[MeshFailure], cls: type[Actor]
+) -> None:
+    """No reply path: the actor fails through supervision (as for any exception there), and
+    later calls fail at once instead of timing out on a dead thread."""
+    mesh = procs.spawn("cast", cls)
+    mesh.slice(gpus=1).echo.broadcast(RaiseOnLoad(KeyboardInterrupt))
+    assert wait_until(lambda: any(f.mesh_name == "cast" for f in faults), T), faults
+    (failure,) = [f for f in faults if f.mesh_name == "cast"]
+    assert failure.crashed_ranks == [1]
+    assert "KeyboardInterrupt: keyboardinterrupt while unpickled" in str(failure)
+    started = time.monotonic()
+    _failed_call(lambda: mesh.slice(gpus=1).echo.call_one("again"))
+    assert time.monotonic() - started < PROMPT
+    assert mesh.slice(gpus=0).echo.call_one("ok").get(timeout=T) == "ok"
+
+
+@pytest.mark.parametrize("cls", [Echo, AsyncEcho], ids=["sync", "async"])
+def test_reply_whose_unpickling_interrupts_fails_that_call_at_the_caller(
+    procs: ProcMesh, faults: list[MeshFailure], cls: type[Actor]
+) -> None:
+    mesh = procs.spawn("reply", cls)
+    match = "reply could not be unpickled: unpickling it raised KeyboardInterrupt"
+    with pytest.raises(pickle.UnpicklingError, match=match):
+        mesh.slice(gpus=1).interrupt_at_caller.call_one().get(timeout=T)
+    values = mesh.interrupt_at_caller.call().get(timeout=T)
+    with pytest.raises(pickle.UnpicklingError, match=match):
+        values.item(gpus=0)
+    assert list(mesh.echo.call("ok").get(timeout=T).values()) == ["ok", "ok"]
+    assert faults == []
 
 
 @pytest.mark.parametrize(

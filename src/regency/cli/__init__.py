@@ -1,10 +1,11 @@
 """The ``regency`` command (also ``python -m regency``).
 
-``regency worker --listen tcp://HOST:PORT [--secret-file PATH] [--idle-timeout SECONDS]`` runs a
-worker daemon that serves this machine as a host to a controller (see ``docs/multihost.md``). The
-job secret (at least 16 bytes) comes from ``--secret-file`` or the ``REGENCY_JOB_SECRET``
-environment variable (hex); without one the command exits with status 2. With
-``--idle-timeout`` it exits (status 0) once no controller has been attached for that long.
+``regency worker --listen tcp://HOST:PORT [--secret-file PATH] [--idle-timeout SECONDS]
+[--exit-with-controller]`` runs a worker daemon that serves this machine as a host to a controller
+(see ``docs/multihost.md``). The job secret (at least 16 bytes) comes from ``--secret-file`` or
+the ``REGENCY_JOB_SECRET`` environment variable (hex); without one the command exits with status
+2. With ``--idle-timeout`` it exits (status 0) once no controller has been attached for that
+long; with ``--exit-with-controller``, once the controller it serves goes.
 
 ``regency exec [--all | --one | --point DIM=I ...] [--mesh NAME] [--job PATH] -- CMD ...`` runs a
 command on the hosts of the job cached by an earlier ``job.state()`` (``.regency/job_state.pkl``),
@@ -72,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="exit once no controller has been attached for this long (default: serve forever)",
+    )
+    worker.add_argument(
+        "--exit-with-controller",
+        action="store_true",
+        help="exit once the controller served goes (default: wait for the next one)",
     )
     add_exec_parser(commands)
     add_kill_parser(commands)
@@ -143,7 +149,12 @@ def _worker(args: argparse.Namespace) -> int:
         print("regency worker: --idle-timeout must be > 0 seconds", file=sys.stderr)
         return 2
     try:
-        run_worker_loop_forever(address=args.listen, secret=secret, idle_timeout=args.idle_timeout)
+        run_worker_loop_forever(
+            address=args.listen,
+            secret=secret,
+            idle_timeout=args.idle_timeout,
+            exit_with_controller=args.exit_with_controller,
+        )
     except (OSError, ValueError) as exc:
         print(f"regency worker: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 2

@@ -35,12 +35,13 @@ def add_telemetry_parser(commands: Any) -> None:
 
 def run_telemetry(args: argparse.Namespace) -> int:
     """Run ``regency telemetry sql``; return the exit status."""
+    from regency._private_paths import UnsafePathError
     from regency.observe.telemetry.recorder import database_path, run_sql
 
     path = Path(args.db).expanduser() if args.db else database_path()
     try:
         columns, rows = run_sql(args.statement, path)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, UnsafePathError) as exc:
         print(f"regency telemetry: {exc}", file=sys.stderr)
         return 1
     except sqlite3.Error as exc:

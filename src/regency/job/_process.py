@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from regency import config
 from regency.job._errors import JobError
-from regency.job._trait import JobTrait
+from regency.job._trait import DEFAULT_JOB_PATH, JobState, JobTrait
 from regency.job._worker import worker_command, worker_env
 
 _LISTENING = re.compile(rb"regency worker listening on (tcp://\S+)")
@@ -99,10 +100,12 @@ class ProcessJob(JobTrait):
     ends them and every process they started. The workers' output goes to log files in a
     temporary directory (``log_dir``).
 
-    A worker exits by itself once no controller has been attached to it for ``idle_timeout``
-    seconds (default :data:`DEFAULT_IDLE_TIMEOUT`, 10 minutes; ``None``: never), so a script
-    that crashed before ``kill()`` leaves nothing running for long. A re-run within that time
-    reconnects; a later one starts new workers.
+    When its controller goes (ends, crashes or is killed), a worker stops the procs it started
+    for it and its zygote within seconds. A worker started by ``state(cached_path=None)``, which
+    no later run can find, then exits too. Others wait for a re-run to reconnect through the
+    cache, and exit by themselves once no controller has been attached for ``idle_timeout``
+    seconds (default :data:`DEFAULT_IDLE_TIMEOUT`, 10 minutes; ``None``: never); a later run
+    starts new workers.
     """
 
     def __init__(
@@ -119,14 +122,30 @@ class ProcessJob(JobTrait):
         for name, count in meshes.items():
             if not isinstance(count, int) or count <= 0:
                 raise ValueError(f"mesh {name!r} needs a positive number of hosts, got {count!r}")
+            config._check_procs_per_host(count, f"ProcessJob mesh {name!r} of {count} hosts")
         self.meshes = dict(meshes)
         self.env = dict(env or {})
         self.log_dir: str | None = None
         self._workers: dict[str, list[_Worker]] = {}
         self._popens: dict[int, subprocess.Popen[bytes]] = {}
 
+    # Set by state(cached_path=None): the workers it starts exit with their controller.
+    _uncached = False
+
     def _spec(self) -> Any:
         return (sorted(self.meshes.items()), sorted(self.env.items()))
+
+    def state(self, cached_path: str | Path | None = DEFAULT_JOB_PATH) -> JobState:
+        """As :meth:`JobTrait.state`; the workers a call without a cache starts exit early.
+
+        With ``cached_path=None`` no later run can find the workers this call starts, so they
+        exit as soon as their controller goes.
+        """
+        self._uncached = cached_path is None
+        try:
+            return super().state(cached_path)
+        finally:
+            self._uncached = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -151,6 +170,7 @@ class ProcessJob(JobTrait):
                         worker_command(
                             "tcp://127.0.0.1:0",
                             idle_timeout=getattr(self, "idle_timeout", DEFAULT_IDLE_TIMEOUT),
+                            exit_with_controller=self._uncached,
                         ),
                         env=env,
                         stdin=subprocess.DEVNULL,

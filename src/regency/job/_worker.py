@@ -57,6 +57,7 @@ def run_worker_loop_forever(
     private_key: PrivateKey = None,
     secret: bytes | None = None,
     idle_timeout: float | None = None,
+    exit_with_controller: bool = False,
 ) -> NoReturn:
     """Serve this machine as a host at ``address`` until the process is killed.
 
@@ -77,12 +78,17 @@ def run_worker_loop_forever(
     wildcard host is shown as this machine's primary IP. ``idle_timeout`` (regency's addition;
     default: serve forever) ends the loop, exiting with code 0, once no controller has been
     attached for that many seconds (from the start, or since the last one went away).
+
+    Whenever the controller served goes (its connection closes, or falls silent for
+    ``heartbeat_timeout``), the worker stops the procs it started for it and its zygote, and
+    waits for the next controller; ``exit_with_controller=True`` (regency's addition, for a
+    worker that no other controller will attach to) makes it exit instead, with code 0.
     """
     _check_security(ca, private_key)
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(f"idle_timeout must be > 0 seconds or None, got {idle_timeout!r}")
     listen, advertise = _bind_and_advertise(address)
-    serve_worker(listen, _secret(secret), advertise, idle_timeout)
+    serve_worker(listen, _secret(secret), advertise, idle_timeout, exit_with_controller)
     raise AssertionError("the worker loop returned")
 
 
@@ -122,16 +128,23 @@ def run_worker_loop_until_shutdown(
 
 
 def worker_command(
-    address: str, python: str = sys.executable, *, idle_timeout: float | None = None
+    address: str,
+    python: str = sys.executable,
+    *,
+    idle_timeout: float | None = None,
+    exit_with_controller: bool = False,
 ) -> list[str]:
     """The argv that starts a worker daemon listening on ``address``.
 
     ``python`` is the interpreter to run it with; it must have regency installed.
-    ``idle_timeout`` makes it exit once no controller was attached for that many seconds.
+    ``idle_timeout`` makes it exit once no controller was attached for that many seconds;
+    ``exit_with_controller`` once the controller it serves goes.
     """
     argv = [python, "-m", "regency", "worker", "--listen", address]
     if idle_timeout is not None:
         argv += ["--idle-timeout", f"{idle_timeout:g}"]
+    if exit_with_controller:
+        argv.append("--exit-with-controller")
     return argv
 
 

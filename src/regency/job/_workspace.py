@@ -21,7 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from regency._lowlevel import Actor, HostMesh, endpoint, runtime
-from regency._private_paths import UnsafePathError, check_private_dir, private_dir
+from regency._private_paths import (
+    UnsafePathError,
+    check_private_dir,
+    check_unswappable,
+    private_dir,
+)
 
 IGNORED_NAMES = frozenset({".git", "__pycache__", ".venv", ".regency"})
 IGNORED_SUFFIXES = (".pyc",)
@@ -97,7 +102,9 @@ def unpack(data: bytes, target: Path) -> None:
 
     Each content version lives in ``.<name>.versions/<sha256>`` next to ``target``; older
     versions are removed once the link points at the new one. The versions directory (and the
-    per-user root of a default path) must be private to this user (0700, owned by it):
+    per-user root of a default path) must be private to this user (0700, owned by it), and no
+    other user may write a directory above it without the sticky bit (they could swap the link
+    or the versions directory):
     :class:`~regency._private_paths.UnsafePathError` otherwise, as another user may have planted
     code there.
     """
@@ -106,6 +113,7 @@ def unpack(data: bytes, target: Path) -> None:
     digest = hashlib.sha256(data).hexdigest()[:32]
     _check_default_root(target)
     versions = private_dir(target.parent / f".{target.name}.versions")
+    check_unswappable(versions)
     final = versions / digest
     if not final.is_dir():
         scratch = versions / f".tmp-{uuid.uuid4().hex}"
@@ -138,26 +146,32 @@ class WorkspaceActor(Actor):
         return str(target)
 
 
-def _check_owned(target: Path) -> None:
-    """Refuse to import from a workspace that does not resolve into a private versions dir."""
+def _checked_version(target: Path) -> Path:
+    """The version directory the workspace link ``target`` points at, resolved once.
+
+    It must lie in its private versions directory, on a path no other user can swap (see
+    :func:`unpack`). Raises :class:`~regency._private_paths.UnsafePathError` otherwise: another
+    user may have planted it, or could swap it after this check.
+    """
     if target.is_relative_to(_user_root()):
         check_private_dir(_user_root())
-    versions = target.parent / f".{target.name}.versions"
-    check_private_dir(versions)
-    real = target.resolve()
-    if not real.is_relative_to(versions.resolve()):
+    versions = check_private_dir(target.parent / f".{target.name}.versions")
+    real = Path(os.path.realpath(target, strict=True))
+    if real.parent != Path(os.path.realpath(versions)):
         raise UnsafePathError(
             f"refusing to import from {target}: it points at {real}, outside its versions "
             f"directory {versions} (another user may have planted it)"
         )
+    return check_unswappable(real)
 
 
 @dataclass(frozen=True)
 class AddToPath:
     """A ``spawn_procs(bootstrap=...)`` callable: put the workspace first on ``sys.path``.
 
-    It resolves the path on the host the proc runs on, and prepends it to ``PYTHONPATH`` too,
-    so that Python subprocesses of the proc see the workspace as well.
+    It resolves the workspace link once, on the host the proc runs on, and puts the checked
+    version directory it points at (not the link, which could be switched later) first on
+    ``sys.path`` and ``PYTHONPATH``, so that Python subprocesses of the proc see it as well.
     """
 
     remote_dir: str | None
@@ -168,9 +182,7 @@ class AddToPath:
         """Prepend the workspace to ``sys.path`` and ``PYTHONPATH``."""
         import sys
 
-        resolved = _resolve(self.remote_dir, self.job_id, self.name)
-        _check_owned(resolved)
-        path = str(resolved)
+        path = str(_checked_version(_resolve(self.remote_dir, self.job_id, self.name)))
         if path not in sys.path:
             sys.path.insert(0, path)
         current = os.environ.get("PYTHONPATH")

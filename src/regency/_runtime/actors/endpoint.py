@@ -57,7 +57,7 @@ class Endpoint(Generic[R]):
             entries.sort(key=lambda e: e[0])
             for _, flags, parts in entries:
                 if flags & wire.FLAG_ERROR:
-                    raise codec.loads(parts)
+                    raise codec.loads_reply(parts)
             return ValueMesh._from_raw(shape, [parts for _, _, parts in entries])
 
         return Future._from_pending(handler.pending, build)

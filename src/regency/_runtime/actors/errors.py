@@ -72,7 +72,7 @@ def _portable(exc: BaseException | None) -> BaseException | None:
 
     try:
         pickle.loads(pickle.dumps(exc))
-    except Exception:
+    except BaseException:  # a __reduce__ raising SystemExit, a KeyboardInterrupt unpickling
         return None
     return exc
 

@@ -377,13 +377,9 @@ class ActorCore(InstanceBase):
             if carried:
                 # Mesh tensors among the arguments: the call waits for their shards first.
                 fn = _plugins.load("tensor").bind_arrivals(fn, spec.is_async, carried)
-        except Exception as exc:
+        except BaseException as exc:  # a KeyboardInterrupt or SystemExit unpickling it too
             self._release_carried(payload)
             self._on_error(method, reply, point, exc)
-            return None
-        except BaseException as exc:  # SystemExit from a __reduce__: as if the endpoint raised it
-            self._release_carried(payload)
-            self._die(method, reply, point, exc)
             return None
         if spec.explicit_port:
             port: Any = Port(reply, point.rank) if reply is not None else _NullPort()
@@ -403,9 +399,7 @@ class ActorCore(InstanceBase):
         breakpoints.endpoint_finished(error)
         if error is None:
             if reply is not None and not spec.explicit_port:
-                fatal = self._reply_value(reply, point.rank, result)
-                if fatal is not None:  # pickling the value raised a BaseException
-                    self._die(method, reply, point, fatal)
+                self._reply_value(reply, point.rank, result)
         elif isinstance(error, Exception) and not spec.explicit_port:
             self._on_error(method, reply, point, error, spec)
         else:
@@ -440,20 +434,18 @@ class ActorCore(InstanceBase):
         finally:
             probe.handled(mark, self, method, settling, error)
 
-    def _reply_value(self, reply: PortRef, rank: int, value: Any) -> BaseException | None:
-        """Send ``value``; return a ``BaseException`` pickling it raised (the caller fails the
-        actor with it, as if the endpoint had raised it)."""
+    def _reply_value(self, reply: PortRef, rank: int, value: Any) -> None:
+        """Send ``value``, or the error pickling it raised (a ``SystemExit`` from a
+        ``__reduce__`` too: that call fails, the actor serves on)."""
         try:
             parts = codec.dumps(value)
-        except Exception as exc:
+        except BaseException as exc:
             self._reply_error(
                 reply,
                 rank,
                 ActorError(exc, f"Actor call {self.name} returned a value that cannot be pickled."),
             )
-            return None
-        except BaseException as exc:
-            return exc
+            return
         try:
             self.runtime.send_port(reply, rank, 0, parts, before_post=self._before_reply)
         except PeerLostError:
@@ -462,7 +454,6 @@ class ActorCore(InstanceBase):
             self._reply_error(
                 reply, rank, ActorError(exc, f"Actor call {self.name} reply too large.")
             )
-        return None
 
     def _before_reply(self) -> None:
         """Called just before an endpoint's value is posted back, when sending it cannot block
@@ -479,7 +470,7 @@ class ActorCore(InstanceBase):
         method: str,
         reply: PortRef | None,
         point: Point,
-        exc: Exception,
+        exc: BaseException,
         spec: EndpointSpec | None = None,
     ) -> None:
         if reply is not None:

@@ -236,6 +236,7 @@ class HostMesh(MeshTrait):
         per = 1
         for size in per_host.values():
             per *= size
+        config._check_procs_per_host(per, f"spawn_procs(per_host={per_host!r})")
         launches = launches_for(shape, per, proc_bind, bootstrap_command)
         procs: list[ProcInfo] = []
         by_agent: dict[str, list[ProcInfo]] = {}

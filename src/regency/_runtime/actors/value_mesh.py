@@ -69,7 +69,7 @@ class ValueMesh(MeshTrait, Generic[R]):
     def _value_at(self, base_rank: int) -> R:
         value = self._store[base_rank]
         if type(value) is _Raw:
-            value = codec.loads(value.parts)
+            value = codec.loads_reply(value.parts)
             self._store[base_rank] = value
         return value  # type: ignore[no-any-return]
 

@@ -92,7 +92,7 @@ class Launcher:
         except OSError:
             data = b""
         if not data:
-            self._zygote_lost()
+            self._zygote_lost(control)
             return
         for message in self._reader.feed(data):
             if message[0] == "spawned":
@@ -107,17 +107,40 @@ class Launcher:
                 self._zygote_children.discard(pid)
                 self._on_exit(pid, status)
 
-    def _zygote_lost(self) -> None:
-        control, self._control = self._control, None
-        if control is not None:
-            self._loop.unregister(control.fileno())
-            control.close()
-        # The zygote's children die with it (PR_SET_PDEATHSIG); report them as killed.
+    def _zygote_lost(self, control: socket.socket) -> None:
+        if self._control is not control:
+            return  # stopped on purpose (stop_zygote), and maybe replaced since
+        self._control = None
+        self._loop.unregister(control.fileno())
+        control.close()
+        self._children_died()
+
+    def _children_died(self) -> None:
+        """The zygote's children die with it (PR_SET_PDEATHSIG); report them as killed."""
         for pid in list(self._zygote_children):
             self._on_exit(pid, signal.SIGKILL)
         self._zygote_children.clear()
         for event in self._spawned.values():
             event.set()
+
+    def stop_zygote(self) -> None:
+        """Stop the template process now (its children die with it); a later
+        :meth:`start_zygote` starts a fresh one."""
+        with self._lock:
+            zygote, self._zygote = self._zygote, None
+            control, self._control = self._control, None
+        if control is not None:
+            self._loop.unregister(control.fileno())
+            with contextlib.suppress(OSError):
+                control.shutdown(socket.SHUT_RDWR)  # the zygote exits at the end of its input
+            control.close()
+            self._children_died()
+        if zygote is not None:
+            try:
+                zygote.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                zygote.kill()
+                zygote.wait(timeout=5)
 
     # -- starting procs ------------------------------------------------------------------------
 

@@ -8,9 +8,11 @@ worker's side needs, see :mod:`regency._transport.reverse`), the controller's ow
 (wrapped with the job's, never in the clear) and its settings. From then on the worker's host
 agent starts procs for that controller; the procs hold the controller's secret and are reached
 through the worker's port. When the controller goes (its connection closes or falls silent), the
-worker stops every proc it started and waits for the next one; when the controller shuts the
-host down (``HostMesh.shutdown``), the worker stops them and exits. A second controller that
-attaches while one is served is refused with an error naming the one being served.
+worker stops every proc it started and its zygote (a fresh one starts for the next controller),
+and waits for the next one (or, started with ``exit_with_controller``, exits); when the
+controller shuts the host down (``HostMesh.shutdown``), the worker stops them and exits. A
+second controller that attaches while one is served is refused with an error naming the one
+being served.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class WorkerAgent:
         agent: HostAgent,
         job_secret: bytes,
         idle_timeout: float | None = None,
+        exit_with_controller: bool = False,
     ) -> None:
         self.runtime = runtime
         self.agent = agent
@@ -73,6 +76,8 @@ class WorkerAgent:
         self.finished = threading.Event()  # set once a controller shut this host down
         # With an idle timeout, the worker exits once no controller attached for that long.
         self.idle_timeout = idle_timeout
+        # Exit once the served controller goes (a worker that nobody will attach to again).
+        self.exit_with_controller = exit_with_controller
         self._idle_round = 0
         self._start_idle_clock()
 
@@ -164,6 +169,7 @@ class WorkerAgent:
         self.runtime.open_port(
             PeerWatch(request.controller, self._controller_gone), watch=[request.controller]
         )
+        self.agent.launcher.start_zygote()  # stopped when the previous controller went
         # The controller's own address is a unix one, reached from here through its gateway.
         log.info(
             "serving controller %s through %s (job %s)",
@@ -182,6 +188,13 @@ class WorkerAgent:
         )
         self.agent.session = None
         self.agent.stop_all(f"the controller is gone: {request.reason}", _ORPHAN_STOP_TIMEOUT)
+        # Nothing of this controller's stays: the next controller gets a fresh zygote.
+        self.agent.launcher.stop_zygote()
+        if self.exit_with_controller:
+            log.info("exiting with the controller (no other controller will attach)")
+            self.agent.shutdown(config.get_seconds("stop_timeout"))
+            self.finished.set()
+            return
         transport = self.runtime.transport
         transport.secret = self.job_secret
         transport.accepted = ()
@@ -229,10 +242,12 @@ def start(
     job_secret: bytes,
     advertise: str | None = None,
     idle_timeout: float | None = None,
+    exit_with_controller: bool = False,
 ) -> tuple[ProcRuntime, WorkerAgent]:
     """Start serving this machine as a host at ``listen``; return once listening with the
     runtime and the worker agent (whose ``finished`` is set when a controller shuts it down,
-    or when no controller was attached for ``idle_timeout`` seconds, if given).
+    when no controller was attached for ``idle_timeout`` seconds, if given, or with
+    ``exit_with_controller`` when the first controller served goes).
 
     ``listen`` is ``tcp://HOST:PORT``, or ``unix:PATH`` for a worker that only controllers on
     this machine attach to. ``advertise`` is the address to announce instead of the bound one.
@@ -243,7 +258,7 @@ def start(
     runtime = ProcRuntime(listen, job_secret, "worker")
     runtime.known_as(advertise or (runtime.address if local else advertised(runtime.address)))
     agent = HostAgent(runtime, None)
-    worker = WorkerAgent(runtime, agent, job_secret, idle_timeout)
+    worker = WorkerAgent(runtime, agent, job_secret, idle_timeout, exit_with_controller)
     runtime.add_service(wire.SERVICE_HOST, worker.service)
     agent.launcher.start_zygote()
     print(f"regency worker listening on {advertise or runtime.address}", flush=True)
@@ -255,10 +270,12 @@ def serve_until_shutdown(
     job_secret: bytes,
     advertise: str | None = None,
     idle_timeout: float | None = None,
+    exit_with_controller: bool = False,
 ) -> None:
     """Serve this machine as a host at ``listen`` until a controller shuts it down (or, with
-    ``idle_timeout``, none is attached for that long); then close the runtime and return."""
-    runtime, worker = start(listen, job_secret, advertise, idle_timeout)
+    ``idle_timeout``, none is attached for that long; with ``exit_with_controller``, until
+    the controller served goes); then close the runtime and return."""
+    runtime, worker = start(listen, job_secret, advertise, idle_timeout, exit_with_controller)
     worker.finished.wait()
     runtime.close()
 
@@ -268,9 +285,9 @@ def serve(
     job_secret: bytes,
     advertise: str | None = None,
     idle_timeout: float | None = None,
+    exit_with_controller: bool = False,
 ) -> None:
     """Serve this machine as a host at ``listen`` (``tcp://HOST:PORT``) until a controller shuts
-    it down (or, with ``idle_timeout``, none is attached for that long); then raise
-    ``SystemExit(0)``."""
-    serve_until_shutdown(listen, job_secret, advertise, idle_timeout)
+    it down (or as :func:`serve_until_shutdown` says); then raise ``SystemExit(0)``."""
+    serve_until_shutdown(listen, job_secret, advertise, idle_timeout, exit_with_controller)
     raise SystemExit(0)

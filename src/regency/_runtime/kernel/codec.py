@@ -15,6 +15,7 @@ sender's view was.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import re
@@ -277,6 +278,21 @@ def loads(parts: Sequence[Part]) -> Any:
     return _loads_importing(parts)
 
 
+def loads_reply(parts: Sequence[Part]) -> Any:
+    """:func:`loads` for a reply a caller is given: a ``KeyboardInterrupt`` or ``SystemExit``
+    that unpickling it raises (the value's own ``__reduce__``) becomes a
+    ``pickle.UnpicklingError`` naming it, so it fails that one call instead of interrupting or
+    ending the caller."""
+    try:
+        return loads(parts)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise pickle.UnpicklingError(
+            f"the reply could not be unpickled: unpickling it raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def carried_in(parts: Sequence[Part]) -> list[Any]:
     """The objects :func:`carry` was called with while unpickling ``parts``, as far as
     unpickling gets (it may fail again): what a message that will not run stood for, to be
@@ -284,12 +300,10 @@ def carried_in(parts: Sequence[Part]) -> list[Any]:
     if _NAMES_A_MODULE.search(parts[0]) is None:
         return []
     carried: list[Any] = []
-    try:
+    # A SystemExit or KeyboardInterrupt from a __reduce__ too: the message will not run, and
+    # what was carried before it failed is all there is.
+    with contextlib.suppress(BaseException):
         _carrying_into(carried, _loads_importing, parts)
-    except KeyboardInterrupt:
-        raise
-    except BaseException:  # a SystemExit from a __reduce__ too: the message will not run
-        pass  # what was carried before it failed is all there is
     return carried
 
 

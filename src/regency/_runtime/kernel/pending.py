@@ -144,7 +144,7 @@ class Pending:
         value: Any = _UNSET
         error: BaseException | None = None
         try:
-            decoded = codec.loads(raw)
+            decoded = codec.loads_reply(raw)
             if self._decode is not None:
                 decoded = self._decode(decoded)
         except BaseException as exc:  # a reply that cannot be decoded is that call's error

@@ -3,8 +3,9 @@
 One writer thread per controller takes batches from a queue and writes each in one transaction,
 so nothing on the hot path waits for the disk. The file lives in this user's private directory
 (``$TMPDIR/regency-<uid>/telemetry/telemetry.db``, the directory 0700, the file 0600) unless
-the ``telemetry_db`` setting names another; several controllers share it (their rows carry
-their ``job``). It is bounded: rows older than ``telemetry_retention`` seconds, and the oldest
+the ``telemetry_db`` setting names another; several controllers of one user share it (their rows
+carry their ``job``). Another user must not be able to plant, read or change it: see
+:func:`check_place`. It is bounded: rows older than ``telemetry_retention`` seconds, and the oldest
 rows past ``telemetry_max_rows`` per table, are deleted every few seconds.
 
 The tables (times are seconds since the epoch; see ``docs/introspection.md``):
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from regency import config
-from regency._private_paths import private_dir, user_root
+from regency._private_paths import check_owned_file, check_unswappable, private_dir, user_root
 from regency.observe.telemetry.aggregate import BOUNDS_MS
 
 log = logging.getLogger("regency.telemetry")
@@ -69,13 +70,33 @@ def database_path() -> Path:
     return user_root() / "telemetry" / "telemetry.db"
 
 
+# The database and the files SQLite keeps beside it (its write-ahead log is replayed on open).
+_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+
+
+def check_place(path: Path) -> None:
+    """Refuse a database another user could have planted, read or change.
+
+    Its directory must be this user's (or root's) and writable by nobody else, sticky bit or
+    not (another user could create the file or its ``-wal`` log first), on a path no other user
+    can swap; the file and SQLite's side files, where they exist, must be regular files of this
+    user that nobody else may write. Raises
+    :class:`~regency._private_paths.UnsafePathError` naming the path and the owner or mode.
+    """
+    what = f"telemetry database {path}"
+    check_unswappable(path.parent, closed=True)
+    for suffix in _SIDE_FILES:
+        check_owned_file(f"{path}{suffix}", what)
+
+
 def _prepare_file(path: Path) -> None:
-    """Make the directory (private, for the default place) and the file (mode 0600)."""
+    """Make the directory (private, for the default place), check it, make the file (0600)."""
     if path == user_root() / "telemetry" / "telemetry.db":
         private_dir(user_root())
         private_dir(path.parent)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
+    check_place(path)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     os.close(fd)
 
@@ -88,6 +109,7 @@ def connect(path: Path, readonly: bool) -> sqlite3.Connection:
                 f"no telemetry database at {path}: switch telemetry on in a controller first "
                 "(docs/introspection.md)"
             )
+        check_place(path)
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     else:
         conn = sqlite3.connect(path, timeout=10, check_same_thread=False)
