@@ -4,15 +4,23 @@ secret stays in the worker daemon (procs and the commands they run never see it)
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _fault_helpers import wait_until
 from _worker_helpers import kill_and_check
 
-from regency._transport.ratelimit import FREE_FAILURES, GLOBAL_FREE_FAILURES, FailureLimiter
+from regency._transport.ratelimit import (
+    FREE_FAILURES,
+    GLOBAL_FREE_FAILURES,
+    FailureLimiter,
+    Peer,
+    identify,
+)
 from regency.actor import Actor, endpoint, this_host
 from regency.job import ProcessJob, attach_to_workers, start_worker_loop_forever
 from regency.job._exec import run_on_hosts
@@ -118,6 +126,27 @@ def test_failure_limiter_keeps_one_budget_for_all_peers_together() -> None:
     assert not limiter.over_budget(None), "the owner's own processes are never limited"
     now[0] += 3600.0
     assert not limiter.over_budget("ip:10.9.9.9"), "the budget refills"
+
+
+def test_local_peers_are_known_by_uid_whatever_loopback_address_they_use() -> None:
+    me = f"uid:{os.geteuid()}"
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        for source in ("127.0.0.1", "127.0.3.9"):
+            with socket.socket() as client:
+                client.bind((source, 0))
+                client.connect(server.getsockname())
+                accepted, _ = server.accept()
+                with accepted:
+                    assert identify(accepted) == Peer(me, limited=False)
+        # A peer gone before the lookup is nobody's: counted as this machine.
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        client.close()
+        with accepted:
+            assert wait_until(lambda: identify(accepted) == Peer("host:loopback", True), 5)
+    left, right = socket.socketpair()
+    with left, right:
+        assert identify(left) == Peer(me, limited=False)
 
 
 def test_failure_limiter_stays_bounded() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from regency._transport import auth
+from regency._transport import auth, outbound
 from regency._transport.auth import AuthenticationError, ListenerHandshake, dialer_handshake
 
 pytestmark = pytest.mark.timeout(60)
@@ -225,3 +225,34 @@ def test_listener_rejects_a_wrong_proof_without_waiting_for_an_address() -> None
     garbage = os.urandom(auth.MAC + auth.NONCE) + struct.pack("<H", 0xFFFF)
     with pytest.raises(AuthenticationError):
         shake.feed(garbage)
+
+
+def test_the_dialer_tries_again_after_a_busy_hang_up() -> None:
+    # A listener busy with a flood pushes out the first try after its proof; the dial goes on
+    # within its timeout and the second try is served (no "different job secret").
+    tries: list[Callable[[], Any]] = []
+
+    def busy(sock: socket.socket) -> None:
+        sock.sendall(ListenerHandshake(SECRET).hello())
+        sock.recv(4096)
+        sock.shutdown(socket.SHUT_RDWR)
+
+    def connect(limit: float) -> socket.socket:
+        dialer, listener = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        dialer.settimeout(limit)
+        listener.settimeout(limit)
+        first = not tries
+        tries.append(in_thread(lambda: busy(listener) if first else run_listener(listener, SECRET)))
+        try:
+            dialer_handshake(dialer, SECRET, "unix:@me")
+        except BaseException:
+            dialer.close()
+            raise
+        return dialer
+
+    sock, reason = outbound.dial("unix:@busy", connect, 10, 5, lambda: False)
+    assert sock is not None, reason
+    assert len(tries) == 2
+    for join in tries:
+        join()
+    sock.close()
