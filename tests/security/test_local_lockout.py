@@ -173,3 +173,36 @@ def test_the_rdma_transfer_service_keeps_the_same_budget(as_attacker: Attacker) 
         buf.drop().get(timeout=30)
     assert answered(report) <= FREE_FAILURES, report
     assert report.get("held", 0) >= 12 - FREE_FAILURES, report
+
+
+def test_held_guesses_filling_the_listener_do_not_turn_the_owner_away(
+    as_attacker: Attacker, listener: End
+) -> None:
+    # Small bounds stand for several local users holding all 256 places with held guesses.
+    inbound = listener.transport._inbound
+    inbound._limit = inbound._per_peer = 8
+    free = run_as(as_attacker, guesses(listener.transport.address, FREE_FAILURES, wait=3.0))
+    assert free.get("refused") == FREE_FAILURES, free
+    spec = guesses(listener.transport.address, 8, parallel=8, wait=3.0)
+    attack = subprocess.Popen(
+        [str(SYSTEM_PYTHON), "-I", str(GUESSER), json.dumps(spec)],
+        user=as_attacker.name,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while inbound.pending() < 8 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert inbound.pending() == 8, "the guesses did not fill the listener"
+        dialer = End()
+        try:
+            sent = marker()
+            dialer.send(listener.transport.address, sent)
+            assert listener.frames.get(timeout=10) == sent
+        finally:
+            dialer.close()
+    finally:
+        out, _ = attack.communicate(timeout=30)
+    assert answered(json.loads(out)) <= 1, out  # the one pushed out to make room

@@ -13,10 +13,11 @@ authenticate:
   a fresh one, out);
 - **a proof is always judged**: a peer past its budget of failed handshakes (or all peers
   together past theirs) still gets the greeting, and a right proof is accepted at once; a wrong
-  one is then held unanswered until the connection's deadline (it cannot be pushed out early,
-  which would answer it), so guesses cost a connection slot for ``DEADLINE`` seconds each and
-  failures of others never lock out a peer that holds the secret. A wrong proof is answered
-  with :data:`regency._transport.auth.REFUSED`, a hang-up without it means "busy";
+  one is then held unanswered until the connection's deadline (it is not pushed out early,
+  which would answer it, except to make room for the listener's own user when held ones fill
+  the listener), so guesses cost a connection slot for ``DEADLINE`` seconds each and failures
+  of others never lock out a peer that holds the secret. A wrong proof is answered with
+  :data:`regency._transport.auth.REFUSED`, a hang-up without it means "busy";
 - a peer that **hangs up** is closed at once;
 - ``accept`` failing for lack of descriptors (``EMFILE``…) **backs off**: the listener leaves
   the epoll set for a growing pause (no busy loop), the oldest unauthenticated connection is
@@ -252,7 +253,7 @@ class Inbound:
             self._turn_away(shake, "this peer's held connections fill its share")
             return
         if len(self._pending) >= self._limit and not self._evict_oldest(
-            "too many unauthenticated connections", self._busiest()
+            "too many unauthenticated connections", self._busiest(), not shake.peer.limited
         ):
             self._turn_away(shake, "held connections fill the listener")
             return
@@ -281,13 +282,15 @@ class Inbound:
             self._rejects.warning("rejected a connection from %s: %s", shake.name(), reason)
             shake.close()
 
-    def _evict_oldest(self, reason: str, who: str | None = None) -> bool:
+    def _evict_oldest(self, reason: str, who: str | None = None, held_too: bool = False) -> bool:
         """Push out the oldest unauthenticated connection (of peer ``who``) that has not been
-        judged; whether there was one (a held wrong proof is never answered early)."""
-        for shake in self._pending.values():
-            if (who is None or shake.who == who) and not shake.held:
-                self._reject(shake, reason)
-                return True
+        judged; whether there was one. A held wrong proof is answered early only with
+        ``held_too`` (room for the listener's own user: one early verdict per such dial)."""
+        for held in (False, True) if held_too else (False,):
+            for shake in self._pending.values():
+                if (who is None or shake.who == who) and shake.held == held:
+                    self._reject(shake, reason)
+                    return True
         return False
 
     def _busiest(self) -> str | None:
