@@ -23,7 +23,7 @@ from _transport_ends import End, marker
 from _worker_helpers import raw_worker
 
 from regency._transport import address, auth, routing
-from regency._transport.ratelimit import FREE_FAILURES
+from regency._transport.ratelimit import FREE_FAILURES, FailureLimiter
 from regency.job import attach_to_workers
 
 pytestmark = pytest.mark.timeout(120)
@@ -162,9 +162,12 @@ def test_a_churning_flood_of_another_user_leaves_every_fresh_connection_working(
     assert max(times) < 5, times
 
 
-def test_the_rdma_transfer_service_keeps_the_same_budget(as_attacker: Attacker) -> None:
-    from regency.rdma import RDMABuffer
+def test_the_rdma_transfer_service_keeps_the_same_budget(
+    as_attacker: Attacker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from regency.rdma import RDMABuffer, _service
 
+    monkeypatch.setattr(_service, "_auth_failures", FailureLimiter())  # this test's own count
     buf = RDMABuffer(bytearray(64))
     try:
         spec = guesses(buf._handle.tcp_address, 12, parallel=12, wait=1.5, preamble="")
