@@ -27,10 +27,11 @@ from typing import IO, Any
 
 from regency.actor import ProcMesh, this_host
 
-MAGIC = b"RGCY\x01"
+MAGIC = b"RGCY\x02"
 NONCE = 32
 MAC = 32
 HELLO_LEN = len(MAGIC) + NONCE
+REFUSED = b"RGCY refused the proof".ljust(32, b"\0")
 # u64 body_len | u8 kind | u8 nparts | u16 flags | u32 rank | u64 dest | u64 sender | u64 seq
 HEADER = struct.Struct("<QBBHIQQQ")
 
@@ -150,14 +151,16 @@ def read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool]
 
 
 def mac(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
-    """HMAC-SHA256 over role and both nonces, as the handshake defines it."""
-    return hmac.new(secret, role + first + second, hashlib.sha256).digest()
+    """HMAC-SHA256 over role, the channel (none: plain TCP) and both nonces, as the handshake
+    defines it."""
+    channel = hashlib.sha256(b"").digest()
+    return hmac.new(secret, role + channel + first + second, hashlib.sha256).digest()
 
 
 def handshake(sock: socket.socket, secret: bytes, my_address: str) -> bool:
     """Run the dialer side with ``secret``; True if the listener proved it holds it too.
 
-    Returns False when the listener hangs up instead of answering.
+    Returns False when the listener refuses the proof or hangs up instead of answering.
     """
     hello = recv_exact(sock, HELLO_LEN)
     assert hello[: len(MAGIC)] == MAGIC, f"unexpected greeting {hello!r}"
@@ -172,7 +175,7 @@ def handshake(sock: socket.socket, secret: bytes, my_address: str) -> bool:
         + mac(secret, b"addr", nonce_l + nonce_d, addr)
     )
     answer = recv_exact(sock, MAC)
-    if len(answer) < MAC:
+    if len(answer) < MAC or answer == REFUSED:
         return False
     assert hmac.compare_digest(answer, mac(secret, b"listen", nonce_d, nonce_l))
     return True

@@ -31,6 +31,7 @@ from _fault_helpers import (
     KIND_CONTROL,
     KIND_PORT,
     MAGIC,
+    REFUSED,
     connect,
     frame,
     handshake,
@@ -163,7 +164,8 @@ def test_garbage_before_handshake_is_closed_and_never_unpickled(
         sock.close()
     assert closed, "the proc kept a connection open after garbage"
     assert data.startswith(MAGIC)
-    assert len(data) == HELLO_LEN, f"the proc said more than its greeting to a stranger: {data!r}"
+    # The greeting, then the refusal of the "proof" the garbage starts with: nothing else.
+    assert data[HELLO_LEN:] == REFUSED, f"the proc said more to a stranger: {data!r}"
     live_proc.healthy()
     assert not marker.exists(), "the proc unpickled bytes from an unauthenticated peer"
 
@@ -183,7 +185,7 @@ def test_short_garbage_is_rejected_without_waiting_for_the_handshake_timeout(
         waited = time.monotonic() - start
     finally:
         sock.close()
-    assert len(data) <= HELLO_LEN, f"the proc said more than its greeting: {data!r}"
+    assert len(data) <= HELLO_LEN + len(REFUSED), f"the proc said more than its greeting: {data!r}"
     assert closed, (
         f"a peer that sent {len(probe)} bytes of garbage was still connected after {waited:.1f} s; "
         "the listener should reject a wrong proof as soon as it has the proof, not wait for the "
@@ -211,7 +213,7 @@ def test_wrong_secret_is_rejected_and_logged(live_proc: LiveProc) -> None:
     finally:
         sock.close()
     assert closed, "the proc kept a connection with the wrong secret open"
-    assert data == b"", f"the proc answered a wrong proof with {data!r}"
+    assert data == REFUSED, f"the proc answered a wrong proof with {data!r}"
     assert wait_until(lambda: "rejected a connection" in live_proc.log(), 5), (
         f"no 'rejected a connection' warning; the proc's stderr:\n{live_proc.log()}"
     )
@@ -232,7 +234,7 @@ def test_frames_behind_a_wrong_secret_are_never_unpickled(
     finally:
         sock.close()
     assert closed
-    assert data == b""
+    assert data == REFUSED
     live_proc.healthy()
     assert not marker.exists(), "the proc unpickled bytes from a peer with the wrong secret"
 

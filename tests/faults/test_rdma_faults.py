@@ -21,6 +21,7 @@ import pytest
 from _fault_helpers import (
     HELLO_LEN,
     MAGIC,
+    REFUSED,
     connect,
     handshake,
     kill_all,
@@ -346,7 +347,7 @@ def test_a_peer_without_the_job_secret_gets_nothing() -> None:
     request = REQUEST.pack(OP_READ, handle.buffer_id, handle.token, 0, 4096, 0)
     try:
         for address in (handle.tcp_address, handle.unix_address):
-            # Wrong secret: the service hangs up after the first proof and answers nothing.
+            # Wrong secret: the service refuses the first proof and answers nothing more.
             sock = connect(address)
             try:
                 assert handshake(sock, os.urandom(32), "intruder") is False
@@ -364,7 +365,7 @@ def test_a_peer_without_the_job_secret_gets_nothing() -> None:
                 send_quietly(sock, request * 2)
                 rest, closed = read_until_closed(sock, FAST)
                 assert closed
-                assert rest == b""
+                assert rest == REFUSED, "the refusal of the proof, and nothing of the buffer"
             finally:
                 sock.close()
             # The job's secret opens it: the same request returns the data.

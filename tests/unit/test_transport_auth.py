@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from regency._transport import auth
+from regency._transport import auth, outbound
 from regency._transport.auth import AuthenticationError, ListenerHandshake, dialer_handshake
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,7 +31,8 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 
 
 def run_listener(sock: socket.socket, secret: bytes) -> str | None:
-    """The listening side over a blocking socket; closes it on failure like the transport."""
+    """The listening side over a blocking socket; answers a wrong proof and closes like the
+    transport."""
     shake = ListenerHandshake(secret)
     sock.sendall(shake.hello())
     try:
@@ -43,6 +45,7 @@ def run_listener(sock: socket.socket, secret: bytes) -> str | None:
                 sock.sendall(proof)
                 return shake.peer_address
     except AuthenticationError:
+        sock.sendall(auth.REFUSED)
         sock.shutdown(socket.SHUT_RDWR)
         raise
 
@@ -87,10 +90,51 @@ def test_dialer_with_the_wrong_secret_is_rejected(
 ) -> None:
     dialer, listener = pair
     join = in_thread(lambda: run_listener(listener, SECRET))
-    with pytest.raises(AuthenticationError):
+    with pytest.raises(AuthenticationError, match="refused this process's proof: it holds a diff"):
         dialer_handshake(dialer, os.urandom(32), "unix:@intruder")
     with pytest.raises(AuthenticationError, match="wrong secret"):
         join()
+
+
+def test_a_hang_up_after_the_proof_is_worth_another_try(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    # A busy listener pushes out a connection whose proof it has not judged: no verdict on the
+    # secret, and the dialer's retry loop (ECONNRESET) tries again.
+    dialer, listener = pair
+
+    def busy() -> None:
+        listener.sendall(ListenerHandshake(SECRET).hello())
+        listener.recv(4096)
+        listener.shutdown(socket.SHUT_RDWR)
+
+    join = in_thread(busy)
+    with pytest.raises(ConnectionResetError, match="without judging") as raised:
+        dialer_handshake(dialer, SECRET, "unix:@me")
+    assert raised.value.errno == errno.ECONNRESET
+    assert not isinstance(raised.value, AuthenticationError)
+    join()
+
+
+def test_a_proof_made_on_another_channel_is_refused() -> None:
+    # What a relay terminating TLS on both sides forwards: a proof bound to its other channel.
+    shake = ListenerHandshake(SECRET, channel=b"tls-unique:listener side")
+    nonce_l = shake.hello()[len(auth.MAGIC) :]
+    nonce_d = os.urandom(auth.NONCE)
+    relayed = auth._mac(SECRET, b"dial", nonce_l, nonce_d, b"tls-unique:dialer side")
+    with pytest.raises(AuthenticationError, match="wrong secret"):
+        shake.feed(relayed + nonce_d)
+    same = ListenerHandshake(SECRET, channel=b"tls-unique:one channel")
+    nonce_l = same.hello()[len(auth.MAGIC) :]
+    proof = auth._mac(SECRET, b"dial", nonce_l, nonce_d, b"tls-unique:one channel")
+    assert same.feed(proof + nonce_d) is None  # verified; waiting for the address
+
+
+def test_the_dialer_names_an_older_handshake(pair: tuple[socket.socket, socket.socket]) -> None:
+    dialer, listener = pair
+    listener.sendall(b"RGCY\x01" + os.urandom(auth.NONCE))
+    with pytest.raises(AuthenticationError, match="another version"):
+        dialer_handshake(dialer, SECRET, "unix:@me")
 
 
 def test_listener_with_the_wrong_secret_is_rejected(
@@ -181,3 +225,34 @@ def test_listener_rejects_a_wrong_proof_without_waiting_for_an_address() -> None
     garbage = os.urandom(auth.MAC + auth.NONCE) + struct.pack("<H", 0xFFFF)
     with pytest.raises(AuthenticationError):
         shake.feed(garbage)
+
+
+def test_the_dialer_tries_again_after_a_busy_hang_up() -> None:
+    # A listener busy with a flood pushes out the first try after its proof; the dial goes on
+    # within its timeout and the second try is served (no "different job secret").
+    tries: list[Callable[[], Any]] = []
+
+    def busy(sock: socket.socket) -> None:
+        sock.sendall(ListenerHandshake(SECRET).hello())
+        sock.recv(4096)
+        sock.shutdown(socket.SHUT_RDWR)
+
+    def connect(limit: float) -> socket.socket:
+        dialer, listener = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        dialer.settimeout(limit)
+        listener.settimeout(limit)
+        first = not tries
+        tries.append(in_thread(lambda: busy(listener) if first else run_listener(listener, SECRET)))
+        try:
+            dialer_handshake(dialer, SECRET, "unix:@me")
+        except BaseException:
+            dialer.close()
+            raise
+        return dialer
+
+    sock, reason = outbound.dial("unix:@busy", connect, 10, 5, lambda: False)
+    assert sock is not None, reason
+    assert len(tries) == 2
+    for join in tries:
+        join()
+    sock.close()

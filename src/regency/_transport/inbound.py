@@ -6,8 +6,18 @@ authenticate:
 - **one deadline** (``DEADLINE`` seconds) for the whole way from ``accept`` to an authenticated
   connection, whatever the peer sends meanwhile (a byte every few seconds does not extend it);
 - **bounded**: at most ``PER_LISTENER`` connections still unauthenticated, and ``PER_PEER``
-  from one peer address; a new one over either bound pushes out the oldest (so a flood from one
-  address cannot keep a legitimate dialer from another, or a fresh one, out);
+  from one peer (:func:`regency._transport.ratelimit.identify`: on this machine its uid, as
+  the kernel says, whatever loopback address it dials from; else its address); a new one over
+  the peer's bound pushes out that peer's oldest, over the listener's bound the oldest of the
+  peer holding most (so a flood from one peer cannot keep a legitimate dialer from another, or
+  a fresh one, out);
+- **a proof is always judged**: a peer past its budget of failed handshakes (or all peers
+  together past theirs) still gets the greeting, and a right proof is accepted at once; a wrong
+  one is then held unanswered until the connection's deadline (it is not pushed out early,
+  which would answer it, except to make room for the listener's own user when held ones fill
+  the listener), so guesses cost a connection slot for ``DEADLINE`` seconds each and failures
+  of others never lock out a peer that holds the secret. A wrong proof is answered with
+  :data:`regency._transport.auth.REFUSED`, a hang-up without it means "busy";
 - a peer that **hangs up** is closed at once;
 - ``accept`` failing for lack of descriptors (``EMFILE``…) **backs off**: the listener leaves
   the epoll set for a growing pause (no busy loop), the oldest unauthenticated connection is
@@ -37,9 +47,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from regency._transport import routing, tls
-from regency._transport.auth import AuthenticationError, ListenerHandshake
+from regency._transport.auth import (
+    REFUSED,
+    AuthenticationError,
+    ListenerHandshake,
+    channel_binding,
+)
 from regency._transport.io_loop import IOLoop
-from regency._transport.ratelimit import FailureLimiter, peer_key
+from regency._transport.ratelimit import FailureLimiter, Peer, identify
 from regency._transport.ratelog import RateLimitedLog
 
 log = logging.getLogger("regency.transport")
@@ -67,12 +82,12 @@ def _local_ip(sock: socket.socket) -> str:
         return ""
 
 
-def _peer_key(sock: socket.socket) -> str:
+def _peer_name(sock: socket.socket) -> str:
     try:
         name = sock.getpeername()
     except OSError:
         return "?"
-    return str(name[0]) if isinstance(name, tuple) else "local"
+    return str(name[0]) if isinstance(name, tuple) and name else "a local process"
 
 
 class _Shake:
@@ -81,6 +96,8 @@ class _Shake:
     __slots__ = (
         "arrival",
         "fd",
+        "held",
+        "peer",
         "preamble",
         "raw",
         "routed",
@@ -88,7 +105,7 @@ class _Shake:
         "sslsock",
         "stream",
         "use_tls",
-        "who",
+        "where",
     )
 
     def __init__(
@@ -97,7 +114,9 @@ class _Shake:
         self.raw = sock
         self.fd = sock.fileno()
         self.routed = routed
-        self.who = _peer_key(sock)
+        self.peer: Peer = identify(sock)
+        self.where = _peer_name(sock)
+        self.held = False  # a wrong proof held unanswered until the deadline
         self.preamble = routing.PreambleReader() if routed else None
         self.use_tls = use_tls  # None: decided by the preamble, or by the arrival address
         self.arrival = arrival  # the IP that decides whether TLS applies (None: where it arrived)
@@ -105,8 +124,12 @@ class _Shake:
         self.stream: tls.Stream | None = None
         self.shake: ListenerHandshake | None = None
 
+    @property
+    def who(self) -> str:
+        return self.peer.key
+
     def name(self) -> str:
-        return "a local process" if self.who == "local" else self.who
+        return f"{self.where} ({self.who})"
 
     def close(self) -> None:
         for s in (self.sslsock, self.raw):
@@ -224,10 +247,16 @@ class Inbound:
         if sock.family != socket.AF_UNIX:
             self._tune(sock)
         shake = _Shake(sock, routed, use_tls, arrival)
-        if self._by_peer.get(shake.who, 0) >= self._per_peer:
-            self._evict_oldest("too many unauthenticated connections from this address", shake.who)
-        if len(self._pending) >= self._limit:
-            self._evict_oldest("too many unauthenticated connections")
+        if self._by_peer.get(shake.who, 0) >= self._per_peer and not self._evict_oldest(
+            "too many unauthenticated connections from this peer", shake.who
+        ):
+            self._turn_away(shake, "this peer's held connections fill its share")
+            return
+        if len(self._pending) >= self._limit and not self._evict_oldest(
+            "too many unauthenticated connections", self._busiest(), not shake.peer.limited
+        ):
+            self._turn_away(shake, "held connections fill the listener")
+            return
         self._pending[shake.fd] = shake
         self._by_peer[shake.who] = self._by_peer.get(shake.who, 0) + 1
         self._loop.register(shake.fd, lambda ev: self._readable(shake, ev), _EVENTS)
@@ -253,18 +282,52 @@ class Inbound:
             self._rejects.warning("rejected a connection from %s: %s", shake.name(), reason)
             shake.close()
 
-    def _evict_oldest(self, reason: str, who: str | None = None) -> bool:
-        for shake in self._pending.values():
-            if who is None or shake.who == who:
-                self._reject(shake, reason)
-                return True
+    def _evict_oldest(self, reason: str, who: str | None = None, held_too: bool = False) -> bool:
+        """Push out the oldest unauthenticated connection (of peer ``who``) that has not been
+        judged; whether there was one. A held wrong proof is answered early only with
+        ``held_too`` (room for the listener's own user: one early verdict per such dial)."""
+        for held in (False, True) if held_too else (False,):
+            for shake in self._pending.values():
+                if (who is None or shake.who == who) and shake.held == held:
+                    self._reject(shake, reason)
+                    return True
         return False
 
+    def _busiest(self) -> str | None:
+        """The peer holding the most unauthenticated connections."""
+        return max(self._by_peer, key=self._by_peer.__getitem__, default=None)
+
+    def _turn_away(self, shake: _Shake, reason: str) -> None:
+        """Close a fresh connection that finds no room (it was never counted)."""
+        self._rejects.warning("rejected a connection from %s: %s", shake.name(), reason)
+        shake.close()
+
     def _expire(self, shake: _Shake) -> None:
-        if self._pending.get(shake.fd) is shake:
-            self._reject(
-                shake, f"handshake timed out (not authenticated within {self._deadline:g} s)"
-            )
+        if self._pending.get(shake.fd) is not shake:
+            return
+        if shake.held:
+            self._refuse(shake, "peer failed authentication (held until the deadline)")
+            return
+        self._reject(shake, f"handshake timed out (not authenticated within {self._deadline:g} s)")
+
+    def _refuse(self, shake: _Shake, reason: str) -> None:
+        """Answer a wrong proof with :data:`REFUSED` (best effort) and close."""
+        if shake.stream is not None and self._pending.get(shake.fd) is shake:
+            with contextlib.suppress(OSError):
+                shake.stream.send(REFUSED)
+        self._reject(shake, reason)
+
+    def _failed_proof(self, shake: _Shake, exc: AuthenticationError) -> None:
+        """A wrong proof: counted; answered at once within the peer's budget, else held."""
+        limiter = self._limiter()
+        key = shake.who if shake.peer.limited else None
+        limiter.failed(key)
+        if not limiter.over_budget(key):
+            self._refuse(shake, str(exc))
+            return
+        shake.held = True
+        self._loop.unregister(shake.fd)
+        log.debug("holding %s's wrong proof until its deadline: %s", shake.name(), exc)
 
     # -- the stages ----------------------------------------------------------------------------
 
@@ -281,13 +344,13 @@ class Inbound:
         except routing.RouteError as exc:
             self._reject(shake, str(exc))
         except AuthenticationError as exc:
-            self._limiter().failed(peer_key(shake.raw))
-            self._reject(shake, str(exc))
+            self._failed_proof(shake, exc)
         except ssl.SSLError as exc:
             self._reject(shake, tls.failure(exc))
         except OSError as exc:
             self._reject(shake, f"read failed before authentication: {exc}")
-        if events & (select.EPOLLHUP | select.EPOLLERR) and self._pending.get(shake.fd) is shake:
+        hung_up = events & (select.EPOLLHUP | select.EPOLLERR)
+        if hung_up and self._pending.get(shake.fd) is shake and not shake.held:
             self._reject(shake, "peer hung up before authenticating")
 
     def _read_preamble(self, shake: _Shake) -> None:
@@ -328,12 +391,6 @@ class Inbound:
         return False
 
     def _start_auth(self, shake: _Shake) -> None:
-        if self._limiter().blocked(peer_key(shake.raw)):
-            # Closed before the greeting, quietly: logging each refusal would be the flood.
-            if self._release(shake):
-                log.debug("refused %s: too many failed handshakes", shake.name())
-                shake.close()
-            return
         use_tls = shake.use_tls
         if use_tls is None:
             use_tls = tls.applies(shake.arrival or _local_ip(shake.raw))
@@ -355,8 +412,8 @@ class Inbound:
     def _send_hello(self, shake: _Shake) -> None:
         stream = shake.stream
         assert stream is not None
-        shake.shake = ListenerHandshake(*self._secrets())
         try:
+            shake.shake = ListenerHandshake(*self._secrets(), channel=channel_binding(stream))
             stream.send(shake.shake.hello())
         except OSError as exc:
             self._reject(shake, f"write failed during the handshake: {exc}")
@@ -387,7 +444,7 @@ class Inbound:
             self._reject(shake, f"write failed during the handshake: {exc}")
             return
         if self._release(shake):
-            self._limiter().succeeded(peer_key(shake.raw))
+            self._limiter().succeeded(shake.who if shake.peer.limited else None)
             self._on_ready(stream, handshake.peer_address or "unknown")
 
     def close(self) -> None:

@@ -39,6 +39,15 @@ class SecureSocket:
         """The peer's address."""
         return self._ssl.getpeername()
 
+    def channel_binding(self) -> bytes:
+        """This connection's ``tls-unique`` value, the same at both ends and different on every
+        connection (TLS 1.3: the client's Finished message, a MAC over the whole handshake)."""
+        with self._lock:
+            value = self._ssl.get_channel_binding("tls-unique")
+        if not value:
+            raise ConnectionError("the TLS handshake has not completed: no channel binding yet")
+        return b"tls-unique:" + value
+
     def pending(self) -> int:
         """Decrypted bytes already read from the kernel but not yet returned."""
         with self._lock:
