@@ -381,3 +381,8 @@ def test_logging_option_is_awaitable_and_checks_its_values(make_procs):
             await procs.logging_option(level=300)
 
     asyncio.run(options())
+
+
+def test_logging_option_can_be_given_to_asyncio_run(make_procs):
+    procs = make_procs(1)
+    assert asyncio.run(procs.logging_option(stream_to_client=False, level=20)) is None

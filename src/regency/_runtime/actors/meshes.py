@@ -25,7 +25,7 @@ from regency._runtime.actors.endpoint_def import (
     endpoints_of,
 )
 from regency._runtime.actors.errors import ActorError
-from regency._runtime.actors.future import Future
+from regency._runtime.actors.future import CoroutineFuture, Future
 from regency._runtime.actors.identity import (
     InstanceBase,
     set_this_proc_mesh,
@@ -394,16 +394,19 @@ class ProcMesh(ProcMeshBase):
         stream_to_client: bool = False,
         aggregate_window_sec: float | None = None,
         level: int = logging.INFO,
-    ) -> Future[None]:
+    ) -> CoroutineFuture[None]:
         """How this mesh's forwarded output is shown (Monarch's signature and defaults):
         printed here (``stream_to_client``), gathered for ``aggregate_window_sec`` seconds into
         ``[N similar log lines]`` groups (``None``: every line at once), and the procs' root
         logger level. Output is forwarded from procs on other hosts, and from this machine's
-        too with ``configure(enable_log_forwarding=True)`` before the mesh is spawned."""
+        too with ``configure(enable_log_forwarding=True)`` before the mesh is spawned.
+
+        The options apply when this is called; the result can be awaited, passed to
+        ``asyncio.run`` (Monarch's method is a coroutine) or read with ``get()``."""
         set_logging_option(
             self._log_sink, self._addrs(), stream_to_client, aggregate_window_sec, level
         )
-        return Future._resolved(None)
+        return CoroutineFuture._resolved(None)
 
     # The tensor engine supplies these (see ``_tensor_api``).
     def activate(self) -> contextlib.AbstractContextManager[ProcMesh]:
