@@ -255,7 +255,7 @@ def test_concurrent_endpoint_refuses_sync_method():
 
 
 def test_concurrent_endpoint_refuses_stacking_on_endpoint():
-    with pytest.raises(ValueError, match="concurrent_endpoint"):
+    with pytest.raises(ValueError, match="concurrent_endpoint does not wrap @endpoint"):
 
         class Bad(Actor):
             @actor.concurrent_endpoint
