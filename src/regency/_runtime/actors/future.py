@@ -183,6 +183,12 @@ class CoroutineFuture(Future[R]):
         assert isinstance(fut, CoroutineFuture)
         return fut
 
+    @classmethod
+    def _failed(cls, error: BaseException) -> CoroutineFuture[Any]:
+        fut = super()._failed(error)
+        assert isinstance(fut, CoroutineFuture)
+        return fut
+
     def _drive(self) -> Generator[Any, None, R]:
         if self._driver is None:
             self._driver = self.__await__()
