@@ -287,24 +287,44 @@ def test_shutdown_context_takes_monarchs_host_timeout() -> None:
 
 class Interpreter(Actor):
     @endpoint
-    def started_by(self) -> str | None:
-        return os.environ.get("FIDELITY_INTERPRETER")
+    def started_by(self) -> tuple[str | None, str | None]:
+        return os.environ.get("FIDELITY_INTERPRETER"), os.environ.get("FIDELITY_WRAPPER_PID")
+
+    @endpoint
+    def spawn_inner(self) -> tuple[str | None, str | None]:
+        inner = this_host().spawn_procs(per_host={"inner": 1})
+        try:
+            mark: tuple[str | None, str | None] = (
+                inner.spawn("inner", Interpreter).started_by.call_one().get(timeout=60)
+            )
+        finally:
+            inner.stop().get(timeout=60)
+        return mark
 
 
 def test_with_python_executable_starts_procs_with_that_interpreter(tmp_path: Path) -> None:
     # A wrapper interpreter that leaves a mark in the environment of what it runs.
     wrapper = tmp_path / "wrapped-python"
-    wrapper.write_text(f'#!/bin/sh\nFIDELITY_INTERPRETER="$0" exec {sys.executable} "$@"\n')
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'FIDELITY_INTERPRETER="$0" FIDELITY_WRAPPER_PID=$$ exec {sys.executable} "$@"\n'
+    )
     wrapper.chmod(0o755)
     hosts = this_host().with_python_executable(str(wrapper))
     assert hosts.is_fake_in_process is False
-    assert hosts.slice() is not hosts
     procs = hosts.spawn_procs(per_host={"gpus": 2})
     plain = this_host().spawn_procs(per_host={"gpus": 1})
     try:
-        marks = procs.spawn("interp", Interpreter).started_by.call().get(timeout=60)
-        assert list(marks.values()) == [str(wrapper)] * 2
-        assert plain.spawn("interp", Interpreter).started_by.call_one().get(timeout=60) is None
+        actors = procs.spawn("interp", Interpreter)
+        marks = list(actors.started_by.call().get(timeout=60).values())
+        assert [interpreter for interpreter, _ in marks] == [str(wrapper)] * 2
+        # A proc started with it starts its own procs with it too (the wrapper runs again).
+        inner, inner_pid = actors.slice(gpus=0).spawn_inner.call_one().get(timeout=90)
+        assert inner == str(wrapper)
+        assert inner_pid != marks[0][1]
+        other = plain.spawn("interp", Interpreter)
+        assert other.started_by.call_one().get(timeout=60) == (None, None)
+        assert other.spawn_inner.call_one().get(timeout=90) == (None, None)
     finally:
         procs.stop().get(timeout=60)
         plain.stop().get(timeout=60)

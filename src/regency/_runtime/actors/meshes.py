@@ -8,7 +8,6 @@ and copies received in messages are references that can send but not stop.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -20,8 +19,9 @@ from regency._runtime.actors import context, tracing
 from regency._runtime.actors.actor_mesh import ActorMesh, NotOwnedError, spawn_actor_mesh
 from regency._runtime.actors.bootstrap_command import (
     BootstrapCommand,
-    default_bootstrap_cmd,
+    inherited_python,
     launches_for,
+    python_bootstrap_cmd,
 )
 from regency._runtime.actors.control import PingProc, ProcInfo
 from regency._runtime.actors.endpoint_def import (
@@ -156,7 +156,8 @@ class HostMesh(MeshTrait):
     def with_python_executable(self, python_executable: str) -> HostMesh:
         """This mesh, whose ``spawn_procs`` start procs with ``python_executable`` (a path on
         the hosts) running ``-m regency._runtime.bootstrap``; regency must be importable by it.
-        A ``bootstrap_command`` given to ``spawn_procs`` still replaces the whole command."""
+        Those procs start theirs (``this_host().spawn_procs(...)``) with it too. A
+        ``bootstrap_command`` given to ``spawn_procs`` still replaces the whole command."""
         if not isinstance(python_executable, str) or not python_executable:
             raise TypeError(
                 f"python_executable must be a non-empty path, got {python_executable!r}"
@@ -269,7 +270,7 @@ class HostMesh(MeshTrait):
         for size in per_host.values():
             per *= size
         if bootstrap_command is None and self._python is not None:
-            bootstrap_command = dataclasses.replace(default_bootstrap_cmd(), program=self._python)
+            bootstrap_command = python_bootstrap_cmd(self._python)
         launches = launches_for(shape, per, proc_bind, bootstrap_command)
         procs: list[ProcInfo] = []
         by_agent: dict[str, list[ProcInfo]] = {}
@@ -535,7 +536,8 @@ set_this_proc_mesh(this_proc_mesh)
 def this_host_mesh() -> HostMesh:
     """The host the calling process runs on, as a 0-dimensional mesh (as in Monarch)."""
     state.runtime()
-    return HostMesh(Shape.unity(), [HostInfo(state.host_agent_address())], owned=True)
+    hosts = [HostInfo(state.host_agent_address())]
+    return HostMesh(Shape.unity(), hosts, owned=True, python=inherited_python())
 
 
 def current_context() -> context.Context:
