@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 
 import pytest
 from compat_impl import actor
@@ -372,3 +373,11 @@ class Relay(Actor):
     @endpoint
     def call_other(self, other) -> str:
         return other.ident.call_one().get()["rank"]
+
+
+def test_log_records_on_other_client_threads_have_no_prefix(named):
+    got = []
+    thread = threading.Thread(target=lambda: got.append(_logged("compat.thread", "HUH")))
+    thread.start()
+    thread.join(timeout=CALL_TIMEOUT)
+    assert got == ["HUH\n"]

@@ -2,11 +2,12 @@
 
 :func:`prefix_records_with_actor` (run once the process's runtime is up: the controller's boot,
 a proc's bootstrap) gives every ``logging`` handler a filter that puts ``[actor=<qualified
-name>] `` in front of the message of a record logged inside an actor (``[actor=<root>] `` in the
-controller's own code): the root logger's handlers at that moment, and every handler added to
-any logger afterwards (as Monarch does, by wrapping ``Logger.addHandler``). Monarch's
-``monarch.actor.config.prefix_python_logs_with_actor`` switch (``regency.actor.config``) is
-read for each record; empty messages (torch's structured trace records) are left alone.
+name>] `` in front of the message of a record logged inside an actor (``[actor=<root>] `` on the
+controller's main thread; other threads outside actors get none, as in Monarch): the root
+logger's handlers at that moment, and every handler added to any logger afterwards (as Monarch
+does, by wrapping ``Logger.addHandler``). Monarch's ``prefix_python_logs_with_actor`` switch
+(``regency.actor.config``) is read for each record; empty messages (torch's structured trace
+records) are left alone.
 
 :func:`install_actor_log_handler` gives the root logger of a proc whose output is forwarded (if
 nothing configured it) a handler writing to stderr as ``[actor=<qualified name>] LEVEL logger:
@@ -18,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -34,13 +36,17 @@ def set_prefix_switch(switch: Callable[[], bool]) -> None:
 
 
 def _actor_name() -> str | None:
-    """The actor whose code is running: the current one, ``<root>`` in the controller's own
-    code, ``None`` in a proc's code outside any actor."""
+    """The actor whose code is running: the current one, ``<root>`` on the controller's main
+    thread, else ``None`` (other threads, as Monarch's context is not set there either)."""
     ctx = context.current_or_none()
     if ctx is not None:
         return str(ctx.actor_instance)
     client = context.current_client()
-    if client is not None and getattr(client, "is_root", False):
+    if (
+        client is not None
+        and getattr(client, "is_root", False)
+        and threading.current_thread() is threading.main_thread()
+    ):
         return str(client)
     return None
 
