@@ -1,14 +1,17 @@
 """Regency: a pure-Python single controller for distributed PyTorch.
 
 The public API lives in subpackages: :mod:`regency.actor` (actors, meshes, messaging),
-:mod:`regency.shape` (the ndslice algebra), :mod:`regency.tensor` (the tensor engine, whose
-names are also offered here, loaded on first use), :mod:`regency.spmd` (torchrun's environment
-and SPMD launch) and :mod:`regency.config` (settings). :class:`RegencyError` is the root of
+:mod:`regency.shape` (the ndslice algebra), :mod:`regency.tensor` (the tensor engine),
+:mod:`regency.spmd` (torchrun's environment and SPMD launch) and :mod:`regency.config`
+(settings). The names Monarch offers at its top level (``Extent``, ``Shape``, ``NDSlice``,
+``Selection``, ``Future``, ``configure`` and its siblings, the tensor engine's) are offered
+here too, each imported on first use. :class:`RegencyError` is the root of
 every error regency raises (the tree is drawn in :mod:`regency._errors`).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from regency import _plugins, _public
@@ -40,6 +43,22 @@ _TENSOR_NAMES = (
     "slice_mesh",
     "to_mesh",
 )
+
+# Monarch's other top-level names: (module, attribute), imported on first use too, so that
+# ``import regency`` stays light. ``Future`` is what ``fetch_shard`` returns.
+_LAZY_NAMES = {
+    "Extent": ("regency.shape", "Extent"),
+    "Shape": ("regency.shape", "Shape"),
+    "NDSlice": ("regency.shape", "Slice"),
+    "Selection": ("regency.shape", "Selection"),
+    "Future": ("regency.actor", "Future"),
+    "configure": ("regency.config", "configure"),
+    "configured": ("regency.config", "configured"),
+    "get_global_config": ("regency.config", "get_global_config"),
+    "get_runtime_config": ("regency.config", "get_runtime_config"),
+    "clear_runtime_config": ("regency.config", "clear_runtime_config"),
+    **{name: ("regency.tensor", name) for name in _TENSOR_NAMES},
+}
 
 
 def _tensor_engine() -> Any:
@@ -73,12 +92,12 @@ _plugins.register("telemetry", _telemetry)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _TENSOR_NAMES:
-        import regency.tensor
-
-        return getattr(regency.tensor, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    found = _LAZY_NAMES.get(name)
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = found
+    return getattr(importlib.import_module(module), attribute)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_TENSOR_NAMES})
+    return sorted({*globals(), *_LAZY_NAMES})

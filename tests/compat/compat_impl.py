@@ -22,6 +22,7 @@ REGENCY = IMPL == "regency"
 if MONARCH:
     if importlib.util.find_spec("regency") is not None:
         raise RuntimeError("the Monarch run must not be able to import regency: fix sys.path")
+    import monarch as top
     import monarch.actor as actor
     import monarch.config as config
     import monarch.job as job
@@ -29,6 +30,7 @@ if MONARCH:
     from monarch._rust_bindings.monarch_hyperactor.shape import Shape, Slice
     from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 else:
+    import regency as top
     import regency.actor as actor
     import regency.config as config
     import regency.job as job
@@ -57,4 +59,5 @@ __all__ = [
     "job",
     "optional",
     "rdma",
+    "top",
 ]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import logging
+import threading
+
 import pytest
 from compat_impl import actor
 from compat_util import CALL_TIMEOUT
@@ -30,9 +34,28 @@ class Named(Actor):
         }
 
     @endpoint
+    def log_line(self, logger_name: str) -> str:
+        return _logged(logger_name, "from the actor")
+
+    @endpoint
     def spawn_child(self) -> dict[str, object]:
         child = actor.context().actor_instance.proc.spawn("child", Named)
         return child.ident.call_one().get()
+
+
+def _logged(logger_name: str, text: str) -> str:
+    """What a handler added now to a fresh logger shows for one record."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger(logger_name)
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        logger.error(text)
+    finally:
+        logger.removeHandler(handler)
+    return out.getvalue()
 
 
 class Mixed(Actor):
@@ -122,6 +145,20 @@ def test_instance_name_and_rank(named):
 def test_instance_str_is_qualified_chain(named):
     got = named.slice(gpus=1).ident.call_one().get(timeout=CALL_TIMEOUT)
     assert got["str"] == "<root>.<test_compat_actors.Named the_name{'gpus': 1/2}>"
+
+
+def test_log_records_in_an_actor_carry_its_name(named):
+    got = named.slice(gpus=1).log_line.call_one("compat.in_actor").get(timeout=CALL_TIMEOUT)
+    assert got == "[actor=<root>.<test_compat_actors.Named the_name{'gpus': 1/2}>] from the actor\n"
+
+
+def test_log_records_on_the_client_say_root_unless_switched_off(named):
+    assert _logged("compat.client", "HUH") == "[actor=<root>] HUH\n"
+    actor.config.prefix_python_logs_with_actor = False
+    try:
+        assert _logged("compat.client_off", "HUH") == "HUH\n"
+    finally:
+        actor.config.prefix_python_logs_with_actor = True
 
 
 def test_instance_creator_is_root(named):
@@ -255,7 +292,7 @@ def test_concurrent_endpoint_refuses_sync_method():
 
 
 def test_concurrent_endpoint_refuses_stacking_on_endpoint():
-    with pytest.raises(ValueError, match="concurrent_endpoint"):
+    with pytest.raises(ValueError, match="concurrent_endpoint does not wrap @endpoint"):
 
         class Bad(Actor):
             @actor.concurrent_endpoint
@@ -336,3 +373,11 @@ class Relay(Actor):
     @endpoint
     def call_other(self, other) -> str:
         return other.ident.call_one().get()["rank"]
+
+
+def test_log_records_on_other_client_threads_have_no_prefix(named):
+    got = []
+    thread = threading.Thread(target=lambda: got.append(_logged("compat.thread", "HUH")))
+    thread.start()
+    thread.join(timeout=CALL_TIMEOUT)
+    assert got == ["HUH\n"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from compat_impl import IMPL, actor, config, job, optional, rdma
+from compat_impl import IMPL, Slice, actor, config, job, optional, rdma, top
 from compat_util import CALL_TIMEOUT
 
 # monarch.actor.__all__ of torchmonarch 0.7.0
@@ -32,6 +32,40 @@ RDMA_NAMES = [
     "RDMAAction", "RDMABuffer", "RDMAReadTransferWarning", "RDMATcpFallbackWarning",
     "RDMAWriteTransferWarning", "get_rdma_backend", "is_ibverbs_available", "is_rdma_available",
 ]  # fmt: skip
+
+
+# monarch.__all__ of torchmonarch 0.7.0 that needs no tensor engine (its tensor names are
+# tests/unit/test_tensor_toplevel.py's), and the ones regency leaves out (monarch-differences.md)
+TOP_NAMES = [
+    "Extent", "Future", "NDSlice", "Selection", "Shape", "clear_runtime_config", "configure",
+    "configured", "get_global_config", "get_runtime_config",
+]  # fmt: skip
+TOP_NAMES_REGENCY_LACKS = [
+    "OpaqueRef", "Simulator", "function_resolvers", "mast_reserve", "set_meta", "show",
+    "world_mesh",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TOP_NAMES)
+def test_top_level_exports(name):
+    assert hasattr(top, name)
+
+
+def test_top_level_names_are_the_submodules_objects():
+    assert top.Extent is actor.Extent
+    assert top.NDSlice is Slice
+    assert top.configure is config.configure
+    assert top.get_runtime_config is config.get_runtime_config
+    assert top.Shape.unity().ndslice.sizes == []
+
+
+@pytest.mark.deviation(
+    "regency has no simulator, notebook reservations, opaque refs, torchshow or world_mesh",
+    skip="regency",
+)
+@pytest.mark.parametrize("name", TOP_NAMES_REGENCY_LACKS)
+def test_top_level_exports_regency_lacks(name):
+    assert hasattr(top, name)
 
 
 @pytest.mark.parametrize("name", ACTOR_NAMES)

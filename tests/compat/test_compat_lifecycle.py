@@ -381,3 +381,39 @@ def test_logging_option_is_awaitable_and_checks_its_values(make_procs):
             await procs.logging_option(level=300)
 
     asyncio.run(options())
+
+
+def test_logging_option_can_be_given_to_asyncio_run(make_procs):
+    procs = make_procs(1)
+    assert asyncio.run(procs.logging_option(stream_to_client=False, level=20)) is None
+
+
+def test_host_mesh_flags():
+    hosts = actor.this_host()
+    assert hosts.is_fake_in_process is False
+    assert hosts.stream_logs is False
+
+
+class Interpreter(Actor):
+    @endpoint
+    def started_by(self):
+        return os.environ.get("COMPAT_INTERPRETER")
+
+
+def test_with_python_executable_starts_procs_with_it(tmp_path):
+    wrapper = tmp_path / "wrapped-python"
+    wrapper.write_text(f'#!/bin/sh\nCOMPAT_INTERPRETER="$0" exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    procs = actor.this_host().with_python_executable(str(wrapper)).spawn_procs({"gpus": 2})
+    try:
+        marks = procs.spawn("interp", Interpreter).started_by.call().get(timeout=CALL_TIMEOUT)
+        assert [mark for _, mark in marks.items()] == [str(wrapper)] * 2
+    finally:
+        procs.stop().get(timeout=CALL_TIMEOUT)
+
+
+def test_proc_mesh_sync_workspace_is_not_implemented(make_procs):
+    procs = make_procs(1)
+    message = "sync_workspace is not implemented for ProcMesh. Use HostMesh.sync_workspace"
+    with pytest.raises(NotImplementedError, match=message):
+        asyncio.run(procs.sync_workspace(None))

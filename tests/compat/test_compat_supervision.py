@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import threading
 
@@ -442,3 +443,47 @@ def test_actor_blocked_in_init_does_not_block_its_proc(make_procs):
     procs.spawn("blocked", BlocksInInit, port)
     helper = receiver.recv().get(timeout=CALL_TIMEOUT)
     assert helper.ping.call_one().get(timeout=CALL_TIMEOUT) == "pong"
+
+
+# --- failures two owners down -------------------------------------------------------------
+
+
+class Lambda(Actor):
+    @endpoint
+    def run(self, func):
+        return func()
+
+
+class Nest(Actor):
+    """Owns a mesh of its own, spawned on procs it started."""
+
+    def __init__(self) -> None:
+        self.nest = actor.this_host().spawn_procs(per_host={"a_dim": 1}).spawn("nested", Lambda)
+
+    @endpoint
+    def nested(self, func) -> None:
+        self.nest.run.broadcast(func)
+
+    @endpoint
+    def kill_nest(self) -> None:
+        pid = self.nest.run.call_one(os.getpid).get(timeout=CALL_TIMEOUT)
+        os.kill(pid, signal.SIGKILL)
+
+
+def _nested_error() -> None:
+    raise ValueError("nested went wrong")
+
+
+def test_nested_failure_report_names_the_nested_actor(make_procs, failures):
+    top = _one(make_procs, Nest, "nest_top")
+    top.nested.call_one(_nested_error).get(timeout=CALL_TIMEOUT)
+    report = failures.wait(1)[0].report()
+    pattern = r"The actor .*test_compat_supervision\.Lambda nested\{'a_dim': 0/1\}.*" + FAILED
+    assert re.search(pattern, report), report
+
+
+def test_killed_nested_proc_reads_killed_sig_9(make_procs, failures):
+    top = _one(make_procs, Nest, "nest_kill")
+    top.kill_nest.call_one().get(timeout=CALL_TIMEOUT)
+    report = failures.wait(1)[0].report()
+    assert "the process this actor was running on failed: Killed(sig=9)" in report, report

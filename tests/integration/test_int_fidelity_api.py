@@ -5,11 +5,13 @@ Expected behaviour was read off torchmonarch 0.7.0 running the same scenarios.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -281,3 +283,79 @@ def test_shutdown_context_takes_monarchs_host_timeout() -> None:
         "shut: None",
         "again: None",
     ]
+
+
+class Interpreter(Actor):
+    @endpoint
+    def started_by(self) -> tuple[str | None, str | None]:
+        return os.environ.get("FIDELITY_INTERPRETER"), os.environ.get("FIDELITY_WRAPPER_PID")
+
+    @endpoint
+    def spawn_inner(self) -> tuple[str | None, str | None]:
+        inner = this_host().spawn_procs(per_host={"inner": 1})
+        try:
+            mark: tuple[str | None, str | None] = (
+                inner.spawn("inner", Interpreter).started_by.call_one().get(timeout=60)
+            )
+        finally:
+            inner.stop().get(timeout=60)
+        return mark
+
+
+def test_with_python_executable_starts_procs_with_that_interpreter(tmp_path: Path) -> None:
+    # A wrapper interpreter that leaves a mark in the environment of what it runs.
+    wrapper = tmp_path / "wrapped-python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'FIDELITY_INTERPRETER="$0" FIDELITY_WRAPPER_PID=$$ exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    hosts = this_host().with_python_executable(str(wrapper))
+    assert hosts.is_fake_in_process is False
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    plain = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        actors = procs.spawn("interp", Interpreter)
+        marks = list(actors.started_by.call().get(timeout=60).values())
+        assert [interpreter for interpreter, _ in marks] == [str(wrapper)] * 2
+        # A proc started with it starts its own procs with it too (the wrapper runs again).
+        inner, inner_pid = actors.slice(gpus=0).spawn_inner.call_one().get(timeout=90)
+        assert inner == str(wrapper)
+        assert inner_pid != marks[0][1]
+        other = plain.spawn("interp", Interpreter)
+        assert other.started_by.call_one().get(timeout=60) == (None, None)
+        assert other.spawn_inner.call_one().get(timeout=90) == (None, None)
+    finally:
+        procs.stop().get(timeout=60)
+        plain.stop().get(timeout=60)
+
+
+def test_with_python_executable_needs_a_path() -> None:
+    with pytest.raises(TypeError, match="python_executable must be a non-empty path"):
+        this_host().with_python_executable("")
+
+
+def test_host_mesh_flags_read_as_in_monarch() -> None:
+    assert this_host().is_fake_in_process is False
+    assert this_host().stream_logs is False
+
+
+def test_to_table_draws_the_mesh_as_monarch_does(make_procs: Callable[..., ProcMesh]) -> None:
+    procs = make_procs(3)
+    assert procs.to_table() == (
+        f"{'gpus':^34}\n"  # centred over the table, as tabulate's output is in Monarch
+        "+----------+----------+----------+\n"
+        "|        0 |        1 |        2 |\n"
+        "+==========+==========+==========+\n"
+        "| 0.gpu[0] | 0.gpu[1] | 0.gpu[2] |\n"
+        "+----------+----------+----------+"
+    )
+    with pytest.raises(ValueError, match="1 to 3 dimensions, not 0"):
+        this_proc().to_table()
+
+
+def test_proc_mesh_sync_workspace_says_to_use_the_host_mesh(procs4: ProcMesh) -> None:
+    with pytest.raises(NotImplementedError, match="not implemented for ProcMesh"):
+        asyncio.run(procs4.sync_workspace(None))
+    with pytest.raises(NotImplementedError, match=r"regency\.job\.sync_workspace"):
+        procs4.sync_workspace(None).get(timeout=5)

@@ -8,6 +8,7 @@ The sink prints through ``sys.stdout``/``sys.stderr`` at the moment each line ar
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -148,6 +149,16 @@ def test_not_streamed_lines_are_still_in_the_log_files(
     text = path.read_text()
     assert "out: quiet" in text
     assert "err: quiet" in text
+
+
+def test_logging_option_runs_under_asyncio_run_as_in_monarch(
+    forwarded: ProcMesh, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Monarch's logging_option is a coroutine: programs hand it to asyncio.run.
+    assert asyncio.run(forwarded.logging_option(stream_to_client=False)) is None
+    forwarded.spawn("t", Talker).both.call("unseen").get(timeout=30)
+    forwarded.stop().get(timeout=30)
+    assert "unseen" not in capsys.readouterr().out
 
 
 def test_logging_option_rejects_bad_values(forwarded: ProcMesh) -> None:

@@ -11,6 +11,7 @@ from regency._errors import RegencyError
 from regency._private_paths import UnsafePathError
 from regency._runtime.actors.actor_mesh import NotOwnedError
 from regency._runtime.actors.endpoint import NotAnEndpointError
+from regency._runtime.actors.errors import process_failed
 from regency._runtime.actors.mesh_trait import EmptySliceError
 from regency._runtime.kernel.errors import PeerLostError
 from regency._transport.address import AddressError
@@ -110,3 +111,18 @@ def test_job_backends_raise_job_errors_with_unchanged_texts(
         SlurmJob({"hosts": 1}).apply()
     with pytest.raises(RuntimeError, match="SSHJob needs an ssh client"):
         SSHJob(["h1"], ssh_exe="no-such-ssh").apply()
+
+
+@pytest.mark.parametrize(
+    ("reason", "monarch"),
+    [
+        ("exited with code 3", "exited with non-zero code 3"),
+        ("killed by signal SIGKILL (9)", "failed: Killed(sig=9)"),
+        # what the host agent adds after the status does not hide it
+        ("killed by signal SIGKILL (9); its output is in /tmp/p.log on h", "failed: Killed(sig=9)"),
+        ("exited with code 7; its output is in /tmp/p.log on h", "exited with non-zero code 7"),
+        ("host lost", "failed: host lost"),
+    ],
+)
+def test_a_procs_end_reads_in_monarchs_words(reason: str, monarch: str) -> None:
+    assert process_failed(reason) == monarch

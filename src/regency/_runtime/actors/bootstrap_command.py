@@ -56,6 +56,22 @@ def default_bootstrap_cmd() -> BootstrapCommand:
     return BootstrapCommand(sys.executable, None, ["-m", "regency._runtime.bootstrap"], {})
 
 
+# Set in the environment of a proc started by ``HostMesh.with_python_executable``: the
+# interpreter, which the procs it spawns through ``this_host()`` start with too.
+PYTHON_ENV = "REGENCY_PYTHON_EXECUTABLE"
+
+
+def python_bootstrap_cmd(python: str) -> BootstrapCommand:
+    """The default command run by the interpreter ``python``, which the proc passes on."""
+    command = default_bootstrap_cmd()
+    return dataclasses.replace(command, program=python, env={PYTHON_ENV: python})
+
+
+def inherited_python() -> str | None:
+    """The interpreter this proc was started with by ``with_python_executable``, if it was."""
+    return os.environ.get(PYTHON_ENV) or None
+
+
 @dataclass(frozen=True, slots=True)
 class ProcLaunch:
     """Per-proc start options from ``spawn_procs(proc_bind=..., bootstrap_command=...)``."""

@@ -65,6 +65,11 @@ def install_client(instance: InstanceBase) -> None:
     _client = instance
 
 
+def current_client() -> InstanceBase | None:
+    """The client instance, if the runtime was started (without starting it)."""
+    return _client
+
+
 def clear_client() -> None:
     """Forget the client instance (after shutdown)."""
     global _client

@@ -150,10 +150,12 @@ def _make(
     concurrent: bool,
 ) -> EndpointProperty[Any]:
     if isinstance(method, EndpointProperty):
-        raise ValueError(
-            f"{method.__name__} is already an endpoint: @concurrent_endpoint cannot be stacked "
-            "on @endpoint"
-        )
+        if concurrent:  # Monarch's words first, then which method
+            raise ValueError(
+                "concurrent_endpoint does not wrap @endpoint; pass endpoint options to "
+                f"@concurrent_endpoint ({method.__name__} is already an endpoint)"
+            )
+        raise ValueError(f"{method.__name__} is already an endpoint: @endpoint cannot be stacked")
     is_async = inspect.iscoroutinefunction(method)
     if concurrent and not is_async:
         raise ValueError(

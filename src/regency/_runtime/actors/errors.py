@@ -90,11 +90,14 @@ def stopped_text(actor: str, reason: str, detail: str = "") -> str:
 
 
 def process_failed(reason: str) -> str:
-    """How Monarch words a proc's end: "exited with non-zero code 3", "failed: Killed(sig=9)"."""
-    exited = re.fullmatch(r"exited with code (-?\d+)", reason)
+    """How Monarch words a proc's end: "exited with non-zero code 3", "failed: Killed(sig=9)".
+
+    Only the exit status is translated (what the host agent adds after it, such as where the
+    proc's output is, is left to the caller's detail, which quotes the whole reason)."""
+    exited = re.match(r"exited with code (-?\d+)\b", reason)
     if exited is not None:
         return f"exited with non-zero code {exited.group(1)}"
-    killed = re.fullmatch(r"killed by signal \w+ \((\d+)\)", reason)
+    killed = re.match(r"killed by signal \w+ \((\d+)\)", reason)
     if killed is not None:
         return f"failed: Killed(sig={killed.group(1)})"
     return f"failed: {reason}"

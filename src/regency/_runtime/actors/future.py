@@ -152,3 +152,57 @@ class Future(Generic[R]):
     def __repr__(self) -> str:
         state = "done" if self._pending.done else "pending"
         return f"<regency Future {state}>"
+
+
+class CoroutineFuture(Future[R]):
+    """A :class:`Future` that is also a coroutine, for the methods Monarch declares ``async``.
+
+    Monarch's ``ProcMesh.logging_option`` (and its siblings) return a coroutine, so a Monarch
+    program passes the result to ``asyncio.run`` or awaits it; a regency program may call
+    ``get()`` on it. This object serves all three: the work starts when the method is called
+    (as every regency operation does), ``get()`` blocks for it, ``await`` suspends for it and
+    ``asyncio.run`` accepts it (it has a coroutine's ``send``/``throw``/``close``). It can be
+    driven as a coroutine once, like any coroutine.
+    """
+
+    __slots__ = ("_driver",)
+    _driver: Generator[Any, None, R] | None
+
+    @classmethod
+    def _from_pending(
+        cls, pending: Pending, transform: Callable[[Any], Any] | None = None
+    ) -> CoroutineFuture[Any]:
+        fut = super()._from_pending(pending, transform)
+        assert isinstance(fut, CoroutineFuture)
+        fut._driver = None
+        return fut
+
+    @classmethod
+    def _resolved(cls, value: Any) -> CoroutineFuture[Any]:
+        fut = super()._resolved(value)
+        assert isinstance(fut, CoroutineFuture)
+        return fut
+
+    @classmethod
+    def _failed(cls, error: BaseException) -> CoroutineFuture[Any]:
+        fut = super()._failed(error)
+        assert isinstance(fut, CoroutineFuture)
+        return fut
+
+    def _drive(self) -> Generator[Any, None, R]:
+        if self._driver is None:
+            self._driver = self.__await__()
+        return self._driver
+
+    def send(self, value: Any) -> Any:
+        """Drive the coroutine one step (what an event loop's task does)."""
+        return self._drive().send(value)
+
+    def throw(self, *exc: Any) -> Any:
+        """Raise ``exc`` where the coroutine waits (a task's cancellation)."""
+        return self._drive().throw(*exc)
+
+    def close(self) -> None:
+        """Close the coroutine; the work it stands for goes on."""
+        if self._driver is not None:
+            self._driver.close()

@@ -17,7 +17,12 @@ from typing import Any, TypeVar
 from regency import _plugins, config
 from regency._runtime.actors import context, tracing
 from regency._runtime.actors.actor_mesh import ActorMesh, NotOwnedError, spawn_actor_mesh
-from regency._runtime.actors.bootstrap_command import BootstrapCommand, launches_for
+from regency._runtime.actors.bootstrap_command import (
+    BootstrapCommand,
+    inherited_python,
+    launches_for,
+    python_bootstrap_cmd,
+)
 from regency._runtime.actors.control import PingProc, ProcInfo
 from regency._runtime.actors.endpoint_def import (
     Actor,
@@ -25,13 +30,14 @@ from regency._runtime.actors.endpoint_def import (
     endpoints_of,
 )
 from regency._runtime.actors.errors import ActorError
-from regency._runtime.actors.future import Future
+from regency._runtime.actors.future import CoroutineFuture, Future
 from regency._runtime.actors.identity import (
     InstanceBase,
     set_this_proc_mesh,
 )
 from regency._runtime.actors.log_sink import LogSink, flushed_after, set_logging_option
 from regency._runtime.actors.mesh_supervisor import MeshSupervisor
+from regency._runtime.actors.mesh_table import mesh_table
 from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
 from regency._runtime.actors.proc_control import (
     ProcRecipe,
@@ -124,14 +130,41 @@ class HostMesh(MeshTrait):
         hosts: Sequence[HostInfo],
         owned: bool = False,
         lease: WorkerLease | None = None,
+        python: str | None = None,
     ) -> None:
         self._shape = shape
         self._hosts = list(hosts)
         self._owned = owned
         self._lease = lease  # None: hosts this mesh cannot shut down (this_host(), references)
+        self._python = python  # the interpreter procs start with (None: the default command)
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(shape, self._hosts, lease=self._lease)
+        return HostMesh(shape, self._hosts, lease=self._lease, python=self._python)
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Whether the hosts are simulated inside this process: never in regency (nor in any
+        host mesh Monarch's public API makes)."""
+        return False
+
+    @property
+    def stream_logs(self) -> bool:
+        """Monarch's flag for streaming the procs' output to the client from the start: off,
+        as in Monarch; ``ProcMesh.logging_option`` decides (observability.md)."""
+        return False
+
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """This mesh, whose ``spawn_procs`` start procs with ``python_executable`` (a path on
+        the hosts) running ``-m regency._runtime.bootstrap``; regency must be importable by it.
+        Those procs start theirs (``this_host().spawn_procs(...)``) with it too. A
+        ``bootstrap_command`` given to ``spawn_procs`` still replaces the whole command."""
+        if not isinstance(python_executable, str) or not python_executable:
+            raise TypeError(
+                f"python_executable must be a non-empty path, got {python_executable!r}"
+            )
+        return HostMesh(
+            self._shape, self._hosts, self._owned, self._lease, python=python_executable
+        )
 
     def _agents(self) -> set[str]:
         return {self._hosts[b].agent for b in self._shape.ranks()}
@@ -237,6 +270,8 @@ class HostMesh(MeshTrait):
         for size in per_host.values():
             per *= size
         config._check_procs_per_host(per, f"spawn_procs(per_host={per_host!r})")
+        if bootstrap_command is None and self._python is not None:
+            bootstrap_command = python_bootstrap_cmd(self._python)
         launches = launches_for(shape, per, proc_bind, bootstrap_command)
         procs: list[ProcInfo] = []
         by_agent: dict[str, list[ProcInfo]] = {}
@@ -266,7 +301,7 @@ class HostMesh(MeshTrait):
         return mesh
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (HostMesh, (self._shape, self._hosts))
+        return (HostMesh, (self._shape, self._hosts, False, None, self._python))
 
     def __repr__(self) -> str:
         return f"HostMesh({self._shape})"
@@ -395,16 +430,43 @@ class ProcMesh(ProcMeshBase):
         stream_to_client: bool = False,
         aggregate_window_sec: float | None = None,
         level: int = logging.INFO,
-    ) -> Future[None]:
+    ) -> CoroutineFuture[None]:
         """How this mesh's forwarded output is shown (Monarch's signature and defaults):
         printed here (``stream_to_client``), gathered for ``aggregate_window_sec`` seconds into
         ``[N similar log lines]`` groups (``None``: every line at once), and the procs' root
         logger level. Output is forwarded from procs on other hosts, and from this machine's
-        too with ``configure(enable_log_forwarding=True)`` before the mesh is spawned."""
+        too with ``configure(enable_log_forwarding=True)`` before the mesh is spawned.
+
+        The options apply when this is called; the result can be awaited, passed to
+        ``asyncio.run`` (Monarch's method is a coroutine) or read with ``get()``."""
         set_logging_option(
             self._log_sink, self._addrs(), stream_to_client, aggregate_window_sec, level
         )
-        return Future._resolved(None)
+        return CoroutineFuture._resolved(None)
+
+    def to_table(self) -> str:
+        """The mesh drawn as a table, as Monarch draws it (1 to 3 dimensions): each cell is
+        ``<host>.gpu[<proc on that host>]``, hosts numbered in the order the mesh has them."""
+        hosts: dict[str, int] = {}
+        for info in self._procs:
+            hosts.setdefault(info.agent, len(hosts))
+        cells = []
+        for base in self._shape.ranks():
+            info = self._procs[base]
+            cells.append(f"{hosts[info.agent]}.gpu[{info.local_rank}]")
+        return mesh_table(self._shape.labels, self._shape.ndslice.sizes, cells)
+
+    def sync_workspace(
+        self, workspace: Any, conda: bool = False, auto_reload: bool = False
+    ) -> CoroutineFuture[None]:
+        """Not for a proc mesh, as in Monarch: awaiting it (or ``get()``) raises
+        ``NotImplementedError``; ship code to hosts with ``regency.job.sync_workspace``."""
+        return CoroutineFuture._failed(
+            NotImplementedError(
+                "sync_workspace is not implemented for ProcMesh. Use HostMesh.sync_workspace "
+                "instead (in regency: regency.job.sync_workspace(host_mesh, local_dir))"
+            )
+        )
 
     # The tensor engine supplies these (see ``_tensor_api``).
     def activate(self) -> contextlib.AbstractContextManager[ProcMesh]:
@@ -475,7 +537,8 @@ set_this_proc_mesh(this_proc_mesh)
 def this_host_mesh() -> HostMesh:
     """The host the calling process runs on, as a 0-dimensional mesh (as in Monarch)."""
     state.runtime()
-    return HostMesh(Shape.unity(), [HostInfo(state.host_agent_address())], owned=True)
+    hosts = [HostInfo(state.host_agent_address())]
+    return HostMesh(Shape.unity(), hosts, owned=True, python=inherited_python())
 
 
 def current_context() -> context.Context:

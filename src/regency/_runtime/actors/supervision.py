@@ -103,11 +103,14 @@ class MeshFailure:
 
     def report(self) -> str:
         """A human-readable account: Monarch's "The actor ... and all its descendants have
-        failed:" with the reason, then which ranks, and the chain down to the root cause."""
+        failed:" naming the actor where the failure started (as Monarch does for a failure
+        several owners down) with its reason, then which ranks, and the chain from this mesh's
+        actor down to that root cause."""
         head = f"mesh {self.mesh_name!r} failed at ranks {self.crashed_ranks}"
         if self.restarting:
             head += " (restarting under its restart policy)"
-        text = f"{failed_text(self.event.actor, self.event.reason)}\n{head}"
+        root = self.event.root_cause()
+        text = f"{failed_text(root.actor, root.reason)}\n{head}"
         if self.event.cause is not None:
             text += f":\n{self.event.chain_text()}"
         return text

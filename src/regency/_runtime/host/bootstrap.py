@@ -86,7 +86,7 @@ def serve(settings: dict[str, Any]) -> None:
 
     tls.install(settings.get("tls"))
 
-    from regency._runtime.actors import breakpoints, context, tracing
+    from regency._runtime.actors import breakpoints, context, log_records, tracing
     from regency._runtime.actors.instance import ClientInstance
     from regency._runtime.actors.proc_agent import ProcAgent
     from regency._runtime.kernel import state, wire
@@ -105,6 +105,7 @@ def serve(settings: dict[str, Any]) -> None:
     )
     runtime.gateway_ips = list(settings.get("gateway_ips") or ())
     context.install_client(ClientInstance(runtime, is_root=False))
+    log_records.prefix_records_with_actor()
     breakpoints.install()
     state.install(runtime, settings["agent"], settings["root"])
     tracing.follow_config()

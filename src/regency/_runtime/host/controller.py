@@ -12,7 +12,7 @@ import os
 import sys
 
 from regency import config
-from regency._runtime.actors import context, supervision, tracing
+from regency._runtime.actors import context, log_records, supervision, tracing
 from regency._runtime.actors.control import WarmZygote
 from regency._runtime.actors.instance import ClientInstance
 from regency._runtime.actors.proc_agent import ProcAgent
@@ -33,6 +33,7 @@ def bootstrap_controller() -> None:
     secret = os.urandom(32)
     runtime = ProcRuntime(f"unix:@regency-{job_id}-controller", secret, job_id)
     context.install_client(ClientInstance(runtime, is_root=True))
+    log_records.prefix_records_with_actor()
     state.install(runtime, runtime.address, runtime.address)
     _proc_agent = ProcAgent(runtime)
     _host_agent = HostAgent(
