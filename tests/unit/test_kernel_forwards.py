@@ -17,6 +17,7 @@ import pytest
 
 from regency import config
 from regency._runtime.kernel import casting, wire
+from regency._runtime.kernel.forwards import ACK_DELAY
 from regency._runtime.kernel.loopback import Loopback
 from regency._runtime.kernel.router import FrameRouter
 
@@ -49,8 +50,8 @@ def _cast(root: FrameRouter, addrs: list[str], seq: int, value: Any, fanout: int
 
 
 def _settle(net: Loopback) -> None:
-    """Deliver everything, acknowledgements included (they leave on the timers' next turn)."""
-    while net.pump() or net.timers.advance():
+    """Deliver everything, acknowledgements included (they wait ``ACK_DELAY`` to leave)."""
+    while net.pump() or net.timers.advance(ACK_DELAY):
         pass
 
 
@@ -112,7 +113,7 @@ def test_a_head_and_its_own_head_dying_together_leave_no_gap() -> None:
     assert _kept([root, *(procs[a] for a in live)]) == 0
 
 
-def test_acknowledgements_are_cumulative_and_leave_once_per_burst() -> None:
+def test_acknowledgements_are_cumulative_and_leave_together() -> None:
     net, root, addrs, procs = _mesh(8)
     got = _actors(procs)
     with config.configured(cast_fanout=2):
@@ -123,7 +124,7 @@ def test_acknowledgements_are_cumulative_and_leave_once_per_burst() -> None:
         _settle(net)
     assert _kept([root, *procs.values()]) == 0
     acks_to_root = [s for s in net.sent if s.dst == "unix:@root" and s.frame.kind == wire.KIND_PORT]
-    assert len(acks_to_root) == 2  # one per head for the whole burst
+    assert len(acks_to_root) == 2  # one per head for all ten casts
     assert all(got[a] == list(range(1, 11)) for a in addrs)
 
 
@@ -152,7 +153,7 @@ def test_heads_killed_at_random_points_of_a_broadcast_stream(seed: int) -> None:
                 dead.add(victim)
                 net.kill(victim, "killed")
             if rng.random() < 0.5:
-                net.timers.advance()
+                net.timers.advance(ACK_DELAY)
         _settle(net)
     for addr in addrs:
         if addr not in dead:

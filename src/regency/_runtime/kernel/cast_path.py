@@ -89,7 +89,7 @@ class CastPath:
         """
         lost: list[str] = []
         here: list[casting.Group] = []
-        cast = self._keeping(groups, mesh_id, sender, parts, upstream)
+        cast, acks = self._keeping(groups, mesh_id, sender, parts, upstream)
         todo = list(groups)
         while todo:
             posts: list[tuple[str, list[Part], int]] = []
@@ -99,8 +99,9 @@ class CastPath:
                 if group.head.addr == self._router.address:
                     here.append(group)
                     continue
-                ack = None
-                if cast is not None and (group.rest or upstream is not None):
+                ack = acks.pop(group.head.addr, None)
+                if ack is None and cast is not None and (group.rest or upstream is not None):
+                    # A group formed around a lost head.
                     ack = self.forwards.keep(cast, group.head.addr, group.rest)
                 try:
                     frame = self._frame_to_head(
@@ -140,15 +141,22 @@ class CastPath:
         sender: int,
         parts: list[Part],
         upstream: Ack | None,
-    ) -> Cast | None:
-        """The record that keeps this message until the nodes passing it on acknowledge it,
-        or None when no frame needs one (a sender's cast to leaves only)."""
+    ) -> tuple[Cast | None, dict[str, Ack]]:
+        """The record that keeps this message until the nodes passing it on acknowledge it, and
+        the acknowledgement each such node's frame asks for, by its address (no record when no
+        frame needs one: a sender's cast to leaves only)."""
+        here = self._router.address
+        children = [
+            (group.head.addr, group.rest)
+            for group in groups
+            if group.head.addr != here and (group.rest or upstream is not None)
+        ]
+        if not children and upstream is None:
+            return None, {}
         if upstream is None:
-            if not any(group.rest for group in groups):
-                return None
             # The sender's buffers may change once the send returns: keep copies.
             parts = own_copies(parts)
-        return self.forwards.begin(mesh_id, sender, parts, upstream)
+        return self.forwards.begin(mesh_id, sender, parts, upstream, children)
 
     def _frame_to_head(
         self,
@@ -209,13 +217,11 @@ class CastPath:
     ) -> None:
         """A cast for this process's actor of mesh ``mesh_id``: forward it down the subtree
         its routing part lists, then deliver it here."""
-        rest, reply, gather, wire_ack = pickle.loads(routing_part)
-        ack = None if wire_ack is None else Ack(PortRef(wire_ack[0], wire_ack[1]), wire_ack[2])
+        rest, reply, gather, ack = pickle.loads(routing_part)
         # Most procs are leaves of the tree (``rest`` empty): they need not read the fan-out.
         groups = casting.plan(rest, casting.fanout()) if rest else []
         if ack is not None and not groups:
-            # A leaf below a node that passed the cast on: it has the message.
-            self.forwards.sent(self.forwards.begin(mesh_id, sender, [], ack))
+            self.forwards.arrived(ack)  # a leaf below a node that passed the cast on
         local_reply = reply
         if gather and groups:
             heads = [g.head.addr for g in groups]
@@ -236,11 +242,9 @@ def _routing(group: casting.Group, reply: PortRef | None, gather: bool, ack: Ack
     """The routing part of a cast frame to ``group``'s head: the rest of its subtree, where
     replies go, whether they are gathered on the way (a leaf gathers nothing), and where the
     head acknowledges the frame (None: it need not)."""
-    # The acknowledgement as plain values: a class reference would take more bytes.
-    wire_ack = (ack.port.addr, ack.port.port, ack.token) if ack is not None else None
     if not group.rest:
-        return pickle.dumps(((), reply, False, wire_ack), protocol=5)
-    return pickle.dumps((group.rest, reply, gather, wire_ack), protocol=5)
+        return pickle.dumps(((), reply, False, ack), protocol=5)
+    return pickle.dumps((group.rest, reply, gather, ack), protocol=5)
 
 
 def _without_head(group: casting.Group) -> list[casting.Group]:

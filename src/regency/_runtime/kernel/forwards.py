@@ -17,8 +17,9 @@ message: a head that dies after acknowledging left nothing undelivered behind it
 and one of its own heads die together, the process above them sends to the whole subtree.
 
 Acknowledgements are cumulative per parent (a node acknowledges its parent's frames in the
-order they came) and leave once per burst of frames, as a small port message to the parent's
-:class:`Forwards` port. Casts to at most ``cast_fanout`` destinations (no subtree heads) keep
+order they came) and leave at most once per :data:`ACK_DELAY` for each parent, as a small port
+message to the parent's :class:`Forwards` port: a stream of casts costs a few acknowledgements a
+second, not one per cast. Casts to at most ``cast_fanout`` destinations (no subtree heads) keep
 nothing and cost nothing.
 """
 
@@ -31,7 +32,7 @@ import pickle
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from regency._runtime.kernel import casting
 from regency._runtime.kernel.errors import PeerLostError
@@ -43,12 +44,14 @@ from regency._transport import frames
 
 log = logging.getLogger("regency.proc")
 
+# How long acknowledgements wait to be sent together. Only what a sender keeps depends on it (a
+# stream's last few milliseconds of messages), never when anything is delivered.
+ACK_DELAY = 0.01
 
-class Ack(NamedTuple):
-    """Where a node acknowledges a cast frame: its parent's port, and the frame's token."""
 
-    port: PortRef
-    token: int
+# Where a node acknowledges a cast frame: its parent's address and port, and the frame's token.
+# A plain tuple, as it travels in the frame's routing part (a class would cost bytes and time).
+Ack = tuple[str, int, int]
 
 
 class ForwardHost(Protocol):
@@ -91,12 +94,8 @@ class Cast:
         self.done = False
 
 
-class _Kept(NamedTuple):
-    """A frame sent to a child and not acknowledged yet."""
-
-    child: str
-    cast: Cast
-    rest: tuple[casting.Dest, ...]
+# A frame sent to a child and not acknowledged yet: the child, the cast, the rest of its subtree.
+_Kept = tuple[str, Cast, tuple[casting.Dest, ...]]
 
 
 class Forwards:
@@ -108,15 +107,16 @@ class Forwards:
         self._losses = losses
         self._timers = timers
         self._lock = threading.Lock()
-        self._port: PortRef | None = None
+        self._port = -1  # opened on first use
         self._tokens = itertools.count(1)
         self._kept: dict[int, _Kept] = {}
         self._by_child: dict[str, deque[int]] = {}
         # The children that owe acknowledgements: Losses tells this port of their loss.
         self.watching: set[str] = set()
-        # Casts from each parent in the order they came; acknowledged from the front.
-        self._from_parent: dict[PortRef, deque[tuple[int, Cast]]] = {}
-        self._acks_due: dict[PortRef, int] = {}
+        # Casts from each parent (by address) in the order they came; acknowledged from the
+        # front. Each process acknowledges to one port (its parent's Forwards).
+        self._from_parent: dict[str, deque[tuple[int, Cast]]] = {}
+        self._acks_due: dict[str, tuple[int, int]] = {}  # parent -> (its port, last token)
 
     def kept(self) -> int:
         """How many frames wait for an acknowledgement (for tests and statistics)."""
@@ -124,46 +124,82 @@ class Forwards:
 
     # -- sending -------------------------------------------------------------------------------
 
-    def begin(self, mesh_id: int, sender: int, parts: list[Part], upstream: Ack | None) -> Cast:
-        """A cast this process is about to send frames of (``upstream``: where it came from)."""
+    def begin(
+        self,
+        mesh_id: int,
+        sender: int,
+        parts: list[Part],
+        upstream: Ack | None,
+        children: Sequence[tuple[str, tuple[casting.Dest, ...]]],
+    ) -> tuple[Cast, dict[str, Ack]]:
+        """A cast this process is about to send frames of (``upstream``: where it came from),
+        kept until each of ``children`` (a child's address, the rest of its subtree) answers;
+        the acknowledgement each child's frame asks for."""
         cast = Cast(mesh_id, sender, parts, upstream)
-        if upstream is not None:
-            with self._lock:
-                queue = self._from_parent.get(upstream.port)
+        port = self._port
+        if port < 0:
+            port = self._port = self._router.open_port(self).port
+        address = self._router.address
+        acks: dict[str, Ack] = {}
+        with self._lock:
+            if upstream is not None:
+                queue = self._from_parent.get(upstream[0])
                 if queue is None:
-                    queue = self._from_parent[upstream.port] = deque()
-                queue.append((upstream.token, cast))
-        return cast
+                    queue = self._from_parent[upstream[0]] = deque()
+                queue.append((upstream[2], cast))
+            for child, rest in children:
+                acks[child] = (address, port, self._keep_locked(cast, child, rest))
+        return cast, acks
+
+    def arrived(self, upstream: Ack) -> None:
+        """A leaf has the cast frame of ``upstream``: it owes its parent only the
+        acknowledgement, which may go at once unless an earlier cast from the parent is still
+        being passed on (acknowledgements keep the order the parent sent in)."""
+        parent, port, token = upstream
+        with self._lock:
+            queue = self._from_parent.get(parent)
+            if queue:
+                done = Cast(0, 0, [], upstream)
+                done.owed, done.done = 0, True
+                queue.append((token, done))
+                return
+            schedule = not self._acks_due
+            self._acks_due[parent] = (port, token)
+        if schedule:
+            self._timers.call_later(ACK_DELAY, self._send_acks)
 
     def keep(self, cast: Cast, child: str, rest: tuple[casting.Dest, ...]) -> Ack:
-        """Keep ``cast`` until ``child`` (sent a frame of it, to pass on to ``rest``) answers;
-        the acknowledgement the frame asks for."""
-        if self._port is None:
-            self._port = self._router.open_port(self)
+        """Keep ``cast`` (begun already) until one more ``child`` answers as well."""
         with self._lock:
-            token = next(self._tokens)
-            self._kept[token] = _Kept(child, cast, rest)
-            waiting = self._by_child.get(child)
-            if waiting is None:
-                waiting = self._by_child[child] = deque()
-                self.watching.add(child)
-            waiting.append(token)
-            cast.owed += 1
-        return Ack(self._port, token)
+            token = self._keep_locked(cast, child, rest)
+        return (self._router.address, self._port, token)
+
+    def _keep_locked(self, cast: Cast, child: str, rest: tuple[casting.Dest, ...]) -> int:
+        token = next(self._tokens)
+        self._kept[token] = (child, cast, rest)
+        waiting = self._by_child.get(child)
+        if waiting is None:
+            waiting = self._by_child[child] = deque()
+            self.watching.add(child)
+        waiting.append(token)
+        cast.owed += 1
+        return token
 
     def unkeep(self, ack: Ack) -> None:
         """The frame of ``ack`` never left (its child was found lost): forget it."""
+        token = ack[2]
         with self._lock:
-            kept = self._kept.pop(ack.token, None)
+            kept = self._kept.pop(token, None)
             if kept is None:
                 return
-            waiting = self._by_child.get(kept.child)
+            child, cast, _ = kept
+            waiting = self._by_child.get(child)
             if waiting is not None:
-                waiting.remove(ack.token)
+                waiting.remove(token)
                 if not waiting:
-                    del self._by_child[kept.child]
-                    self.watching.discard(kept.child)
-            finished = self._settle(kept.cast)
+                    del self._by_child[child]
+                    self.watching.discard(child)
+            finished = self._settle(cast)
         self._finish(finished)
 
     def sent(self, cast: Cast) -> None:
@@ -197,13 +233,13 @@ class Forwards:
             kept = self._kept.get(token)
             if kept is None:
                 return  # already settled (its child was lost, or a repeat)
-            waiting = self._by_child[kept.child]
+            child = kept[0]
+            waiting = self._by_child[child]
             while waiting and waiting[0] <= token:
-                settled = self._kept.pop(waiting.popleft())
-                finished.extend(self._settle(settled.cast))
+                finished.extend(self._settle(self._kept.pop(waiting.popleft())[1]))
             if not waiting:
-                del self._by_child[kept.child]
-                self.watching.discard(kept.child)
+                del self._by_child[child]
+                self.watching.discard(child)
         self._finish(finished)
 
     def peer_lost(self, addr: str, reason: str) -> None:
@@ -214,20 +250,19 @@ class Forwards:
             self.watching.discard(addr)
             lost = [self._kept.pop(token) for token in waiting or ()]
         finished: list[Cast] = []
-        for kept in lost:
-            if kept.rest:
-                self._resend(kept, reason)
+        for child, cast, rest in lost:
+            if rest:
+                self._resend(child, cast, rest, reason)
             with self._lock:
-                finished.extend(self._settle(kept.cast))
+                finished.extend(self._settle(cast))
         self._finish(finished)
 
-    def _resend(self, kept: _Kept, reason: str) -> None:
-        cast = kept.cast
-        targets = [(dest.addr, dest.seq, dest.rank) for dest in kept.rest]
+    def _resend(self, child: str, cast: Cast, rest: tuple[casting.Dest, ...], reason: str) -> None:
+        targets = [(dest.addr, dest.seq, dest.rank) for dest in rest]
         log.info(
             "cast head %s was lost (%s) before its subtree acknowledged: sending to its %d "
             "destinations directly",
-            kept.child,
+            child,
             reason,
             len(targets),
         )
@@ -260,23 +295,25 @@ class Forwards:
                 upstream = cast.upstream
                 if upstream is None:
                     continue
-                queue = self._from_parent.get(upstream.port)
+                parent = upstream[0]
+                queue = self._from_parent.get(parent)
                 last = None
                 while queue and queue[0][1].done:
                     last = queue.popleft()[0]
                 if queue is not None and not queue:
-                    del self._from_parent[upstream.port]
+                    del self._from_parent[parent]
                 if last is not None:
                     schedule = schedule or not self._acks_due
-                    self._acks_due[upstream.port] = last
+                    self._acks_due[parent] = (upstream[1], last)
         if schedule:
-            # Once per burst: the frames read together are acknowledged together.
-            self._timers.call_soon(self._send_acks)
+            self._timers.call_later(ACK_DELAY, self._send_acks)
 
     def _send_acks(self) -> None:
         with self._lock:
             due, self._acks_due = self._acks_due, {}
-        for port, token in due.items():
+        for parent, (port, token) in due.items():
             # A parent that is gone no longer needs to hear: what it kept no longer matters.
             with contextlib.suppress(PeerLostError):
-                self._router.send_port(port, 0, 0, [pickle.dumps(token, protocol=5)])
+                self._router.send_port(
+                    PortRef(parent, port), 0, 0, [pickle.dumps(token, protocol=5)]
+                )
