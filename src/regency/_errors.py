@@ -34,7 +34,24 @@ first)::
           ├── AddressError          +ValueError     an address regency cannot listen on or dial
           ├── TLSSetupError         +ValueError     unusable TLS material
           ├── FrameTooLargeError    +ValueError     internal: a frame over the size limit
-          └── FrameError                            internal: bytes that are not a frame
+          ├── FrameError                            internal: bytes that are not a frame
+          ├── RemoteException                       tensor engine: a command failed on a worker
+          ├── DataDependentError    +RuntimeError   tensor engine: a value only workers know
+          ├── ScriptExit                            spmd: a script exited with a failure status
+          ├── AdminError                            the admin API refused or failed a request
+          ├── RankSpecError         +ValueError     debugger: a rank selection it cannot read
+          ├── WireError             +ConnectionError   debugger: a bad frame on its socket
+          ├── CmaDeniedError        +PermissionError   internal (rdma): cross-memory attach refused
+          ├── CmaProcessGoneError   +ProcessLookupError  internal (rdma): the peer process is gone
+          ├── CmaBadAddressError    +OSError        internal (rdma): a remote range not mapped
+          ├── CudaIpcUnavailableError +RuntimeError internal (rdma): no CUDA IPC here
+          ├── IbvUnavailableError   +RuntimeError   internal (rdma): ibverbs cannot be used
+          ├── IbvCompletionError    +OSError        internal (rdma): a work completion failed
+          └── RemoteRefusedError                    internal (rdma): the owner refused a request
+
+A few private control-flow errors (the CLI's usage errors, the config parser's, the tensor
+engine's poisoned input) join it too: ``tests/unit/test_errors.py`` imports every module and
+fails on any exception class outside this tree.
 
 Where they live: :mod:`regency.actor` (``ActorError``, ``SupervisionError``), :mod:`regency.job`
 (``JobError``, ``AttachError``), :mod:`regency.rdma` (the ``RDMA*`` family),

@@ -80,6 +80,7 @@ from regency._config_keys import (
     ChannelTransport,
     Encoding,
 )
+from regency._errors import RegencyError
 from regency._transport import tls
 
 _DEFAULTS: dict[str, Any] = {
@@ -137,7 +138,7 @@ _change_numbers = itertools.count(1)  # next() on it is atomic: concurrent chang
 _changes = 0  # the number of the latest change to _runtime
 
 
-class _BadValueError(Exception):
+class _BadValueError(RegencyError):
     """Why a value does not fit its key (becomes the ``TypeError``'s explanation)."""
 
 

@@ -1,8 +1,11 @@
-"""One error tree (issue 16): every regency error is a RegencyError and keeps its old bases."""
+"""One error tree: every regency error is a RegencyError and keeps its old bases."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import pickle
+import pkgutil
 
 import pytest
 
@@ -61,6 +64,58 @@ OLD_BASES: list[tuple[type[BaseException], tuple[type[BaseException], ...]]] = [
     (FrameTooLargeError, (ValueError,)),
     (FrameError, (Exception,)),
 ]
+
+# Errors whose bases were plain built-ins before they joined the tree (by dotted name: some live
+# in modules that need optional packages only to be used, not to be imported).
+JOINED_LATER: dict[str, tuple[type[BaseException], ...]] = {
+    "regency._tensor.errors.RemoteException": (Exception,),
+    "regency._tensor.errors.DataDependentError": (RuntimeError,),
+    "regency.observe.admin_client.AdminError": (Exception,),
+    "regency.observe.debug_ranks.RankSpecError": (ValueError,),
+    "regency.observe.debug_wire.WireError": (ConnectionError,),
+    "regency.rdma._backends.cma.CmaDeniedError": (PermissionError,),
+    "regency.rdma._backends.cma.CmaProcessGoneError": (ProcessLookupError,),
+    "regency.rdma._backends.cma.CmaBadAddressError": (OSError,),
+    "regency.rdma._backends.cuda.CudaIpcUnavailableError": (RuntimeError,),
+    "regency.rdma._ibverbs.load.IbvUnavailableError": (RuntimeError,),
+    "regency.rdma._ibverbs.status.IbvCompletionError": (OSError,),
+    "regency.spmd._script.ScriptExit": (Exception,),
+}
+
+
+def _every_exception_class_regency_defines() -> dict[str, type[BaseException]]:
+    """Import every module of the package; its exception classes by the name users see."""
+    found: dict[str, type[BaseException]] = {}
+    for info in pkgutil.walk_packages(regency.__path__, "regency."):
+        if info.name.endswith("__main__"):  # runs the CLI when imported
+            continue
+        for value in vars(importlib.import_module(info.name)).values():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and not issubclass(value, Warning)
+                and value.__module__.startswith("regency")
+            ):
+                found[f"{value.__module__}.{value.__qualname__}"] = value
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_a_sweep_of_every_module_finds_no_error_outside_the_tree() -> None:
+    classes = _every_exception_class_regency_defines()
+    assert len(classes) > 40  # the sweep really walked the package
+    assert sorted(name for name, cls in classes.items() if not issubclass(cls, RegencyError)) == []
+
+
+@pytest.mark.parametrize(("dotted", "bases"), sorted(JOINED_LATER.items()))
+def test_errors_that_joined_the_tree_later_keep_their_old_bases(
+    dotted: str, bases: tuple[type[BaseException], ...]
+) -> None:
+    module, _, name = dotted.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    assert issubclass(cls, RegencyError)
+    for base in bases:
+        assert issubclass(cls, base)
 
 
 @pytest.mark.parametrize(("cls", "bases"), OLD_BASES, ids=lambda v: getattr(v, "__name__", ""))

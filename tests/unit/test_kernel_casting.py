@@ -135,9 +135,13 @@ def test_routing_bound_holds_for_the_largest_subtree_at_the_largest_numbers(n: i
     # Sequence numbers, ranks and the reply port at their largest take the most bytes.
     dests = [casting.Dest(a, 2**64 - 1, 2**32 - 1) for a in addrs]
     reply = PortRef("unix:@regency-0123456789abcdef-controller-0123456789ab", 2**64 - 1)
-    bound = casting.routing_bound(addrs) + len(reply.addr.encode())
+    sender = "tcp://controller-0123456789.cluster.example.com:65535"
+    bound = casting.routing_bound(addrs, sender) + len(reply.addr.encode())
     for fanout in (1, 2, 16):
         for group in casting.plan(dests, fanout):
-            # As CastPath._send_subtree pickles it.
-            routing = pickle.dumps((group.rest, reply, True), protocol=5)
-            assert len(routing) <= bound
+            # As cast_path._routing pickles it, asking for an acknowledgement at the largest
+            # port and token, from the sender or from the longest address passing it on.
+            for acker in (sender, max(addrs, key=len)):
+                ack = (acker, 2**64 - 1, 2**64 - 1)
+                routing = pickle.dumps((group.rest, reply, True, ack), protocol=5)
+                assert len(routing) <= bound

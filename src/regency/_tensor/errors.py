@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from regency._errors import RegencyError
 
-class RemoteException(Exception):  # noqa: N818 - Monarch's name
+
+class RemoteException(RegencyError):  # noqa: N818 - Monarch's name
     """A command failed on a worker: its text has the controller call site that issued it,
     the worker's traceback and the rank. Raised by a fetch of the failed value (or of anything
     computed from it) and, for errors nobody fetched, when ``activate()`` exits."""
@@ -42,7 +44,7 @@ def remote_text(failure: Failure, site: str) -> str:
     )
 
 
-class DataDependentError(RuntimeError):
+class DataDependentError(RegencyError, RuntimeError):
     """A value was needed on the controller that only the workers know."""
 
 

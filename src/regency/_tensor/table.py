@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from regency._errors import RegencyError
 from regency._tensor.commands import GroupRef, Ref
 
 
@@ -30,7 +31,7 @@ IDENTITY: dict[str, int] = {}
 """``rank``: this process's world rank (set by its tensor worker)."""
 
 
-class PoisonedInputError(Exception):
+class PoisonedInputError(RegencyError):
     """An argument of a command is poisoned; its outputs inherit the first poison."""
 
     def __init__(self, poison: Poisoned) -> None:

@@ -13,7 +13,7 @@ import contextvars
 import functools
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from regency import config
 from regency._config_keys import ChannelTransport
@@ -188,17 +188,16 @@ def returns_future(
     return wrapper
 
 
-def _later(what: str, issue: str) -> NoReturn:
-    raise NotImplementedError(f"{what} is not implemented in regency yet ({issue})")
-
-
 def attach(addr: str) -> None:
     """Monarch's client bootstrap through a remote gateway: not implemented in regency.
 
     Regency's workers reach the controller directly, through the TCP gateway it opens when it
     attaches them, so a controller must be reachable from its hosts.
     """
-    _later(f"attach({addr!r}): a client reached only through a remote gateway", "issue 18")
+    raise NotImplementedError(
+        f"attach({addr!r}): a client reached only through a remote gateway is not implemented "
+        "in regency"
+    )
 
 
 def debug_controller() -> Any:

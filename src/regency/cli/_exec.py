@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from regency._errors import RegencyError
 from regency.job._trait import DEFAULT_JOB_PATH
 
 _NO_JOB = 2  # exit status when there is no usable job
@@ -67,7 +68,7 @@ def _add_job_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class UsageError(Exception):
+class UsageError(RegencyError):
     """A problem with the command line or the cached job, reported without a traceback."""
 
 

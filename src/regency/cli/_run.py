@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from regency._errors import RegencyError
 from regency.job._trait import DEFAULT_JOB_PATH
 
 _USAGE = 2
@@ -59,7 +60,7 @@ def add_run_parser(commands: Any) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
 
 
-class _UsageError(Exception):
+class _UsageError(RegencyError):
     pass
 
 

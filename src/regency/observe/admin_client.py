@@ -12,10 +12,12 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote
 
+from regency._errors import RegencyError
+
 _TIMEOUT = 30.0
 
 
-class AdminError(Exception):
+class AdminError(RegencyError):
     """The admin API could not be reached, refused the token, or answered an error status."""
 
 

@@ -12,11 +12,13 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from regency._errors import RegencyError
+
 _RANKS = re.compile(r"^ranks\((?P<body>[^()]*)\)$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class RankSpecError(ValueError):
+class RankSpecError(RegencyError, ValueError):
     """A ``ranks(...)`` that cannot be read; the text says what is wrong."""
 
 

@@ -16,11 +16,13 @@ import json
 import socket
 from typing import Any
 
+from regency._errors import RegencyError
+
 MAX_LINE = 1 << 20
 _TOKEN_LABEL = b"regency debugger v1"
 
 
-class WireError(ConnectionError):
+class WireError(RegencyError, ConnectionError):
     """The peer closed the connection or sent something that is not this protocol."""
 
 

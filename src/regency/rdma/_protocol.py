@@ -32,6 +32,7 @@ import socket
 import ssl
 import struct
 
+from regency._errors import RegencyError
 from regency._transport import address, auth, tls
 from regency._transport.connection import ConnectionClosedError
 from regency._transport.deadline import time_left
@@ -67,7 +68,7 @@ class Status(enum.IntEnum):
     UNSUPPORTED = 4
 
 
-class RemoteRefusedError(Exception):
+class RemoteRefusedError(RegencyError):
     """The service answered a request with an error status."""
 
     def __init__(self, status: Status, text: str) -> None:

@@ -11,6 +11,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from regency._errors import RegencyError
 from regency.spmd._settle import wait_for_native_threads_to_settle
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -23,7 +24,7 @@ NO_SCRIPT = (
 )
 
 
-class ScriptExit(Exception):  # noqa: N818 (it reads as what happened: the script exited)
+class ScriptExit(RegencyError):  # noqa: N818 (it reads as what happened: the script exited)
     """A script ended with ``sys.exit(n)``, ``n`` not 0 or ``None``: that rank failed.
 
     ``code`` is the exit status the script asked for (``1`` for a non-integer argument, whose

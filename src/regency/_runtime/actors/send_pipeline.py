@@ -137,7 +137,7 @@ class SendPipeline:
                 tuple(extent.labels),
                 tuple(extent.sizes),
                 fanout,
-                casting.routing_bound(addrs) if len(addrs) > fanout else 0,
+                casting.routing_bound(addrs, state.runtime().address) if len(addrs) > fanout else 0,
                 {},
                 generation,
             )

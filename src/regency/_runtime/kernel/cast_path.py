@@ -14,6 +14,7 @@ from typing import Protocol
 
 from regency._runtime.kernel import bulk, casting, wire
 from regency._runtime.kernel.errors import PeerLostError
+from regency._runtime.kernel.forwards import Ack, Cast, Forwards
 from regency._runtime.kernel.losses import Losses
 from regency._runtime.kernel.parts import own_copies, postable
 from regency._runtime.kernel.port_handlers import PortHandler
@@ -50,6 +51,7 @@ class CastPath:
         deliver: Deliver,
         frame_parts: FrameParts,
         frame_limit: int,
+        forwards: Forwards,
     ) -> None:
         self._router = router
         self._link = link
@@ -57,6 +59,8 @@ class CastPath:
         self._deliver = deliver
         self._frame_parts = frame_parts
         self._frame_limit = frame_limit
+        # The frames sent to nodes that pass them on, until they acknowledge them.
+        self.forwards = forwards
 
     def send(
         self,
@@ -67,9 +71,14 @@ class CastPath:
         gather: bool,
         parts: list[Part],
         wait: bool = True,
+        upstream: Ack | None = None,
     ) -> None:
         """Send a message to the head of each casting subtree in ``groups``, in order; each
         head forwards it further. A subtree headed by this process goes last.
+
+        The frames to nodes that pass the message on are kept until acknowledged
+        (:mod:`.forwards`): to subtree heads when this process is the sender; to every child when
+        it passes on a cast that came from ``upstream``.
 
         The small frames to the heads go in one post: judged one burst or none together, so
         that no head waits for a later flush behind the first. A head that cannot be reached
@@ -80,36 +89,74 @@ class CastPath:
         """
         lost: list[str] = []
         here: list[casting.Group] = []
+        cast, acks = self._keeping(groups, mesh_id, sender, parts, upstream)
         todo = list(groups)
         while todo:
             posts: list[tuple[str, list[Part], int]] = []
-            posted: dict[str, casting.Group] = {}
+            posted: dict[str, tuple[casting.Group, Ack | None]] = {}
             around: list[casting.Group] = []
             for group in todo:
                 if group.head.addr == self._router.address:
                     here.append(group)
                     continue
+                ack = acks.pop(group.head.addr, None)
+                if ack is None and cast is not None and (group.rest or upstream is not None):
+                    # A group formed around a lost head.
+                    ack = self.forwards.keep(cast, group.head.addr, group.rest)
                 try:
-                    frame = self._frame_to_head(group, mesh_id, sender, reply, gather, parts, wait)
+                    frame = self._frame_to_head(
+                        group, mesh_id, sender, reply, gather, parts, wait, ack
+                    )
                 except (PeerUnreachableError, PeerLostError) as exc:
+                    if ack is not None:
+                        self.forwards.unkeep(ack)
                     lost.append(str(exc))
                     around.extend(_without_head(group))
                     continue
                 if frame is not None:
                     posts.append(frame)
-                    posted[frame[0]] = group
+                    posted[frame[0]] = (group, ack)
             if posts:
                 try:
                     self._link.post(posts)
                 except PeerUnreachableError as exc:
                     lost.append(str(exc))
                     for addr in exc.peers:
-                        around.extend(_without_head(posted[addr]))
+                        group, ack = posted[addr]
+                        if ack is not None:
+                            self.forwards.unkeep(ack)
+                        around.extend(_without_head(group))
             todo = around
+        if cast is not None:
+            self.forwards.sent(cast)
         for group in here:
             self._to_own_actor(group, mesh_id, sender, reply, gather, parts)
         if lost:
             raise PeerLostError("; ".join(lost))
+
+    def _keeping(
+        self,
+        groups: Sequence[casting.Group],
+        mesh_id: int,
+        sender: int,
+        parts: list[Part],
+        upstream: Ack | None,
+    ) -> tuple[Cast | None, dict[str, Ack]]:
+        """The record that keeps this message until the nodes passing it on acknowledge it, and
+        the acknowledgement each such node's frame asks for, by its address (no record when no
+        frame needs one: a sender's cast to leaves only)."""
+        here = self._router.address
+        children = [
+            (group.head.addr, group.rest)
+            for group in groups
+            if group.head.addr != here and (group.rest or upstream is not None)
+        ]
+        if not children and upstream is None:
+            return None, {}
+        if upstream is None:
+            # The sender's buffers may change once the send returns: keep copies.
+            parts = own_copies(parts)
+        return self.forwards.begin(mesh_id, sender, parts, upstream, children)
 
     def _frame_to_head(
         self,
@@ -120,12 +167,13 @@ class CastPath:
         gather: bool,
         parts: list[Part],
         wait: bool,
+        ack: Ack | None,
     ) -> tuple[str, list[Part], int] | None:
         """The small frame to post to the head of ``group`` (another process), or None once a
         large one is sent."""
         head = group.head
         self._losses.check_alive(head.addr)
-        framed = [_routing(group, reply, gather), *parts]
+        framed = [_routing(group, reply, gather, ack), *parts]
         encoder = frames.Encoder(framed, self._frame_limit)
         flags = 0
         if encoder.size >= bulk.BULK_MIN:
@@ -155,7 +203,7 @@ class CastPath:
         if not group.rest:
             self._deliver(mesh_id, sender, head.seq, head.rank, own_copies(parts), reply)
             return
-        routing = _routing(group, reply, gather)
+        routing = _routing(group, reply, gather, None)
         self.received(mesh_id, sender, head.seq, head.rank, routing, own_copies(parts))
 
     def received(
@@ -169,9 +217,11 @@ class CastPath:
     ) -> None:
         """A cast for this process's actor of mesh ``mesh_id``: forward it down the subtree
         its routing part lists, then deliver it here."""
-        rest, reply, gather = pickle.loads(routing_part)
+        rest, reply, gather, ack = pickle.loads(routing_part)
         # Most procs are leaves of the tree (``rest`` empty): they need not read the fan-out.
         groups = casting.plan(rest, casting.fanout()) if rest else []
+        if ack is not None and not groups:
+            self.forwards.arrived(ack)  # a leaf below a node that passed the cast on
         local_reply = reply
         if gather and groups:
             heads = [g.head.addr for g in groups]
@@ -182,18 +232,19 @@ class CastPath:
         # before the subtrees, whose ranks would then all start late, had their message.
         if groups:
             try:
-                self.send(groups, mesh_id, sender, local_reply, gather, list(parts), False)
+                self.send(groups, mesh_id, sender, local_reply, gather, list(parts), False, ack)
             except PeerLostError as exc:
                 log.warning("cast could not reach some subtree heads: %s", exc)
         self._deliver(mesh_id, sender, seq, rank, parts, local_reply)
 
 
-def _routing(group: casting.Group, reply: PortRef | None, gather: bool) -> bytes:
+def _routing(group: casting.Group, reply: PortRef | None, gather: bool, ack: Ack | None) -> bytes:
     """The routing part of a cast frame to ``group``'s head: the rest of its subtree, where
-    replies go, and whether they are gathered on the way (a leaf gathers nothing)."""
+    replies go, whether they are gathered on the way (a leaf gathers nothing), and where the
+    head acknowledges the frame (None: it need not)."""
     if not group.rest:
-        return pickle.dumps(((), reply, False), protocol=5)
-    return pickle.dumps((group.rest, reply, gather), protocol=5)
+        return pickle.dumps(((), reply, False, ack), protocol=5)
+    return pickle.dumps((group.rest, reply, gather, ack), protocol=5)
 
 
 def _without_head(group: casting.Group) -> list[casting.Group]:

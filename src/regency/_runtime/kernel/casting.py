@@ -67,17 +67,24 @@ def plan(dests: Sequence[Dest], fanout: int) -> list[Group]:
     return groups
 
 
-# A pickled destination takes at most this many bytes besides its address, and a routing part
-# at most this many besides its destinations and its reply port's address (measured: 27 and 146,
-# with sequence numbers, ranks and the port at their largest).
+# A pickled destination takes at most this many bytes besides its address, a routing part at
+# most this many besides its destinations, its reply port's address and its acknowledgement's,
+# and an acknowledgement (port and token) this many besides its address (measured: 27, 146 and
+# 30, with sequence numbers, ranks, ports and tokens at their largest).
 _DEST_BYTES = 40
 _ROUTING_BYTES = 192
+_ACK_BYTES = 40
 
 
-def routing_bound(addrs: Sequence[str]) -> int:
+def routing_bound(addrs: Sequence[str], sender: str) -> int:
     """At most how many bytes the routing part of a cast frame to a subtree of ``addrs`` takes,
-    its reply port's address aside."""
-    return _ROUTING_BYTES + sum(len(a.encode()) + _DEST_BYTES for a in addrs)
+    its reply port's address aside, when ``sender`` (its address) sends it.
+
+    The frame asks the node that gets it to acknowledge it to the process that sent it: the
+    sender, or one of ``addrs`` passing it on.
+    """
+    longest = max(len(a.encode()) for a in (sender, *addrs))
+    return _ROUTING_BYTES + _ACK_BYTES + longest + sum(len(a.encode()) + _DEST_BYTES for a in addrs)
 
 
 Entry = tuple[int, int, list["Part"]]  # (rank, flags, parts)

@@ -24,6 +24,7 @@ from regency._runtime.kernel import bulk, wire
 from regency._runtime.kernel.bulk import Bulk
 from regency._runtime.kernel.cast_path import CastPath
 from regency._runtime.kernel.errors import PeerLostError
+from regency._runtime.kernel.forwards import Forwards
 from regency._runtime.kernel.losses import Losses
 from regency._runtime.kernel.mailbox import Mailbox
 from regency._runtime.kernel.parts import COALESCE_MAX, buffers_size, own_copies, postable
@@ -72,7 +73,13 @@ class FrameRouter:
         self._exit_port: PortRef | None = None
         # Sends casts to subtree heads (``casts.send``) and forwards the cast frames that come.
         self.casts = CastPath(
-            self, self._link, self.losses, self._deliver_local, self._frame_parts, frame_limit
+            self,
+            self._link,
+            self.losses,
+            self._deliver_local,
+            self._frame_parts,
+            frame_limit,
+            Forwards(self, self.losses, timers),
         )
 
     def port_handler(self, port: int) -> PortHandler | None:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from regency._errors import RegencyError
 from regency._transport.deadline import DeadlineError
 from regency.rdma import _parallel
 
@@ -45,15 +46,15 @@ _writev.argtypes = _SIGNATURE
 _writev.restype = ctypes.c_ssize_t
 
 
-class CmaDeniedError(PermissionError):
+class CmaDeniedError(RegencyError, PermissionError):
     """The kernel refuses cross-memory attach to that process (other user, hardened kernel)."""
 
 
-class CmaProcessGoneError(ProcessLookupError):
+class CmaProcessGoneError(RegencyError, ProcessLookupError):
     """The other process is gone (or a zombie without memory)."""
 
 
-class CmaBadAddressError(OSError):
+class CmaBadAddressError(RegencyError, OSError):
     """Part of the remote range is not mapped any more."""
 
 

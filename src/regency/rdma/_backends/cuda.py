@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from regency._errors import RegencyError
 from regency.rdma._memory import Region, view
 
 _IPC_CACHE_SIZE = 64
@@ -23,7 +24,7 @@ _ipc_cache: OrderedDict[tuple[int, int], Any] = OrderedDict()
 _staging = threading.local()
 
 
-class CudaIpcUnavailableError(RuntimeError):
+class CudaIpcUnavailableError(RegencyError, RuntimeError):
     """Two processes cannot share CUDA memory by IPC (no handle, or opening it failed)."""
 
 

@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from regency._errors import RegencyError
 from regency.rdma._ibverbs.status import IbvCompletionError
 
 log = logging.getLogger("regency.rdma")
@@ -32,7 +33,7 @@ _incref.argtypes = (ctypes.py_object,)
 _incref.restype = None
 
 
-class IbvUnavailableError(RuntimeError):
+class IbvUnavailableError(RegencyError, RuntimeError):
     """ibverbs cannot serve this transfer; another backend should.
 
     ``lasting`` says whether the reason holds for every later transfer to the same owner (no

@@ -16,6 +16,8 @@ import enum
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from regency._errors import RegencyError
+
 
 class WcStatus(enum.IntEnum):
     """``enum ibv_wc_status``."""
@@ -85,7 +87,7 @@ class Completion(NamedTuple):
     vendor_err: int
 
 
-class IbvCompletionError(OSError):
+class IbvCompletionError(RegencyError, OSError):
     """A work request failed for a reason the owner's service did not explain."""
 
 

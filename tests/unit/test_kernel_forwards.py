@@ -1,0 +1,161 @@
+"""A cast whose subtree head dies before passing it on, over the in-memory loopback.
+
+Each destination took the sender's next sequence number; a subtree left without one message
+would hold back every later message from that sender. The process that sent the frame to the
+dead head keeps the message until the head acknowledges that its subtree has it, and otherwise
+sends it straight to the rest of that subtree: every surviving actor gets every message, once,
+in order.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+from typing import Any
+
+import pytest
+
+from regency import config
+from regency._runtime.kernel import casting, wire
+from regency._runtime.kernel.forwards import ACK_DELAY
+from regency._runtime.kernel.loopback import Loopback
+from regency._runtime.kernel.router import FrameRouter
+
+pytestmark = pytest.mark.timeout(60)
+
+MESH = 9
+SENDER = 5
+
+
+def _mesh(n: int) -> tuple[Loopback, FrameRouter, list[str], dict[str, FrameRouter]]:
+    net = Loopback()
+    root = net.router("unix:@root")
+    addrs = [f"unix:@p{r}" for r in range(n)]
+    return net, root, addrs, {a: net.router(a) for a in addrs}
+
+
+def _actors(routers: dict[str, FrameRouter]) -> dict[str, list[Any]]:
+    got: dict[str, list[Any]] = {}
+    for addr, router in routers.items():
+        seen = got[addr] = []
+        router.mailbox(MESH).attach(
+            lambda delivery, seen=seen: seen.append(pickle.loads(delivery[0][0]))
+        )
+    return got
+
+
+def _cast(root: FrameRouter, addrs: list[str], seq: int, value: Any, fanout: int) -> None:
+    dests = [casting.Dest(a, seq, r) for r, a in enumerate(addrs)]
+    root.casts.send(casting.plan(dests, fanout), MESH, SENDER, None, False, [pickle.dumps(value)])
+
+
+def _settle(net: Loopback) -> None:
+    """Deliver everything, acknowledgements included (they wait ``ACK_DELAY`` to leave)."""
+    while net.pump() or net.timers.advance(ACK_DELAY):
+        pass
+
+
+def _kept(routers: list[FrameRouter]) -> int:
+    return sum(r.casts.forwards.kept() for r in routers)
+
+
+def test_a_head_that_dies_before_passing_a_cast_on_leaves_no_gap_in_its_subtree() -> None:
+    net, root, addrs, procs = _mesh(6)
+    got = _actors(procs)
+    with config.configured(cast_fanout=2):
+        # p0 heads p1 and p2, p3 heads p4 and p5.
+        _cast(root, addrs, 1, "first", 2)
+        assert net.step()  # p0 has the frame and queued it for p1 and p2 ...
+        net.kill(addrs[0], "killed")  # ... and dies before those frames left
+        _settle(net)
+        live = addrs[1:]
+        _cast(root, live, 2, "second", 2)
+        _settle(net)
+    for addr in live:
+        assert got[addr] == ["first", "second"], addr
+    assert _kept([root, *(procs[a] for a in live)]) == 0
+
+
+def test_a_subtree_acknowledged_once_is_not_sent_twice() -> None:
+    net, root, addrs, procs = _mesh(6)
+    got = _actors(procs)
+    with config.configured(cast_fanout=2):
+        _cast(root, addrs, 1, "first", 2)
+        _settle(net)
+        assert _kept([root, *procs.values()]) == 0
+        net.kill(addrs[0], "killed")
+        _settle(net)
+        _cast(root, addrs[1:], 2, "second", 2)
+        _settle(net)
+    for addr in addrs[1:]:
+        assert got[addr] == ["first", "second"], addr
+    actor_frames = [s for s in net.sent if s.frame.kind == wire.KIND_ACTOR]
+    assert actor_frames == []  # nothing needed sending again
+
+
+def test_a_head_and_its_own_head_dying_together_leave_no_gap() -> None:
+    # fanout 2 over 14 procs: p0 heads p1..p6, and p1 heads p2..p3 below it.
+    net, root, addrs, procs = _mesh(14)
+    got = _actors(procs)
+    with config.configured(cast_fanout=2):
+        _cast(root, addrs, 1, "first", 2)
+        # Deliver until p1 has its frame, then kill p1 and p0 before p1 passed it on.
+        while not any(s.dst == addrs[1] for s in net.sent):
+            assert net.step()
+        net.kill(addrs[1], "killed")
+        net.kill(addrs[0], "killed too")
+        _settle(net)
+        live = addrs[2:]
+        _cast(root, live, 2, "second", 2)
+        _settle(net)
+    for addr in live:
+        assert got[addr] == ["first", "second"], addr
+    assert _kept([root, *(procs[a] for a in live)]) == 0
+
+
+def test_acknowledgements_are_cumulative_and_leave_together() -> None:
+    net, root, addrs, procs = _mesh(8)
+    got = _actors(procs)
+    with config.configured(cast_fanout=2):
+        for seq in range(1, 11):
+            _cast(root, addrs, seq, seq, 2)
+        net.pump()
+        assert _kept([root]) == 20  # two heads, ten casts
+        _settle(net)
+    assert _kept([root, *procs.values()]) == 0
+    acks_to_root = [s for s in net.sent if s.dst == "unix:@root" and s.frame.kind == wire.KIND_PORT]
+    assert len(acks_to_root) == 2  # one per head for all ten casts
+    assert all(got[a] == list(range(1, 11)) for a in addrs)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_heads_killed_at_random_points_of_a_broadcast_stream(seed: int) -> None:
+    """A stream of casts over a tree three levels deep; one or two procs die at a random moment
+    each time. Every survivor gets every message, once, in order; nothing stays kept."""
+    rng = random.Random(seed)
+    n = 15
+    net, root, addrs, procs = _mesh(n)
+    got = _actors(procs)
+    dead: set[str] = set()
+    sent: list[int] = []
+    with config.configured(cast_fanout=2):
+        for seq in range(1, 13):
+            live = [a for a in addrs if a not in dead]
+            # Sequence numbers per destination: each live one has had every message so far.
+            dests = [casting.Dest(a, len(sent) + 1, r) for r, a in enumerate(addrs) if a in live]
+            root.casts.send(casting.plan(dests, 2), MESH, SENDER, None, False, [pickle.dumps(seq)])
+            sent.append(seq)
+            for _ in range(rng.randrange(6)):
+                if not net.step():
+                    break
+            if rng.random() < 0.25 and len(dead) < 4:
+                victim = rng.choice([a for a in addrs if a not in dead])
+                dead.add(victim)
+                net.kill(victim, "killed")
+            if rng.random() < 0.5:
+                net.timers.advance(ACK_DELAY)
+        _settle(net)
+    for addr in addrs:
+        if addr not in dead:
+            assert got[addr] == sent, (addr, sorted(dead))
+    assert _kept([root, *(procs[a] for a in addrs if a not in dead)]) == 0
