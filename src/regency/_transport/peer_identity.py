@@ -3,20 +3,29 @@
 An address does not tell local users apart: every process of every user on this machine
 dials from ``127.0.0.1``. The kernel does: for a unix socket it gives the peer's credentials
 (``SO_PEERCRED``); for a TCP connection between two sockets of this machine, the peer's socket
-is in this network namespace's table (``/proc/net/tcp``, ``/proc/net/tcp6``) with its owner's
-uid, found by the connection's two ends.
+is in this network namespace's table (what ``/proc/net/tcp{,6}`` lists) with its owner's uid,
+found by the connection's two ends with one ``sock_diag`` netlink query.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import struct
-import sys
 from typing import Any, Protocol
 
 _UCRED = struct.Struct("3i")
-_TCP4, _TCP6 = "/proc/self/net/tcp", "/proc/self/net/tcp6"
+
+# linux/netlink.h, linux/sock_diag.h, linux/inet_diag.h
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST = 1
+_NLMSG = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port id
+_DIAG_REQUEST = struct.Struct("=BBBBI")  # inet_diag_req_v2 before its sockid: family, protocol..
+_ALL_STATES = 0xFFFFFFFF
+_ANY_INTERFACE_NO_COOKIE = struct.pack("=III", 0, 0xFFFFFFFF, 0xFFFFFFFF)
+# inet_diag_msg after the header: 4 bytes, the 48-byte sockid, expires, rqueue, wqueue, uid,
+# inode
+_UID_AT = _NLMSG.size + 4 + 48 + 12
 
 
 class ConnectedSocket(Protocol):
@@ -52,58 +61,37 @@ def loopback_peer_uid(sock: ConnectedSocket) -> int | None:
     """The uid owning the peer's socket of TCP connection ``sock``, if the peer is on this machine.
 
     Meant for loopback peers (``127.0.0.0/8``, ``::1``); a peer that dialed one of this
-    machine's other addresses is found the same way. ``None`` where the peer's socket is not in
-    this network namespace's table: another machine, or a peer that already closed.
+    machine's other addresses is found the same way. ``None`` where the kernel knows no such
+    socket in this network namespace (another machine), or the peer closed it already. One
+    exact lookup (``sock_diag``, what ``ss`` uses), whatever the number of sockets.
     """
-    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+    family = sock.family
+    if family not in (socket.AF_INET, socket.AF_INET6):
         return None
     try:
         peer, here = sock.getpeername(), sock.getsockname()
-    except OSError:
+        # The peer's socket: its end is the source, ours the destination.
+        sockid = (
+            struct.pack("!HH", peer[1], here[1])
+            + _packed(family, peer[0])
+            + _packed(family, here[0])
+            + _ANY_INTERFACE_NO_COOKIE
+        )
+        request = _DIAG_REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, _ALL_STATES) + sockid
+        header = _NLMSG.pack(_NLMSG.size + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0)
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as netlink:
+            netlink.settimeout(1.0)
+            netlink.sendto(header + request, (0, 0))
+            answer = netlink.recv(4096)
+    except (OSError, ValueError):
         return None
-    for path, key in _keys(str(peer[0]), int(peer[1]), str(here[0]), int(here[1])):
-        try:
-            with open(path, "rb") as table:
-                next(table, None)  # the header
-                for line in table:
-                    fields = line.split()
-                    if len(fields) > 7 and (fields[1], fields[2]) == key:
-                        return int(fields[7])
-        except OSError:
-            continue
-    return None
+    if len(answer) < _UID_AT + 4 or _NLMSG.unpack_from(answer)[1] != _SOCK_DIAG_BY_FAMILY:
+        return None  # NLMSG_ERROR: no such socket
+    uid, inode = struct.unpack_from("=II", answer, _UID_AT)
+    # No inode: the peer closed its socket (a time-wait or orphaned one, whose uid reads 0).
+    return int(uid) if inode else None
 
 
-def _keys(
-    peer: str, peer_port: int, here: str, here_port: int
-) -> list[tuple[str, tuple[bytes, bytes]]]:
-    """The rows that would hold the peer's socket: its end first, then ours, per table."""
-    peer_ip = ipaddress.ip_address(peer.partition("%")[0])
-    here_ip = ipaddress.ip_address(here.partition("%")[0])
-    keys: list[tuple[str, tuple[bytes, bytes]]] = []
-    mapped = [getattr(ip, "ipv4_mapped", None) for ip in (peer_ip, here_ip)]
-    if isinstance(mapped[0], ipaddress.IPv4Address) and isinstance(
-        mapped[1], ipaddress.IPv4Address
-    ):  # a dual-stack listener: the peer may well have dialed with an IPv4 socket
-        keys.append((_TCP4, _row(mapped[0], peer_port, mapped[1], here_port)))
-    table = _TCP4 if peer_ip.version == 4 else _TCP6
-    keys.append((table, _row(peer_ip, peer_port, here_ip, here_port)))
-    return keys
-
-
-def _row(
-    peer: ipaddress.IPv4Address | ipaddress.IPv6Address,
-    peer_port: int,
-    here: ipaddress.IPv4Address | ipaddress.IPv6Address,
-    here_port: int,
-) -> tuple[bytes, bytes]:
-    return (_hex(peer, peer_port), _hex(here, here_port))
-
-
-def _hex(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> bytes:
-    """An address as the kernel's table prints it: 32-bit words in host order, then the port."""
-    raw = ip.packed
-    words = "".join(
-        f"{int.from_bytes(raw[i : i + 4], sys.byteorder):08X}" for i in range(0, len(raw), 4)
-    )
-    return f"{words}:{port:04X}".encode()
+def _packed(family: int, host: str) -> bytes:
+    """An address as ``inet_diag_sockid`` holds it: network order, 16 bytes."""
+    return socket.inet_pton(family, host.partition("%")[0]).ljust(16, b"\0")

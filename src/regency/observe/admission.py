@@ -32,7 +32,7 @@ def client_key(sock: ConnectedSocket) -> str | None:
     a peer elsewhere by its address. ``uid:unknown`` where the kernel does not say (the peer
     left already).
     """
-    unix = sock.family == socket.AF_UNIX
+    unix = sock.family == socket.AF_UNIX  # asked once: each ask makes an enum
     uid = unix_peer_uid(sock) if unix else loopback_peer_uid(sock)
     if uid is not None:
         return OWNER if uid == os.geteuid() else f"uid:{uid}"

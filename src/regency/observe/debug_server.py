@@ -91,7 +91,7 @@ class DebugServer:
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((host, port))
-        self._listener.listen(64)
+        self._listener.listen(1024)  # a burst waits in the kernel, not in SYN retries
         self._listener.setblocking(False)
         self._sessions = sessions
         self._tokens = tokens

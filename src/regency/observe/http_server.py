@@ -40,6 +40,7 @@ OTHERS = 64
 PER_CLIENT = 16
 OWNER = 64
 WORKERS = 4
+BACKLOG = 1024  # a burst of connections waits in the kernel rather than retrying its SYN
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class HttpServer:
 
     def __init__(self, host: str, port: int, app: App, name: str, log: logging.Logger) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.create_server((host, port), family=family, backlog=128)
+        self._sock = socket.create_server((host, port), family=family)
         bound_host, bound_port = self._sock.getsockname()[:2]
         self.address = (str(bound_host), int(bound_port))
         self._app, self._name, self._log = app, name, log
@@ -114,12 +115,15 @@ class HttpServer:
         asyncio.set_event_loop(self._loop)
         try:
             self._server = self._loop.run_until_complete(
-                asyncio.start_server(self._serve, sock=self._sock, limit=MAX_HEAD)
+                asyncio.start_server(self._serve, sock=self._sock, limit=MAX_HEAD, backlog=BACKLOG)
             )
         finally:
             started.set()
         try:
             self._loop.run_forever()
+            # Let the connections' coroutines see their aborts and end before the loop goes.
+            pending = asyncio.all_tasks(self._loop)
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         finally:
             self._loop.close()
 

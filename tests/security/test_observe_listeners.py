@@ -1,0 +1,225 @@
+"""The observation layer's listeners against another local user: floods, drips, wrong proofs.
+
+The admin API (and the dashboard it serves) and the debugger accept connections before any
+secret is proved. Another local user (created with ``useradd`` when the tests run as root,
+skipped otherwise) floods each from 127.0.0.1, as the owner does: the owner must still be served
+at once, the listener's process must keep its descriptors, and the attacker's failures must
+not lock the owner out. (Telemetry export only dials out: it has no listener.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _attacker import Attacker, attacker
+from _local_flood import start_flood, wrong_proofs
+
+from regency.observe import debug_server, http_server
+from regency.observe.debug_server import DebugServer
+from regency.observe.debug_sessions import Sessions
+from regency.observe.debug_wire import proof
+
+__all__ = ["attacker"]  # fixture
+
+pytestmark = pytest.mark.timeout(120)
+
+# How long a legitimate request or handshake may take while the flood is on.
+PROMPT = 2.0
+
+# A controller with the common soft limit of 1024 descriptors, serving the admin API; on
+# "spawn" it starts a proc, calls it and stops it (what failed with EMFILE before).
+_CONTROLLER = r"""
+import json, os, resource, sys
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+from regency.actor import Actor, endpoint, this_host
+from regency.observe import start_admin
+
+class Pid(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+admin = start_admin()
+print(json.dumps({"url": admin.url, "token": admin.token}), flush=True)
+for line in sys.stdin:
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    pid = procs.spawn("pid", Pid).pid.call_one().get(timeout=60)
+    procs.stop().get(timeout=60)
+    print("spawned", pid, flush=True)
+"""
+
+
+def _fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+class _Controller:
+    def __init__(self) -> None:
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _CONTROLLER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        assert self.process.stdout is not None
+        assert self.process.stderr is not None
+        self.stderr: list[str] = []
+        threading.Thread(target=self._drain, args=(self.process.stderr,), daemon=True).start()
+        line = self.process.stdout.readline()
+        assert line, f"the controller did not start: {self.stderr}"
+        info = json.loads(line)
+        self.url: str = info["url"]
+        self.token: str = info["token"]
+
+    def _drain(self, pipe: Any) -> None:
+        for line in pipe:
+            self.stderr.append(line.rstrip("\n"))
+
+    def get(self, path: str) -> tuple[int, float]:
+        """Status of an authorized GET and the seconds it took."""
+        request = urllib.request.Request(
+            self.url + path, headers={"Authorization": f"Bearer {self.token}"}
+        )
+        start = time.monotonic()
+        with urllib.request.urlopen(request, timeout=10) as response:
+            json.loads(response.read())
+            return response.status, time.monotonic() - start
+
+    def spawn(self) -> str:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.write("spawn\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline()
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, 9)
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def controller() -> Iterator[_Controller]:
+    ctl = _Controller()
+    try:
+        yield ctl
+    finally:
+        ctl.close()
+
+
+def test_admin_api_flood_from_another_user_leaves_the_owner_served(
+    attacker: Attacker, controller: _Controller
+) -> None:
+    """1100 connections (100 dripping a byte a second) from another uid, held 8 s: the
+    controller (1024 descriptors) keeps answering its owner at once, keeps its descriptors and
+    can still start a proc."""
+    pid = controller.process.pid
+    before = _fd_count(pid)
+    flood = start_flood(attacker, _port(controller.url), 1100, drips=100, hold=8.0)
+    try:
+        peak, served = before, 0
+        while flood.running_after(0.5):
+            status, took = controller.get("/v1/root")
+            assert status == 200
+            assert took < PROMPT, f"the owner waited {took:.1f} s under the flood"
+            peak, served = max(peak, _fd_count(pid)), served + 1
+        assert served >= 5
+        seen = flood.result(timeout=60)
+    finally:
+        flood.kill()
+    # At most OTHERS connections of others are kept, each for HEADER_TIMEOUT at most.
+    assert peak < before + http_server.OTHERS + 32, (before, peak)
+    assert seen["cut"] == seen["opened"] > 1000, seen
+    assert seen["longest_drip"] < http_server.HEADER_TIMEOUT + 1.5, seen
+    assert controller.spawn().startswith("spawned"), controller.stderr[-5:]
+    assert controller.process.poll() is None
+    assert not any("Traceback" in line for line in controller.stderr), controller.stderr[:20]
+    refusals = [line for line in controller.stderr if "admin API" in line]
+    assert 0 < len(refusals) <= 30, refusals  # rate-limited: 10 lines per 10 s and a summary
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+TOKEN = "a" * 64
+
+
+@pytest.fixture
+def debugger() -> Iterator[DebugServer]:
+    server = DebugServer(Sessions(), lambda: [TOKEN], ("127.0.0.1", 0))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _attach(server: DebugServer) -> tuple[dict[str, Any], float]:
+    """The owner's handshake: the server's verdict and the seconds it took."""
+    host, port = server.address.rsplit(":", 1)
+    start = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        reader = sock.makefile("rb")
+        first = reader.readline()
+        assert first, "the debugger closed the owner's connection before its challenge"
+        challenge = json.loads(first)["challenge"]
+        sock.sendall(json.dumps({"proof": proof(TOKEN, challenge)}).encode() + b"\n")
+        verdict: dict[str, Any] = json.loads(reader.readline())
+        return verdict, time.monotonic() - start
+
+
+def test_debugger_wrong_proofs_of_another_user_do_not_lock_the_owner_out(
+    attacker: Attacker, debugger: DebugServer
+) -> None:
+    """12 wrong proofs from 127.0.0.1 lock out the user who sent them, not the owner."""
+    seen = wrong_proofs(attacker, int(debugger.address.rsplit(":", 1)[1]), 12)
+    assert seen[0] == "authentication failed: wrong or missing secret"
+    assert seen[-1] == "closed", seen  # the attacker's own uid is now refused outright
+    verdict, took = _attach(debugger)
+    assert verdict == {"ok": True}
+    assert took < PROMPT
+
+
+def test_debugger_drips_of_another_user_hold_no_slot_the_owner_needs(
+    attacker: Attacker, debugger: DebugServer
+) -> None:
+    """1100 connections, 40 of them dripping one byte every 3 s, held 12 s: each owner attach
+    is answered at once, every drip is cut at the handshake deadline and the server's process
+    keeps its descriptors."""
+    before = _fd_count(os.getpid())
+    port = int(debugger.address.rsplit(":", 1)[1])
+    flood = start_flood(attacker, port, 1100, drips=40, drip_every=3.0, hold=12.0)
+    try:
+        peak, served = before, 0
+        while flood.running_after(0.5):
+            verdict, took = _attach(debugger)
+            assert verdict == {"ok": True}
+            assert took < PROMPT, f"the owner waited {took:.1f} s under the flood"
+            peak, served = max(peak, _fd_count(os.getpid())), served + 1
+        assert served >= 5
+        seen = flood.result(timeout=60)
+    finally:
+        flood.kill()
+    assert peak < before + debug_server.MAX_HANDSHAKES + 16, (before, peak)
+    assert seen["cut"] == seen["opened"] > 1000, seen
+    assert seen["longest_drip"] < debug_server.HANDSHAKE_TIMEOUT + 1.5, seen
