@@ -9,8 +9,10 @@ not lock the owner out. (Telemetry export only dials out: it has no listener.)
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -38,7 +40,8 @@ pytestmark = pytest.mark.timeout(120)
 PROMPT = 2.0
 
 # A controller with the common soft limit of 1024 descriptors, serving the admin API; on
-# "spawn" it starts a proc, calls it and stops it (what failed with EMFILE before).
+# "spawn" it starts a proc, calls it and stops it (what failed with EMFILE before); on "fill"
+# it opens files until it has no descriptor left, on "free" it closes them.
 _CONTROLLER = r"""
 import json, os, resource, sys
 _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -53,11 +56,24 @@ class Pid(Actor):
 
 admin = start_admin()
 print(json.dumps({"url": admin.url, "token": admin.token}), flush=True)
+held = []
 for line in sys.stdin:
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
-    pid = procs.spawn("pid", Pid).pid.call_one().get(timeout=60)
-    procs.stop().get(timeout=60)
-    print("spawned", pid, flush=True)
+    if line == "fill\n":  # use up every descriptor
+        try:
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError as exc:
+            print("filled", exc.errno, flush=True)
+    elif line == "free\n":
+        for fd in held:
+            os.close(fd)
+        held.clear()
+        print("freed", flush=True)
+    else:
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+        pid = procs.spawn("pid", Pid).pid.call_one().get(timeout=60)
+        procs.stop().get(timeout=60)
+        print("spawned", pid, flush=True)
 """
 
 
@@ -101,10 +117,11 @@ class _Controller:
             json.loads(response.read())
             return response.status, time.monotonic() - start
 
-    def spawn(self) -> str:
+    def command(self, line: str) -> str:
+        """Send ``line`` ("spawn", "fill", "free"); the controller's answer."""
         assert self.process.stdin is not None
         assert self.process.stdout is not None
-        self.process.stdin.write("spawn\n")
+        self.process.stdin.write(line + "\n")
         self.process.stdin.flush()
         return self.process.stdout.readline()
 
@@ -151,11 +168,45 @@ def test_admin_api_flood_from_another_user_leaves_the_owner_served(
     assert peak < before + http_server.OTHERS + 32, (before, peak)
     assert seen["cut"] == seen["opened"] > 1000, seen
     assert seen["longest_drip"] < http_server.HEADER_TIMEOUT + 1.5, seen
-    assert controller.spawn().startswith("spawned"), controller.stderr[-5:]
+    assert controller.command("spawn").startswith("spawned"), controller.stderr[-5:]
     assert controller.process.poll() is None
     assert not any("Traceback" in line for line in controller.stderr), controller.stderr[:20]
     refusals = [line for line in controller.stderr if "admin API" in line]
     assert 0 < len(refusals) <= 30, refusals  # rate-limited: 10 lines per 10 s and a summary
+
+
+def test_admin_api_out_of_descriptors_backs_off_and_recovers(controller: _Controller) -> None:
+    """With every descriptor in use, connections wait in the backlog: the listener pauses
+    instead of spinning on EMFILE, says so in a bounded number of lines, and serves again once
+    descriptors are free."""
+    pid = controller.process.pid
+    assert controller.command("fill").split() == ["filled", str(errno.EMFILE)]
+    port = _port(controller.url)
+    clients = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
+    try:
+        cpu = _cpu_seconds(pid)
+        assert not _readable(clients[0], 3.0)  # nothing answers, nothing spins
+        spent = _cpu_seconds(pid) - cpu
+        assert spent < 0.5, f"the controller spent {spent:.2f} s of CPU in 3 s out of descriptors"
+        assert controller.command("free") == "freed\n"
+        status, took = controller.get("/v1/root")
+        assert status == 200
+        assert took < 1.5 + PROMPT  # asyncio retries accept() after a second
+    finally:
+        for client in clients:
+            client.close()
+    lines = [line for line in controller.stderr if "out of system resource" in line]
+    assert 0 < len(lines) <= 10, controller.stderr[-20:]
+
+
+def _readable(sock: socket.socket, wait: float) -> bool:
+    """Whether ``sock`` has something to read (or was closed) within ``wait`` seconds."""
+    return bool(select.select([sock], [], [], wait)[0])
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _port(url: str) -> int:
