@@ -27,7 +27,9 @@ import pytest
 from _attacker import Attacker, attacker
 from _local_flood import start_flood, wrong_proofs
 
+from regency._transport.peer_identity import loopback_peer_uid
 from regency.observe import debug_server, http_server
+from regency.observe.admission import client_key
 from regency.observe.debug_server import DebugServer
 from regency.observe.debug_sessions import Sessions
 from regency.observe.debug_wire import proof
@@ -211,6 +213,20 @@ def _cpu_seconds(pid: int) -> float:
 
 def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
+
+
+def test_the_kernel_names_another_users_loopback_connection(attacker: Attacker) -> None:
+    """Both dial from 127.0.0.1; the kernel tells the other user's connection apart."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        flood = start_flood(attacker, listener.getsockname()[1], 1, hold=30.0)
+        try:
+            sock, (host, _) = listener.accept()
+            with sock:
+                assert host == "127.0.0.1"
+                assert loopback_peer_uid(sock) == attacker.uid
+                assert client_key(sock) == f"uid:{attacker.uid}"
+        finally:
+            flood.kill()
 
 
 TOKEN = "a" * 64
