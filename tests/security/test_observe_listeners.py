@@ -290,3 +290,42 @@ def test_debugger_drips_of_another_user_hold_no_slot_the_owner_needs(
     assert peak < before + debug_server.MAX_HANDSHAKES + 16, (before, peak)
     assert seen["cut"] == seen["opened"] > 1000, seen
     assert seen["longest_drip"] < debug_server.HANDSHAKE_TIMEOUT + 1.5, seen
+
+
+def test_debugger_handshake_deadline_holds_however_the_bytes_trickle(
+    debugger: DebugServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handshake that sends a byte every 0.2 s (each read succeeds) is cut at the deadline
+    counted from its accept; so is one that sends nothing."""
+    monkeypatch.setattr(debug_server, "HANDSHAKE_TIMEOUT", 1.0)
+    host, port = debugger.address.rsplit(":", 1)
+    start = time.monotonic()
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as drip,
+        socket.create_connection((host, int(port)), timeout=10) as silent,
+    ):
+        drip.makefile("rb").readline()  # the challenge
+        cut = False
+        while not cut and time.monotonic() - start < 10:
+            try:
+                drip.send(b"{")
+                cut = bool(select.select([drip], [], [], 0.2)[0]) and _closed(drip)
+            except OSError:
+                cut = True
+        took = time.monotonic() - start
+        assert silent.makefile("rb").readline()  # the challenge, then
+        assert _closed(silent)
+    assert cut
+    assert 1.0 <= took < 1.0 + 1.0, took
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Read until the server closes ``sock``; whether it did within the socket's timeout."""
+    try:
+        while sock.recv(65536):
+            pass  # the refusal's text
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True
