@@ -95,11 +95,6 @@ class Admission(Generic[C]):
         cutoff = self._clock() - limit
         return [conn for conn, (_, since) in self._waiting.items() if since <= cutoff]
 
-    def key_of(self, conn: C) -> str | None:
-        """The client key ``conn`` was admitted under (:data:`OWNER` if not counted)."""
-        entry = self._waiting.get(conn)
-        return entry[0] if entry is not None else OWNER
-
     def __len__(self) -> int:
         return len(self._waiting)
 

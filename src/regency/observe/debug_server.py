@@ -121,7 +121,8 @@ class DebugServer:
     def _accept(self) -> None:
         while not self._closed:
             try:
-                readable, _, _ = select.select([self._listener], [], [], _SWEEP_EVERY)
+                sweep = _SWEEP_EVERY if len(self._handshaking) else None  # idle: just wait
+                readable, _, _ = select.select([self._listener], [], [], sweep)
             except (OSError, ValueError):
                 return  # closed
             self._cut_slow_handshakes()
@@ -155,7 +156,7 @@ class DebugServer:
             for old in self._handshaking.admit(key, sock):
                 _cut(old)
                 self._refused.warning(
-                    "debugger server: closed the oldest handshake of %s to admit a new one "
+                    "debugger server: closed the oldest handshake to admit one from %s "
                     "(at most %d per client, %d from others, %d from this user)",
                     describe(key),
                     MAX_HANDSHAKES_PER_CLIENT,

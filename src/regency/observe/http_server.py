@@ -50,7 +50,6 @@ class Request:
     method: str
     target: str
     headers: Mapping[str, str]
-    client: str | None  # regency.observe.admission.client_key
 
 
 @dataclass(frozen=True)
@@ -146,7 +145,7 @@ class HttpServer:
         for old in self._admission.admit(key, writer):
             old.transport.abort()
             self._refused.warning(
-                "%s: closed an idle connection of %s: too many connections without a token "
+                "%s: closed the oldest connection without a token to admit one from %s "
                 "(at most %d per client, %d from others, %d from this user)",
                 self._name,
                 describe(key),
@@ -168,7 +167,7 @@ class HttpServer:
     ) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT)
-            request = _parse(head, key)
+            request = _parse(head)
         except asyncio.TimeoutError:
             self._refuse(key, f"no whole request within {HEADER_TIMEOUT:g} s")
             return
@@ -207,7 +206,7 @@ class HttpServer:
         self._refused.warning("%s: refused a request from %s: %s", self._name, describe(key), why)
 
 
-def _parse(head: bytes, client: str | None) -> Request:
+def _parse(head: bytes) -> Request:
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
@@ -220,7 +219,7 @@ def _parse(head: bytes, client: str | None) -> Request:
         if not colon or not name or name != name.strip():
             raise _BadRequestError(f"not a header line: {line[:100]!r}")
         headers[name.lower()] = value.strip()
-    return Request(parts[0], parts[1], headers, client)
+    return Request(parts[0], parts[1], headers)
 
 
 def _error(status: HTTPStatus, text: str) -> Response:
