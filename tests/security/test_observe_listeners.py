@@ -149,12 +149,12 @@ def controller() -> Iterator[_Controller]:
 def test_admin_api_flood_from_another_user_leaves_the_owner_served(
     attacker: Attacker, controller: _Controller
 ) -> None:
-    """1100 connections (100 dripping a byte a second) from another uid, held 8 s: the
+    """1100 connections (100 dripping a byte a second) from another uid, held 12 s: the
     controller (1024 descriptors) keeps answering its owner at once, keeps its descriptors and
     can still start a proc."""
     pid = controller.process.pid
     before = _fd_count(pid)
-    flood = start_flood(attacker, _port(controller.url), 1100, drips=100, hold=8.0)
+    flood = start_flood(attacker, _port(controller.url), 1100, drips=100, hold=12.0)
     try:
         peak, served = before, 0
         while flood.running_after(0.5):
@@ -169,7 +169,7 @@ def test_admin_api_flood_from_another_user_leaves_the_owner_served(
     # At most OTHERS connections of others are kept, each for HEADER_TIMEOUT at most.
     assert peak < before + http_server.OTHERS + 32, (before, peak)
     assert seen["cut"] == seen["opened"] > 1000, seen
-    assert seen["longest_drip"] < http_server.HEADER_TIMEOUT + 1.5, seen
+    assert seen["longest_drip"] < http_server.HEADER_TIMEOUT + 3.0, seen  # never cut: 12 s and more
     assert controller.command("spawn").startswith("spawned"), controller.stderr[-5:]
     assert controller.process.poll() is None
     assert not any("Traceback" in line for line in controller.stderr), controller.stderr[:20]
@@ -289,7 +289,9 @@ def test_debugger_drips_of_another_user_hold_no_slot_the_owner_needs(
         flood.kill()
     assert peak < before + debug_server.MAX_HANDSHAKES + 16, (before, peak)
     assert seen["cut"] == seen["opened"] > 1000, seen
-    assert seen["longest_drip"] < debug_server.HANDSHAKE_TIMEOUT + 1.5, seen
+    assert seen["longest_drip"] < debug_server.HANDSHAKE_TIMEOUT + 3.0, (
+        seen
+    )  # never cut: 12 s and more
 
 
 def test_debugger_handshake_deadline_holds_however_the_bytes_trickle(
@@ -316,7 +318,7 @@ def test_debugger_handshake_deadline_holds_however_the_bytes_trickle(
         assert silent.makefile("rb").readline()  # the challenge, then
         assert _closed(silent)
     assert cut
-    assert 1.0 <= took < 1.0 + 1.0, took
+    assert 1.0 <= took < 1.0 + 2.0, took  # the drip alone would last 10 s
 
 
 def _closed(sock: socket.socket) -> bool:

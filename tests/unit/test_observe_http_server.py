@@ -54,7 +54,7 @@ def test_silence_and_drips_are_cut_at_the_header_deadline(
                 break
         assert _answer(dripping) == b""
         assert _answer(silent) == b""
-    assert time.monotonic() - start < 0.5 + 1.0
+    assert time.monotonic() - start < 0.5 + 2.0  # the drip alone would last 6 s
     assert "no whole request within 0.5 s" in caplog.text
 
 
