@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import select
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from http import HTTPStatus
 
 import pytest
 
@@ -95,3 +97,45 @@ def test_refusals_are_one_line_each_and_rate_limited(
         "admin API: refused a request from this user: GET '/v1/tree': 401"
     )
     assert all(r.exc_info is None for r in caplog.records)  # no tracebacks
+
+
+class _Big:
+    """An app whose every answer is 64 MiB: more than loopback's buffers hold."""
+
+    def authorized(self, request: http_server.Request) -> bool:
+        return True
+
+    def public(self, request: http_server.Request) -> http_server.Response:
+        raise AssertionError("every request is authorized here")
+
+    def private(self, request: http_server.Request) -> http_server.Response:
+        return http_server.Response(HTTPStatus.OK, b"x" * (64 << 20))
+
+
+class _Watch(logging.Handler):
+    """Sets ``seen`` once a record holding ``text`` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+def test_an_answer_the_client_does_not_take_is_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http_server, "IDLE_TIMEOUT", 0.5)
+    log = logging.getLogger("regency.test-http")
+    watch = _Watch("did not take its answer within 0.5 s")
+    log.addHandler(watch)
+    server = http_server.HttpServer("127.0.0.1", 0, _Big(), "big", log)
+    try:
+        with socket.create_connection(server.address, timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            assert watch.seen.wait(10), "the answer was never cut"
+            assert len(_answer(sock)) < 64 << 20
+    finally:
+        server.stop()
+        log.removeHandler(watch)

@@ -8,8 +8,8 @@ and a coroutine until it has sent a whole request head:
   :data:`PER_CLIENT` from one of them (another local user by uid, another machine by address),
   :data:`OWNER` from this user's own processes; one more pushes out the oldest of its kind;
 - the request head must arrive whole within :data:`HEADER_TIMEOUT` seconds and fit in
-  :data:`MAX_HEAD` bytes; a response the client stops reading for :data:`IDLE_TIMEOUT` seconds
-  is cut;
+  :data:`MAX_HEAD` bytes; a response the client has not taken within :data:`IDLE_TIMEOUT`
+  seconds is cut;
 - only an authorized request runs its handler on a thread, one of :data:`WORKERS`;
 - each refused or cut connection is one log line, at most 10 per 10 s
   (:class:`regency._transport.ratelog.RateLimitedLog`);
@@ -86,7 +86,7 @@ class HttpServer:
         self._sock = socket.create_server((host, port), family=family)
         bound_host, bound_port = self._sock.getsockname()[:2]
         self.address = (str(bound_host), int(bound_port))
-        self._app, self._name, self._log = app, name, log
+        self._app, self._name = app, name
         self._refused = RateLimitedLog(log)
         self._admission: Admission[asyncio.StreamWriter] = Admission(OTHERS, PER_CLIENT, OWNER)
         self._writers: set[asyncio.StreamWriter] = set()
@@ -199,7 +199,9 @@ class HttpServer:
             await asyncio.wait_for(writer.drain(), IDLE_TIMEOUT)
         except asyncio.TimeoutError:
             self._refused.warning(
-                "%s: cut a connection that read nothing for %g s", self._name, IDLE_TIMEOUT
+                "%s: cut a connection that did not take its answer within %g s",
+                self._name,
+                IDLE_TIMEOUT,
             )
 
     def _refuse(self, key: str | None, why: str) -> None:
