@@ -28,7 +28,7 @@ from _attacker import Attacker, attacker
 from _local_flood import start_flood, wrong_proofs
 
 from regency._transport.peer_identity import loopback_peer_uid
-from regency.observe import debug_server, http_server
+from regency.observe import debug_server, debug_wire, http_server
 from regency.observe.admission import client_key
 from regency.observe.debug_server import DebugServer
 from regency.observe.debug_sessions import Sessions
@@ -331,3 +331,16 @@ def _closed(sock: socket.socket) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def test_debugger_refuses_a_long_handshake_line_at_once(debugger: DebugServer) -> None:
+    """A peer that has proved nothing may not make the server buffer a long line."""
+    host, port = debugger.address.rsplit(":", 1)
+    start = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        reader = sock.makefile("rb")
+        reader.readline()  # the challenge
+        sock.sendall(b"x" * (debug_wire.HANDSHAKE_LINE + 10))  # and no end of line
+        refusal = json.loads(reader.readline())
+    assert refusal == {"error": "authentication failed: wrong or missing secret"}
+    assert time.monotonic() - start < debug_server.HANDSHAKE_TIMEOUT - 2

@@ -32,7 +32,7 @@ from regency._transport.ratelog import RateLimitedLog
 from regency.observe.admission import Admission, client_key, describe
 from regency.observe.debug_repl import DebugRepl
 from regency.observe.debug_sessions import Sessions
-from regency.observe.debug_wire import LineChannel, WireError, proof
+from regency.observe.debug_wire import HANDSHAKE_LINE, LineChannel, WireError, proof
 
 log = logging.getLogger("regency.debugger")
 
@@ -184,7 +184,7 @@ class DebugServer:
         challenge = secrets.token_hex(16)
         channel.sock.settimeout(HANDSHAKE_TIMEOUT)  # and _cut_slow_handshakes, however it drips
         channel.send(challenge=challenge, server="regency debugger")
-        answer = channel.receive().get("proof")
+        answer = channel.receive(HANDSHAKE_LINE).get("proof")
         if not isinstance(answer, str):
             return False
         good = [proof(token, challenge) for token in self._tokens()]
