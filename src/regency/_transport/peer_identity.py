@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
+from typing import Any, Protocol
 
 _UCRED = struct.Struct("3i")
 # NETLINK_SOCK_DIAG (linux/sock_diag.h, linux/inet_diag.h): one socket looked up by its
@@ -29,8 +30,28 @@ _IF_COOKIE = struct.Struct("=III")  # interface, cookie (any): host order
 _MSG = struct.Struct("=BBBB48sIIIII")  # family, state, timer, retrans, sockid, ..., uid, inode
 
 
-def unix_peer_uid(sock: socket.socket) -> int | None:
-    """The uid of the process at the other end of a unix socket (``None``: unknown)."""
+class ConnectedSocket(Protocol):
+    """What is asked of a connected socket (``socket.socket`` and asyncio's view of one)."""
+
+    @property
+    def family(self) -> int:
+        """The address family."""
+
+    def getpeername(self) -> Any:
+        """The peer's address."""
+
+    def getsockname(self) -> Any:
+        """This end's address."""
+
+    def getsockopt(self, level: int, optname: int, buflen: int) -> bytes:
+        """A socket option's raw value."""
+
+
+def unix_peer_uid(sock: ConnectedSocket) -> int | None:
+    """The uid of the process at the other end of a unix socket (``None``: unknown, or not a
+    unix socket)."""
+    if sock.family != socket.AF_UNIX:
+        return None
     try:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     except OSError:
@@ -51,10 +72,12 @@ def is_loopback(ip: str) -> bool:
     return parsed.is_loopback
 
 
-def tcp_peer_uid(sock: socket.socket) -> int | None:
+def tcp_peer_uid(sock: ConnectedSocket) -> int | None:
     """The uid owning the other end of a TCP connection from this machine's own network
-    namespace (``None``: not found, e.g. a peer on another host, or one that has closed its
-    end already)."""
+    namespace (``None``: not found, e.g. a peer on another host, one that has closed its end
+    already, or not a TCP socket). One exact lookup, whatever the number of sockets."""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
     try:
         peer = sock.getpeername()
         here = sock.getsockname()

@@ -2,7 +2,8 @@
 
 Monarch's routes (``/v1/root``, ``/v1/tree``, ``/v1/{ref}``, ``/v1/pyspy/{proc}``), and
 ``/v1/telemetry/endpoints`` (per-endpoint call statistics for the dashboard), served by the
-controller from a thread of its own while enabled. Every request needs
+controller from a thread of its own while enabled (:mod:`regency.observe.http_server`, which
+bounds what clients without the token can hold). Every request needs
 ``Authorization: Bearer TOKEN``; the token is derived from a secret (the job's, or this
 controller's), so whoever holds the secret can compute it and nobody else can (401 otherwise).
 It listens on loopback unless told otherwise, and refuses a non-loopback address unless
@@ -18,9 +19,7 @@ import hmac
 import ipaddress
 import json
 import logging
-import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -28,6 +27,7 @@ from regency._lowlevel import find, mesh_tree, runtime, stacks_of
 from regency.observe import rendezvous
 from regency.observe.dashboard import HEADERS as DASHBOARD_HEADERS
 from regency.observe.dashboard import dashboard_file, dashboard_link
+from regency.observe.http_server import HttpServer, Request, Response
 
 log = logging.getLogger("regency.admin")
 
@@ -63,24 +63,18 @@ class AdminServer:
     whoever has it, as the token does.
     """
 
-    def __init__(self, server: ThreadingHTTPServer, token: str) -> None:
+    def __init__(self, server: HttpServer, token: str) -> None:
         self._server = server
         self.token = token
-        host, port = str(server.server_address[0]), int(server.server_address[1])
+        host, port = server.address
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{port}"
         self.dashboard_url = dashboard_link(self.url, token)
-        self._thread = threading.Thread(
-            target=server.serve_forever, name="regency-admin", daemon=True
-        )
-        self._thread.start()
 
     def stop(self) -> None:
-        """Stop serving and close the listening socket."""
+        """Stop serving and close the listening socket and every connection."""
         rendezvous.withdraw("admin")
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._server.stop()
 
     def __repr__(self) -> str:
         return f"AdminServer({self.url})"
@@ -101,105 +95,95 @@ def start_admin(
             "serve the admin API to other machines"
         )
     token = admin_token(secret if secret is not None else runtime().secret)
-
-    class Handler(_Handler):
-        expected = f"Bearer {token}"
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    admin = AdminServer(server, token)
+    admin = AdminServer(HttpServer(host, port, _AdminApp(token), "admin API", log), token)
     rendezvous.publish("admin", {"url": admin.url, "token": token})  # for `regency stacks`
     log.info("admin API at %s", admin.url)
     return admin
 
 
-class _Handler(BaseHTTPRequestHandler):
-    expected = ""
-    server_version = "regency-admin/1"
+class _AdminApp:
+    """The routes: the dashboard's files for anybody, the rest for the bearer of the token."""
 
-    def do_GET(self) -> None:
-        page = dashboard_file(self.path.split("?", 1)[0])
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    def authorized(self, request: Request) -> bool:
+        given = request.headers.get("authorization", "").encode("latin-1")
+        return hmac.compare_digest(given, self._expected)
+
+    def public(self, request: Request) -> Response:
+        if request.method != "GET":
+            return _json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "only GET is served"})
+        page = dashboard_file(request.target.split("?", 1)[0])
         if page is not None:  # static and data-free: its script sends the token for data
-            self._send_page(*page)
-            return
-        given = self.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), self.expected.encode()):
-            self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
-            return
-        path = self.path.split("?", 1)[0].rstrip("/")
+            body, content_type = page
+            return Response(
+                HTTPStatus.OK, body, {"Content-Type": content_type, **DASHBOARD_HEADERS}
+            )
+        return _json(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
+
+    def private(self, request: Request) -> Response:
+        target = request.target
+        if request.method != "GET" or dashboard_file(target.split("?", 1)[0]) is not None:
+            return self.public(request)
+        path = target.split("?", 1)[0].rstrip("/")
         parts = [unquote(p) for p in path.split("/") if p]
         if len(parts) < 2 or parts[0] != "v1":
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {path!r}"})
-            return
+            return _json(HTTPStatus.NOT_FOUND, {"error": f"no route {path!r}"})
         try:
             if parts[1:] == ["telemetry", "endpoints"]:
-                self._telemetry_endpoints()
-            else:
-                self._route(parts[1:])
+                return _telemetry_endpoints(target)
+            return _route(parts[1:])
         except Exception as exc:  # an answer, not a dropped connection
             log.exception("admin request %s failed", path)
-            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
+            return _json(
+                HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"}
+            )
 
-    def _route(self, parts: list[str]) -> None:
-        tree = mesh_tree()
-        if parts == ["tree"]:
-            self._send(HTTPStatus.OK, tree)
-        elif parts == ["root"]:
-            summary = {k: v for k, v in tree.items() if k != "hosts"}
-            summary["hosts"] = [_summary(h) for h in tree["hosts"]]
-            self._send(HTTPStatus.OK, summary)
-        elif len(parts) == 2 and parts[0] == "pyspy":
-            node = find(tree, parts[1])
-            if node is None or node.get("kind") != "proc":
-                self._send(HTTPStatus.NOT_FOUND, {"error": f"no proc {parts[1]!r}"})
-                return
-            pending = stacks_of([node["address"]], True, _STACKS_TIMEOUT)
-            pending.wait(_STACKS_TIMEOUT + 5)
-            (text,) = pending.outcome()
-            body = {"ref": node["ref"], "address": node["address"], "stacks": text}
-            self._send(HTTPStatus.OK, body)
-        elif len(parts) == 1:
-            node = find(tree, parts[0])
-            if node is None:
-                self._send(HTTPStatus.NOT_FOUND, {"error": f"no node {parts[0]!r}"})
-            else:
-                self._send(HTTPStatus.OK, node)
-        else:
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {'/'.join(parts)!r}"})
 
-    def _telemetry_endpoints(self) -> None:
-        from regency.observe.telemetry import endpoints
+def _route(parts: list[str]) -> Response:
+    tree = mesh_tree()
+    if parts == ["tree"]:
+        return _json(HTTPStatus.OK, tree)
+    if parts == ["root"]:
+        summary = {k: v for k, v in tree.items() if k != "hosts"}
+        summary["hosts"] = [_summary(h) for h in tree["hosts"]]
+        return _json(HTTPStatus.OK, summary)
+    if len(parts) == 2 and parts[0] == "pyspy":
+        node = find(tree, parts[1])
+        if node is None or node.get("kind") != "proc":
+            return _json(HTTPStatus.NOT_FOUND, {"error": f"no proc {parts[1]!r}"})
+        pending = stacks_of([node["address"]], True, _STACKS_TIMEOUT)
+        pending.wait(_STACKS_TIMEOUT + 5)
+        (text,) = pending.outcome()
+        return _json(
+            HTTPStatus.OK, {"ref": node["ref"], "address": node["address"], "stacks": text}
+        )
+    if len(parts) == 1:
+        node = find(tree, parts[0])
+        if node is None:
+            return _json(HTTPStatus.NOT_FOUND, {"error": f"no node {parts[0]!r}"})
+        return _json(HTTPStatus.OK, node)
+    return _json(HTTPStatus.NOT_FOUND, {"error": f"no route {'/'.join(parts)!r}"})
 
-        query = parse_qs(self.path.partition("?")[2])
-        try:
-            window = float(query.get("window_s", ["60"])[-1])
-            body = endpoints.report(window, runtime().job_id)
-        except ValueError as exc:
-            self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-            return
-        self._send(HTTPStatus.OK, body)
 
-    def _send(self, status: HTTPStatus, body: Any) -> None:
-        data = json.dumps(body, indent=1).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if status == HTTPStatus.UNAUTHORIZED:
-            self.send_header("WWW-Authenticate", 'Bearer realm="regency"')
-        self.end_headers()
-        self.wfile.write(data)
+def _telemetry_endpoints(target: str) -> Response:
+    from regency.observe.telemetry import endpoints
 
-    def _send_page(self, body: bytes, content_type: str) -> None:
-        self.send_response(HTTPStatus.OK)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in DASHBOARD_HEADERS.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
+    query = parse_qs(target.partition("?")[2])
+    try:
+        window = float(query.get("window_s", ["60"])[-1])
+        body = endpoints.report(window, runtime().job_id)
+    except ValueError as exc:
+        return _json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+    return _json(HTTPStatus.OK, body)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("admin %s: " + format, self.address_string(), *args)
+
+def _json(status: HTTPStatus, body: Any) -> Response:
+    headers = {"Content-Type": "application/json"}
+    if status == HTTPStatus.UNAUTHORIZED:
+        headers["WWW-Authenticate"] = 'Bearer realm="regency"'
+    return Response(status, json.dumps(body, indent=1).encode(), headers)
 
 
 def _summary(node: dict[str, Any]) -> dict[str, Any]:

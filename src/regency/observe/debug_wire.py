@@ -1,11 +1,13 @@
 """The debugger's wire: JSON lines over a TCP connection, and the handshake that opens it.
 
-Each message is one JSON object on one line (at most :data:`MAX_LINE` bytes). The server opens
-with ``{"challenge": NONCE}``; the client answers ``{"proof": HMAC(token, NONCE)}``, where the
-token is :func:`debug_token` of a secret the controller holds (its own, or a job secret it
-attached workers with); the server answers ``{"ok": true}`` or ``{"error": ...}`` and closes.
-After that the server sends ``{"out": TEXT}`` (print it), ``{"read": PROMPT}`` (read a line
-and answer ``{"line": TEXT}``) and ``{"bye": TEXT}`` (the session is over).
+Each message is one JSON object on one line (at most :data:`MAX_LINE` bytes; the handshake's
+answer at most :data:`HANDSHAKE_LINE`, so a peer that has proved nothing holds little memory).
+The server opens with ``{"challenge": NONCE}``; the client answers
+``{"proof": HMAC(token, NONCE)}``, where the token is :func:`debug_token` of a secret the
+controller holds (its own, or a job secret it attached workers with); the server answers
+``{"ok": true}`` or ``{"error": ...}`` and closes. After that the server sends
+``{"out": TEXT}`` (print it), ``{"read": PROMPT}`` (read a line and answer
+``{"line": TEXT}``) and ``{"bye": TEXT}`` (the session is over).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from regency._errors import RegencyError
 
 MAX_LINE = 1 << 20
+HANDSHAKE_LINE = 1024
 _TOKEN_LABEL = b"regency debugger v1"
 
 
@@ -47,16 +50,19 @@ class LineChannel:
         """Send one message (raises ``OSError`` if the peer is gone)."""
         self.sock.sendall(json.dumps(message).encode() + b"\n")
 
-    def receive(self) -> dict[str, Any]:
-        """The next message; :class:`WireError` on end of stream or a malformed line."""
+    def receive(self, max_line: int = MAX_LINE) -> dict[str, Any]:
+        """The next message, of at most ``max_line`` bytes.
+
+        :class:`WireError` on end of stream or a malformed line.
+        """
         try:
-            line = self._reader.readline(MAX_LINE + 1)
+            line = self._reader.readline(max_line + 1)
         except OSError as exc:
             raise WireError(f"connection lost: {exc}") from exc
         if not line:
             raise WireError("the peer closed the connection")
-        if len(line) > MAX_LINE or not line.endswith(b"\n"):
-            raise WireError(f"a line longer than {MAX_LINE} bytes")
+        if len(line) > max_line or not line.endswith(b"\n"):
+            raise WireError(f"a line longer than {max_line} bytes")
         try:
             message = json.loads(line)
         except ValueError:
