@@ -125,6 +125,7 @@ class SpawnProcs:
     settings: dict[str, object]  # the spawner's regency.config values when it asked
     launches: tuple[ProcLaunch | None, ...] | None = None  # per proc: binding, command
     logs: PortRef | None = None  # forward the procs' stdout/stderr lines here (None: inherit)
+    hosts: tuple[str, ...] = ()  # the host agents of the host mesh they are spawned through
 
 
 @dataclass(frozen=True, slots=True)

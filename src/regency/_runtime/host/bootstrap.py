@@ -106,7 +106,7 @@ def serve(settings: dict[str, Any]) -> None:
     runtime.gateway_ips = list(settings.get("gateway_ips") or ())
     context.install_client(ClientInstance(runtime, is_root=False))
     breakpoints.install()
-    state.install(runtime, settings["agent"], settings["root"])
+    state.install(runtime, settings["agent"], settings["root"], settings.get("hosts", ()))
     tracing.follow_config()
 
     stop = threading.Event()

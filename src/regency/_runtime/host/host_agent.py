@@ -149,6 +149,7 @@ class HostAgent:
             "job_id": session.job_id,
             "agent": session.agent,
             "root": session.root,
+            "hosts": request.hosts,
             "gateway": session.gateway,
             "reverse": session.reverse,
             # Forwarded ports of the hosts the controller reaches that way (its own machine).
