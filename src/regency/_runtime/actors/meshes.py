@@ -30,6 +30,7 @@ from regency._runtime.actors.identity import (
     InstanceBase,
     set_this_proc_mesh,
 )
+from regency._runtime.actors.joining import carry_secret
 from regency._runtime.actors.log_sink import LogSink, flushed_after, set_logging_option
 from regency._runtime.actors.mesh_supervisor import MeshSupervisor
 from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
@@ -478,6 +479,7 @@ def this_proc_mesh() -> ProcMesh:
 
 
 set_this_proc_mesh(this_proc_mesh)
+carry_secret(HostMesh, ProcMesh, ActorMesh)
 
 
 def this_host_mesh() -> HostMesh:

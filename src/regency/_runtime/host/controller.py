@@ -30,7 +30,7 @@ def bootstrap_controller() -> None:
     """Create the controller's runtime (called once, lazily, under the state lock)."""
     global _host_agent, _proc_agent
     job_id = os.urandom(4).hex()
-    secret = os.urandom(32)
+    secret = state.adopted_secret() or os.urandom(32)  # a mesh received from a controller
     runtime = ProcRuntime(f"unix:@regency-{job_id}-controller", secret, job_id)
     context.install_client(ClientInstance(runtime, is_root=True))
     state.install(runtime, runtime.address, runtime.address)

@@ -20,6 +20,7 @@ _shut_down = False
 _host_agent: str | None = None
 _root: str | None = None
 _host_mesh: tuple[str, ...] = ()
+_adopted_secret: bytes | None = None
 
 
 def set_boot(boot: Callable[[], None]) -> None:
@@ -51,6 +52,25 @@ def host_agent_address() -> str:
     runtime()
     assert _host_agent is not None
     return _host_agent
+
+
+def adopt_secret(secret: bytes) -> bool:
+    """Have the runtime this process boots hold ``secret`` (another controller's, to join it).
+
+    False if this process already holds another one: its runtime runs, or it adopted another.
+    """
+    global _adopted_secret
+    with _lock:
+        if _runtime is not None:
+            return _runtime.secret == secret
+        if _adopted_secret is None:
+            _adopted_secret = secret
+        return _adopted_secret == secret
+
+
+def adopted_secret() -> bytes | None:
+    """The secret :func:`adopt_secret` recorded for the runtime to boot with, if any."""
+    return _adopted_secret
 
 
 def host_mesh_agents() -> tuple[str, ...]:
