@@ -86,9 +86,15 @@ class StopActor:
 
 @dataclass(frozen=True, slots=True)
 class StopProc:
-    """Ask a proc to stop every actor it hosts, then exit."""
+    """Ask a proc to stop every actor it hosts, then exit.
+
+    ``exiting``: its controller is exiting, so the proc ends without running its interpreter's
+    exit handlers (as Monarch's procs then do): a library thread still blocked, in a collective
+    say, cannot hold its exit up.
+    """
 
     reason: str
+    exiting: bool = False
 
 
 @dataclass(frozen=True, slots=True)
