@@ -18,7 +18,6 @@ from multiprocessing.reduction import ForkingPickler
 
 import pytest
 
-from conftest import STOP_TIMEOUT, spawn
 from regency._lowlevel import runtime
 from regency.actor import Actor, ProcMesh, endpoint, this_host
 
@@ -53,9 +52,9 @@ def late_joiner(inbox: multiprocessing.Queue[object], out: multiprocessing.Queue
 
 @pytest.fixture
 def procs() -> Iterator[ProcMesh]:
-    procs = spawn(1)
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
     yield procs
-    procs.stop().get(timeout=STOP_TIMEOUT)
+    procs.stop().get(timeout=30)
 
 
 def alive(pid: int) -> bool:
