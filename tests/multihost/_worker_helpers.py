@@ -20,6 +20,7 @@ from netns import NetnsCluster
 from regency.actor import Actor, MeshFailure, current_rank, endpoint, this_host
 from regency.job import worker_command, worker_env
 from regency.job._process import ProcessJob, _alive, _group_members, _start_time
+from regency.shape import Shape, Slice
 
 LISTENING = re.compile(r"regency worker listening on (tcp://\S+)")
 
@@ -35,7 +36,7 @@ class Probe(Actor):
         return {
             "rank": dict(current_rank()),
             "pid": os.getpid(),
-            "host": this_host()._hosts[0].agent,
+            "host": next(iter(this_host()._agents())),
         }
 
     @endpoint
@@ -51,6 +52,15 @@ class Probe(Actor):
     @endpoint
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    @endpoint
+    def spawn_by_host_rank(self, per_host: int) -> object:
+        """Spawn on this host, picked from its host mesh by this actor's ``hosts`` rank (the way
+        Monarch's nested-mesh test does); returns the new actor mesh."""
+        rank = current_rank()["hosts"]
+        here = Shape(["hosts"], Slice(offset=rank, sizes=[1], strides=[1]))
+        procs = this_host()._new_with_shape(here).spawn_procs(per_host={"gpus": per_host})
+        return procs.spawn("nested", Probe)
 
     @endpoint
     def spawn_on_my_host(self) -> dict[str, object]:

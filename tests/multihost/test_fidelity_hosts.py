@@ -82,6 +82,33 @@ def test_only_the_owned_mesh_shuts_down(job: ProcessJob) -> None:
     assert len(probes.value.call(1).get(timeout=30)) == 2
 
 
+def test_stop_drains_only_the_procs_spawned_through_that_mesh(job: ProcessJob) -> None:
+    first, second = hosts_of(job), hosts_of(job)  # two attachments to the same workers
+    assert first is not second
+    ones = first.spawn_procs(per_host={"gpus": 1}).spawn("ones", Probe)
+    twos = second.spawn_procs(per_host={"gpus": 1}).spawn("twos", Probe)
+    pids_one = [w["pid"] for w in ones.where.call().get(timeout=30).values()]
+    pids_two = [w["pid"] for w in twos.where.call().get(timeout=30).values()]
+    first.stop().get(timeout=60)
+    for pid in pids_one:
+        wait_gone(pid, timeout=10)
+    assert [w["pid"] for w in twos.where.call().get(timeout=30).values()] == pids_two
+    second.stop().get(timeout=60)
+    for pid in pids_two:
+        wait_gone(pid, timeout=10)
+
+
+def test_an_actor_spawns_on_its_host_picked_by_rank_from_this_host(job: ProcessJob) -> None:
+    workers = job._worker_addresses()["hosts"]
+    spawners = hosts_of(job).spawn_procs().spawn("spawners", Probe)
+    outer = {w["pid"] for w in spawners.where.call().get(timeout=30).values()}
+    nested = spawners.spawn_by_host_rank.call(2).get(timeout=60)
+    for rank in range(2):
+        where = nested.item(hosts=rank).where.call().get(timeout=30)
+        assert [w["host"] for w in where.values()] == [workers[rank]] * 2
+        assert not outer & {w["pid"] for w in where.values()}, "new procs, not the spawners"
+
+
 def test_async_with_shuts_the_hosts_down(job: ProcessJob) -> None:
     hosts = hosts_of(job)
     members = job_processes(job)

@@ -95,5 +95,5 @@ def test_local_job_is_this_host() -> None:
     state = job.state(cached_path=None)
     for name in ("a", "b"):
         probe = getattr(state, name).spawn_procs().spawn(f"local_{name}", Probe)
-        assert probe.where.call_one().get(timeout=30)["host"] == this_host()._hosts[0].agent
+        assert probe.where.call_one().get(timeout=30)["host"] == next(iter(this_host()._agents()))
     job.kill()

@@ -48,7 +48,7 @@ class Here(Actor):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((BRIDGE_IP, 9))  # sends nothing: only picks the route
             ip = str(probe.getsockname()[0])
-        return ip, this_host()._hosts[0].agent
+        return ip, next(iter(this_host()._agents()))
 
 
 @dataclass

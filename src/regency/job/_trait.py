@@ -117,6 +117,7 @@ class JobTrait(abc.ABC):
         self.secret: bytes = os.urandom(32)
         self.apply_id: str | None = None
         self._state: JobState | None = None
+        self._attached: list[JobState] = []  # the meshes earlier state() calls returned
         self._admin: AdminServer | None = None  # serving once enable_admin() and state()
         self._telemetry_on = False  # this controller's telemetry, switched on by state()
 
@@ -131,6 +132,9 @@ class JobTrait(abc.ABC):
     def state(self, cached_path: str | Path | None = DEFAULT_JOB_PATH) -> JobState:
         """Attach to the job's hosts, creating them if needed, and return their meshes.
 
+        Every call attaches anew, as Monarch's does: its host meshes are new ones, whose
+        ``stop()`` drains only the procs spawned through them.
+
         With ``cached_path``, a job pickled there by an earlier run is reused when it is still
         running and ``can_run`` this spec (no new allocation); otherwise it is killed, the file
         removed, this job applied and pickled there (mode 0600). A cache file not private to
@@ -138,6 +142,8 @@ class JobTrait(abc.ABC):
         :class:`~regency._private_paths.UnsafePathError`.
         """
         if self._state is not None and self._running():
+            self._attached.append(self._state)
+            self._state = self._connect()
             return self._state
         path = Path(cached_path) if cached_path is not None else None
         if self.apply_id is None and path is not None:
@@ -163,14 +169,17 @@ class JobTrait(abc.ABC):
         Telemetry that ``state()`` switched on is switched off (what it recorded stays).
         Idempotent.
         """
-        state, self._state = self._state, None
+        states = [*getattr(self, "_attached", ()), self._state]
+        self._attached, self._state = [], None
         admin, self._admin = getattr(self, "_admin", None), None
         if admin is not None:
             admin.stop()
         if getattr(self, "_telemetry_on", False):
             self._telemetry_on = False
             disable_telemetry()
-        if state is not None:
+        for state in states:
+            if state is None:
+                continue
             for name, mesh in state._meshes.items():
                 if mesh._lease is not None and mesh._lease.shut_down:
                     continue  # HostMesh.shutdown() stopped them already
@@ -236,6 +245,7 @@ class JobTrait(abc.ABC):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_state"] = None  # meshes belong to the controller that attached them
+        state["_attached"] = []
         state["_admin"] = None  # so does its admin server
         state["_telemetry_on"] = False  # and its telemetry
         return state

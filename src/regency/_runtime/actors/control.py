@@ -86,9 +86,15 @@ class StopActor:
 
 @dataclass(frozen=True, slots=True)
 class StopProc:
-    """Ask a proc to stop every actor it hosts, then exit."""
+    """Ask a proc to stop every actor it hosts, then exit.
+
+    ``exiting``: its controller is exiting, so the proc ends without running its interpreter's
+    exit handlers (as Monarch's procs then do): a library thread still blocked, in a collective
+    say, cannot hold its exit up.
+    """
 
     reason: str
+    exiting: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +131,7 @@ class SpawnProcs:
     settings: dict[str, object]  # the spawner's regency.config values when it asked
     launches: tuple[ProcLaunch | None, ...] | None = None  # per proc: binding, command
     logs: PortRef | None = None  # forward the procs' stdout/stderr lines here (None: inherit)
+    hosts: tuple[str, ...] = ()  # the host agents of the host mesh they are spawned through
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from regency import _plugins, config
-from regency._runtime.actors import breakpoints, context, tracing
+from regency._runtime.actors import breakpoints, context, supervision, tracing
 from regency._runtime.actors.control import SpawnActor
 from regency._runtime.actors.endpoint_def import EndpointSpec, plain_method
 from regency._runtime.actors.errors import ActorError, SupervisionError, failed_text, stopped_text
@@ -214,8 +214,9 @@ class ActorCore(InstanceBase):
     def _fail(
         self, reason: str, exc: BaseException | None = None, cause: FailureEvent | None = None
     ) -> None:
-        """Mark this actor failed, tell its owner, and stop the meshes it owns."""
-        if self.failed is not None or self.stopped:
+        """Mark this actor failed, tell its owner, and stop the meshes it owns (not while the
+        process ends with its controller: then it is being stopped)."""
+        if self.failed is not None or self.stopped or supervision.is_shutting_down():
             return
         self.failed = reason
         self._failure_error = exc if exc is not None else Exception(reason)

@@ -35,6 +35,7 @@ from regency._runtime.actors.identity import (
     InstanceBase,
     set_this_proc_mesh,
 )
+from regency._runtime.actors.joining import carry_secret
 from regency._runtime.actors.log_sink import LogSink, flushed_after, set_logging_option
 from regency._runtime.actors.mesh_supervisor import MeshSupervisor
 from regency._runtime.actors.mesh_table import mesh_table
@@ -54,7 +55,7 @@ from regency._runtime.actors.supervision import RestartPolicy
 from regency._runtime.actors.value_mesh import ValueMesh
 from regency._runtime.kernel import codec, state, wire
 from regency._runtime.kernel.pending import Pending
-from regency.shape import Extent, Point, Shape
+from regency.shape import Extent, Point, Shape, Slice
 
 T = TypeVar("T")
 
@@ -180,7 +181,8 @@ class HostMesh(MeshTrait):
         return Future._resolved(True)
 
     def stop(self, reason: str = "host mesh stopped") -> Future[None]:
-        """Stop the procs the caller spawned on these hosts; the hosts stay up."""
+        """Stop the procs the caller spawned through this mesh (or its slices); the hosts stay
+        up, and so do the procs spawned through another mesh over the same hosts."""
         if not self._owned:
             raise NotOwnedError("cannot stop `HostMesh` that is a reference instead of owned")
         self._check_up()
@@ -189,7 +191,14 @@ class HostMesh(MeshTrait):
     def _stop_procs(self, reason: str) -> Future[None]:
         owner = context.current_instance()
         agents = self._agents()
-        procs = [m for m in owner.owned if isinstance(m, ProcMesh) and m._agents() & agents]
+        procs = [
+            m
+            for m in owner.owned
+            if isinstance(m, ProcMesh)
+            and m._hosts is not None
+            and m._hosts._lease is self._lease  # spawned through this mesh (None: this_host())
+            and m._agents() & agents
+        ]
         futures = [m.stop(reason) for m in procs]
         pending = Pending()
 
@@ -290,10 +299,11 @@ class HostMesh(MeshTrait):
             config.get_global_config(),
             launches,
             sink.port,
+            tuple(host.agent for host in self._hosts),
         )
         for agent, infos in by_agent.items():
             start_procs(agent, infos, recipe)
-        hosts = HostMesh(self._shape, self._hosts)
+        hosts = HostMesh(self._shape, self._hosts, lease=self._lease)
         mesh = ProcMesh(shape, procs, mesh_name, hosts, owned=True, recipe=recipe)
         mesh._log_sink = sink
         mesh._owner = context.current_instance()
@@ -532,13 +542,23 @@ def this_proc_mesh() -> ProcMesh:
 
 
 set_this_proc_mesh(this_proc_mesh)
+carry_secret(HostMesh, ProcMesh, ActorMesh)
 
 
 def this_host_mesh() -> HostMesh:
-    """The host the calling process runs on, as a 0-dimensional mesh (as in Monarch)."""
+    """The host the calling process runs on, as a 0-dimensional mesh (as in Monarch).
+
+    In a proc it is the point of the host mesh the proc was spawned through, over that mesh's
+    hosts (as in Monarch), so ``_new_with_shape`` can select by the host's rank in it.
+    """
     state.runtime()
-    hosts = [HostInfo(state.host_agent_address())]
-    return HostMesh(Shape.unity(), hosts, owned=True, python=inherited_python())
+    agent = state.host_agent_address()
+    agents = state.host_mesh_agents()
+    python = inherited_python()
+    if agent not in agents:
+        return HostMesh(Shape.unity(), [HostInfo(agent)], owned=True, python=python)
+    here = Shape([], Slice(offset=agents.index(agent), sizes=[], strides=[]))
+    return HostMesh(here, [HostInfo(a) for a in agents], owned=True, python=python)
 
 
 def current_context() -> context.Context:

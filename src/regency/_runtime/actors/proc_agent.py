@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from regency import _plugins, config
+from regency._runtime.actors import supervision
 from regency._runtime.actors.control import (
     DumpStacks,
     PingProc,
@@ -39,7 +40,7 @@ class ProcAgent:
     def __init__(
         self,
         runtime: ProcRuntime,
-        on_stop_proc: Callable[[str], None] | None = None,
+        on_stop_proc: Callable[[StopProc], None] | None = None,
         booting: bool = False,
     ) -> None:
         self.runtime = runtime
@@ -115,21 +116,23 @@ class ProcAgent:
                 lambda: self._answer(port, 0, None) if port is not None else None,
             )
         elif isinstance(request, StopProc):
+            if request.exiting:
+                supervision.shutting_down()
             # Not on this thread: an actor that stops here stops the meshes it owns, and those
             # on this same proc are stopped by requests to this very thread.
             threading.Thread(
                 target=self._stop_proc,
-                args=(request.reason,),
+                args=(request,),
                 name="regency-proc-stop",
                 daemon=True,
             ).start()
         else:
             log.warning("proc agent got an unknown request %r", type(request).__name__)
 
-    def _stop_proc(self, reason: str) -> None:
+    def _stop_proc(self, request: StopProc) -> None:
         self.stop_all(config.get_seconds("stop_timeout"))
         if self._on_stop_proc is not None:
-            self._on_stop_proc(reason)
+            self._on_stop_proc(request)
 
     def _watch_owner(self, owner: str, mesh_id: int) -> None:
         """Stop this actor if the process of its mesh's owner dies (meshes die with owners)."""

@@ -84,6 +84,7 @@ class ProcRecipe:
     settings: dict[str, object]
     launches: tuple[ProcLaunch | None, ...] | None = None  # by rank
     logs: PortRef | None = None  # the mesh's log sink, where forwarded output goes
+    hosts: tuple[str, ...] = ()  # the host agents of the host mesh they were spawned through
 
 
 def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> None:
@@ -108,6 +109,7 @@ def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> No
             recipe.settings,
             launches,
             recipe.logs if forward else None,
+            recipe.hosts,
         ),
     )
 

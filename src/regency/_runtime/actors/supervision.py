@@ -243,6 +243,19 @@ class UndeliverableMessageEnvelope:
 
 _fatal = threading.Event()
 _delivered = threading.Event()  # the main thread got SystemExit(1): the exit code is set
+_shutting_down = threading.Event()
+
+
+def shutting_down() -> None:
+    """This process stops everything and ends with its controller: a failure from now on (an
+    actor whose collective broke as its peers stopped, say) is of an actor being stopped: it is
+    neither reported nor fatal."""
+    _shutting_down.set()
+
+
+def is_shutting_down() -> bool:
+    """Whether :func:`shutting_down` was called in this process."""
+    return _shutting_down.is_set()
 
 
 def run_fault_hook(failure: MeshFailure) -> None:
@@ -250,7 +263,10 @@ def run_fault_hook(failure: MeshFailure) -> None:
 
     A normal return ignores the failure. If the hook raises (its default raises ``SystemExit``),
     a report goes to stderr and the controller exits with code 1, running its atexit handlers.
+    Once the controller shuts down (:func:`shutting_down`), failures are ignored.
     """
+    if _shutting_down.is_set():
+        return
     hook = _fault_hook_lookup()
     try:
         hook(failure)

@@ -87,6 +87,7 @@ def serve(settings: dict[str, Any]) -> None:
     tls.install(settings.get("tls"))
 
     from regency._runtime.actors import breakpoints, context, log_records, tracing
+    from regency._runtime.actors.control import StopProc
     from regency._runtime.actors.instance import ClientInstance
     from regency._runtime.actors.proc_agent import ProcAgent
     from regency._runtime.kernel import state, wire
@@ -107,14 +108,19 @@ def serve(settings: dict[str, Any]) -> None:
     context.install_client(ClientInstance(runtime, is_root=False))
     log_records.prefix_records_with_actor()
     breakpoints.install()
-    state.install(runtime, settings["agent"], settings["root"])
+    state.install(runtime, settings["agent"], settings["root"], settings.get("hosts", ()))
     tracing.follow_config()
 
     stop = threading.Event()
+    stopped: list[StopProc] = []
     watch_parent(runtime, settings["parent_pid"])
 
+    def on_stop_proc(request: StopProc) -> None:
+        stopped.append(request)
+        stop.set()
+
     # The agent serves before the bootstrap runs, so the bootstrap can use this_proc().
-    agent = ProcAgent(runtime, on_stop_proc=lambda _: stop.set(), booting=True)
+    agent = ProcAgent(runtime, on_stop_proc=on_stop_proc, booting=True)
     runtime.add_service(wire.SERVICE_PROC, Service("regency-proc-agent", agent.handle))
     agent.booted(_run_bootstrap(settings["bootstrap"]))
     stop.wait()
@@ -122,6 +128,8 @@ def serve(settings: dict[str, Any]) -> None:
     runtime.close()
     sys.stdout.flush()
     sys.stderr.flush()
+    if stopped and stopped[0].exiting:
+        os._exit(0)  # see StopProc: the controller exits, so does this proc, at once
 
 
 LOG_FILE_ENV = "REGENCY_PROC_LOG"  # a forwarded proc's log file, for it and its children

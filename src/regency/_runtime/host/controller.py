@@ -25,12 +25,16 @@ from regency._runtime.kernel.service import Service
 _host_agent: HostAgent | None = None
 _proc_agent: ProcAgent | None = None
 
+EXIT_STOP_TIMEOUT = 1.0
+"""Seconds each proc gets to stop when the controller's interpreter exits (then it is killed):
+Monarch's exit budget (its atexit shutdown waits 1 s), whatever ``stop_timeout`` says."""
+
 
 def bootstrap_controller() -> None:
     """Create the controller's runtime (called once, lazily, under the state lock)."""
     global _host_agent, _proc_agent
     job_id = os.urandom(4).hex()
-    secret = os.urandom(32)
+    secret = state.adopted_secret() or os.urandom(32)  # a mesh received from a controller
     runtime = ProcRuntime(f"unix:@regency-{job_id}-controller", secret, job_id)
     context.install_client(ClientInstance(runtime, is_root=True))
     log_records.prefix_records_with_actor()
@@ -47,7 +51,7 @@ def bootstrap_controller() -> None:
     runtime.post_service(wire.SERVICE_HOST, WarmZygote())
     supervision.install_exit_path()
     atexit.register(_exit_code_after_fatal_failure)
-    atexit.register(shutdown)
+    atexit.register(_shutdown_at_exit)
     tracing.follow_config()
 
 
@@ -61,19 +65,27 @@ def _exit_code_after_fatal_failure() -> None:
         os._exit(code)
 
 
-def shutdown(timeout: float | None = None) -> None:
+def _shutdown_at_exit() -> None:
+    shutdown(min(EXIT_STOP_TIMEOUT, config.get_seconds("stop_timeout")), exiting=True)
+
+
+def shutdown(timeout: float | None = None, exiting: bool = False) -> None:
     """Stop every proc this controller started and close its runtime (idempotent).
 
     Each proc gets ``timeout`` seconds to stop (default: the ``stop_timeout`` setting).
+    ``exiting``: the interpreter is exiting, so the procs end without their exit handlers (see
+    ``StopProc``) and the ones killed are not logged (the streams may be closed by now).
+    Failures reported from here on are of meshes being stopped: they end nothing.
     """
     global _host_agent, _proc_agent
     runtime = state.existing()
     if runtime is None:
         return
+    supervision.shutting_down()
     if timeout is None:
         timeout = config.get_seconds("stop_timeout")
     if _host_agent is not None:
-        _host_agent.shutdown(timeout)
+        _host_agent.shutdown(timeout, exiting)
     if _proc_agent is not None:
         _proc_agent.stop_all(timeout)
     tracing.finish()  # after the procs, whose last batches it records

@@ -149,6 +149,7 @@ class HostAgent:
             "job_id": session.job_id,
             "agent": session.agent,
             "root": session.root,
+            "hosts": request.hosts,
             "gateway": session.gateway,
             "reverse": session.reverse,
             # Forwarded ports of the hosts the controller reaches that way (its own machine).
@@ -296,7 +297,9 @@ class HostAgent:
         with contextlib.suppress(PeerLostError):
             self.runtime.send_port(request.done, 0, 0, [pickle.dumps(None, protocol=5)])
 
-    def _stop_children(self, addrs: list[str], reason: str, timeout: float) -> None:
+    def _stop_children(
+        self, addrs: list[str], reason: str, timeout: float, exiting: bool = False
+    ) -> None:
         waiting = []
         for addr in addrs:
             with self._lock:
@@ -307,27 +310,29 @@ class HostAgent:
             waiting.append(child)
             self.runtime.losses.expect_stop([addr], stop_reason(reason))
             try:
-                self.runtime.send_control(addr, wire.SERVICE_PROC, StopProc(reason))
+                self.runtime.send_control(addr, wire.SERVICE_PROC, StopProc(reason, exiting))
             except PeerLostError:
                 child.kill()
         deadline = time.monotonic() + timeout
         for child in waiting:
             if not child.exited.wait(max(0.0, deadline - time.monotonic())):
-                log.warning(
-                    "proc %s did not stop within %.0f s; killing it", child.info.addr, timeout
-                )
+                if not exiting:  # at exit a kill is the budget at work (streams may be closed)
+                    log.warning(
+                        "proc %s did not stop within %g s; killing it", child.info.addr, timeout
+                    )
                 child.kill()
                 child.exited.wait(5)
 
-    def stop_all(self, reason: str, timeout: float) -> None:
-        """Stop every child (politely, then by force after ``timeout``)."""
+    def stop_all(self, reason: str, timeout: float, exiting: bool = False) -> None:
+        """Stop every child (politely, then by force after ``timeout``); ``exiting``: see
+        :class:`StopProc`."""
         with self._lock:
             addrs = list(self._children)
-        self._stop_children(addrs, reason, timeout)
+        self._stop_children(addrs, reason, timeout, exiting)
 
-    def shutdown(self, timeout: float) -> None:
-        """Stop every child and the zygote."""
-        self.stop_all("controller shutting down", timeout)
+    def shutdown(self, timeout: float, exiting: bool = False) -> None:
+        """Stop every child and the zygote; ``exiting``: the controller's process is exiting."""
+        self.stop_all("controller shutting down", timeout, exiting)
         self.launcher.close()
         self.switchboard.close()
         if self._output is not None:

@@ -19,6 +19,8 @@ _boot: Callable[[], None] | None = None
 _shut_down = False
 _host_agent: str | None = None
 _root: str | None = None
+_host_mesh: tuple[str, ...] = ()
+_adopted_secret: bytes | None = None
 
 
 def set_boot(boot: Callable[[], None]) -> None:
@@ -28,11 +30,14 @@ def set_boot(boot: Callable[[], None]) -> None:
     _boot = boot
 
 
-def install(runtime: ProcRuntime, host_agent: str, root: str) -> None:
+def install(
+    runtime: ProcRuntime, host_agent: str, root: str, host_mesh: tuple[str, ...] = ()
+) -> None:
     """Make ``runtime`` this process's runtime; record the addresses of this machine's host
-    agent and of the root controller."""
-    global _runtime, _host_agent, _root
-    _runtime, _host_agent, _root = runtime, host_agent, root
+    agent, of the root controller and of the host agents of the host mesh this process was
+    spawned through (none for the controller)."""
+    global _runtime, _host_agent, _root, _host_mesh
+    _runtime, _host_agent, _root, _host_mesh = runtime, host_agent, root, tuple(host_mesh)
 
 
 def root_address() -> str:
@@ -47,6 +52,31 @@ def host_agent_address() -> str:
     runtime()
     assert _host_agent is not None
     return _host_agent
+
+
+def adopt_secret(secret: bytes) -> bool:
+    """Have the runtime this process boots hold ``secret`` (another controller's, to join it).
+
+    False if this process already holds another one: its runtime runs, or it adopted another.
+    """
+    global _adopted_secret
+    with _lock:
+        if _runtime is not None:
+            return _runtime.secret == secret
+        if _adopted_secret is None:
+            _adopted_secret = secret
+        return _adopted_secret == secret
+
+
+def adopted_secret() -> bytes | None:
+    """The secret :func:`adopt_secret` recorded for the runtime to boot with, if any."""
+    return _adopted_secret
+
+
+def host_mesh_agents() -> tuple[str, ...]:
+    """The host agents of the host mesh this process was spawned through, in rank order (empty
+    in the controller)."""
+    return _host_mesh
 
 
 def runtime() -> ProcRuntime:
