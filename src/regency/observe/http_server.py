@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Protocol
 
+from regency._errors import RegencyError
 from regency._transport.ratelog import RateLimitedLog
 from regency.observe.admission import Admission, client_key, describe
 
@@ -74,7 +75,7 @@ class App(Protocol):
         """The answer to an authorized request (runs on a worker thread; may block)."""
 
 
-class _BadRequestError(ValueError):
+class _BadRequestError(RegencyError, ValueError):
     pass
 
 
