@@ -110,8 +110,7 @@ class TensorWorker(Actor):
                 for ref in cmd.refs:
                     TABLE.pop(ref, None)
             elif isinstance(cmd, c.RankTensor):
-                coords = cmd.coords[self._rank]
-                TABLE[cmd.out] = torch.tensor(coords[0] if len(coords) == 1 else coords)
+                TABLE[cmd.out] = torch.tensor(cmd.ranks[self._rank])
             elif isinstance(cmd, c.InitWorld):
                 init_world(cmd, self._rank)
             elif isinstance(cmd, c.Alias):
