@@ -207,10 +207,19 @@ def test_buffer_flushes_at_its_size_limit(procs: ProcMesh) -> None:
 
 
 def test_active_mesh_and_no_mesh(procs: ProcMesh) -> None:
-    assert regency.get_active_mesh() is None
+    with pytest.raises(ValueError, match="no device mesh is active"):
+        regency.get_active_mesh()
     with procs.activate():
         assert regency.get_active_mesh() is procs
+        x = torch.ones(3)
         with regency.no_mesh.activate():
-            local = torch.ones(2)
+            local = torch.ones(2) * 3
+            with pytest.raises(ValueError, match="no device mesh is active"):
+                regency.get_active_mesh()
         assert not isinstance(local, regency.Tensor)
-    assert regency.get_active_mesh() is None
+        assert regency.get_active_mesh() is procs
+    with pytest.raises(ValueError, match="no device mesh is active"):
+        regency.get_active_mesh()
+    later = x * 5  # a mesh tensor's ops run on its mesh outside the block too
+    assert isinstance(later, regency.Tensor) and later.mesh is procs
+    torch.testing.assert_close(regency.inspect(later, gpus=1), torch.full((3,), 5.0))

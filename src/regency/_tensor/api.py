@@ -70,8 +70,8 @@ class _NoMesh:
 
     @contextmanager
     def activate(self) -> Iterator[None]:
-        """Suspend the active mesh's interception for the block."""
-        with _disable_current_modes():
+        """Suspend the active mesh for the block: torch runs locally and no mesh is active."""
+        with pushed(None), _disable_current_modes():
             yield
 
     def __repr__(self) -> str:
@@ -82,9 +82,12 @@ no_mesh = _NoMesh()
 
 
 def get_active_mesh() -> Any:
-    """The proc mesh of the innermost ``activate()`` block, or ``None``."""
+    """The proc mesh of the innermost ``activate()`` block; ``ValueError`` when none is active
+    (also inside ``no_mesh.activate()``), as Monarch's."""
     view = active_view()
-    return view.mesh if view is not None else None
+    if view is None:
+        raise ValueError("no device mesh is active")
+    return view.mesh
 
 
 def rank_tensor(mesh: Any, dims: str | Sequence[str]) -> MeshTensor:
