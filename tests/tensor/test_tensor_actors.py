@@ -84,6 +84,10 @@ class Summer(Actor):
     def wrong_shape(self) -> torch.Tensor:
         return torch.zeros(3)
 
+    @endpoint(propagate=lambda: (torch.empty(3), torch.empty(3)))
+    def wrong_count(self) -> torch.Tensor:
+        return torch.zeros(3)
+
     @endpoint(propagate="inspect")
     def note(self, t: torch.Tensor) -> torch.Tensor:
         self.kept = t
@@ -192,6 +196,9 @@ def test_rref_leaves_the_results_on_the_workers(procs: ProcMesh) -> None:
         assert regency.inspect(after, gpus=0).tolist() == [12.0, 12.0]
         assert regency.inspect(scaled, gpus=1).tolist() == [21.0, 21.0]
         assert actors.note.rref(t) is None  # propagate="inspect": no results
+        trusted = actors.wrong_shape.rref()  # propagate is trusted, as Monarch trusts it
+        assert (trusted.shape, trusted.dtype) == ((2,), torch.float64)
+        assert regency.inspect(trusted, gpus=1).tolist() == [0.0, 0.0, 0.0]
         assert actors.kept_values.call().get(timeout=T).item(gpus=1) == [2.0, 2.0]
     with pytest.raises(NotImplementedError, match="Cached propagation"):
         actors.no_propagate.rref()
@@ -205,7 +212,7 @@ def test_rref_failures_poison_the_results(procs: ProcMesh) -> None:
             with pytest.raises(RemoteException, match="rank 1 refuses") as caught:
                 regency.inspect(refused + 1, gpus=1)
             assert "refused = actors.refuse.rref(torch.ones(2))" in str(caught.value)
-            wrong = actors.wrong_shape.rref()
+            wrong = actors.wrong_count.rref()
             with pytest.raises(RemoteException, match=r"returned tensors \[torch.float32\[3\]\]"):
                 regency.inspect(wrong)
             assert regency.inspect(torch.ones(1) * 2, gpus=1).tolist() == [2.0]
