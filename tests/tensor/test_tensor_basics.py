@@ -119,7 +119,10 @@ def test_wrong_mesh_is_a_type_error(procs: ProcMesh, procs4: ProcMesh) -> None:
 def test_dropped_is_a_type_error(procs: ProcMesh) -> None:
     with procs.activate():
         a = torch.ones(2)
+        assert not a.dropped
         a.drop()
+        a.drop()  # idempotent, as Monarch's
+        assert a.dropped
         with pytest.raises(TypeError, match="DROPPED"):
             torch.add(a, 1)
     with pytest.raises(TypeError, match="DROPPED"):
