@@ -224,5 +224,6 @@ def test_active_mesh_and_no_mesh(procs: ProcMesh) -> None:
     with pytest.raises(ValueError, match="no device mesh is active"):
         regency.get_active_mesh()
     later = x * 5  # a mesh tensor's ops run on its mesh outside the block too
-    assert isinstance(later, regency.Tensor) and later.mesh is procs
+    assert isinstance(later, regency.Tensor)
+    assert later.mesh is procs
     torch.testing.assert_close(regency.inspect(later, gpus=1), torch.full((3,), 5.0))

@@ -120,9 +120,7 @@ class Remote(Generic[P, R]):
         if active is None:
             raise ValueError(_ADVERB_NEEDS_MESH)
         walk, enc_args, enc_kwargs, _, view = self._encode(args, kwargs)
-        if not (
-            active.root is view.root and set(active.shape.ranks()) <= set(view.shape.ranks())
-        ):
+        if not (active.root is view.root and set(active.shape.ranks()) <= set(view.shape.ranks())):
             raise ValueError(
                 f"The current mesh {active.mesh!r} is not a subset of the mesh on which the "
                 f"tensors being used are defined {view.mesh!r}"
