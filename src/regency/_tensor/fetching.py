@@ -95,7 +95,7 @@ def fetch_shard(obj: Any, shard: Mapping[str, int] | None = None, **coords: int)
     mine = view.shape.ranks().index(rank)
 
     def unpack(replies: ValueMesh[tuple[bool, Any]]) -> Any:
-        value = None
+        value: Any = None
         failures = []
         for point, (ok, got) in replies.items():
             if not ok:
