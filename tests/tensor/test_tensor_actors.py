@@ -172,7 +172,7 @@ def test_a_tensor_of_another_mesh_or_without_a_shard_there_is_a_value_error(
     elsewhere = procs4.spawn("elsewhere", Summer)
     with procs.activate():
         t = torch.ones(1)
-    with pytest.raises(ValueError, match="not on the tensor's proc mesh"):
+    with pytest.raises(ValueError, match="must be located on the same process as the actor"):
         elsewhere.total.call(t)
     actors = procs.spawn("sliced", Summer)
     with procs.slice(gpus=0).activate():
@@ -183,6 +183,27 @@ def test_a_tensor_of_another_mesh_or_without_a_shard_there_is_a_value_error(
     # Outside an actor call a mesh tensor does not pickle.
     with pytest.raises(TypeError, match="only as an argument of an actor endpoint"):
         pickle.dumps(t)
+
+
+class Holder(Actor):
+    def __init__(self, state: torch.Tensor, k: int = 0) -> None:
+        self.state = state
+        self.k = k
+
+    @endpoint
+    def show(self) -> tuple[str, int, list[float], int]:
+        return type(self.state).__name__, current_rank().rank, self.state.tolist(), self.k
+
+
+def test_a_mesh_tensor_as_a_constructor_argument(procs: ProcMesh, procs4: ProcMesh) -> None:
+    with procs.activate():
+        state = torch.ones(2) * (procs.rank_tensor("gpus") + 1)
+        holders = procs.spawn("holders", Holder, state, k=3)  # each rank gets its shard
+    shown = holders.show.call().get(timeout=T)
+    assert shown.item(gpus=0) == ("Tensor", 0, [1.0, 1.0], 3)
+    assert shown.item(gpus=1) == ("Tensor", 1, [2.0, 2.0], 3)
+    with pytest.raises(ValueError, match="must be located on the same process as the actor"):
+        procs4.spawn("foreign", Holder, state)
 
 
 def test_rref_leaves_the_results_on_the_workers(procs: ProcMesh) -> None:

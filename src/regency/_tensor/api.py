@@ -1,7 +1,7 @@
 """What proc meshes, actor calls and the public module call: activation, rank tensors,
-process groups, mesh tensors in actor calls (``before_actor_send``, ``bind_arrivals``,
-``discard_arrivals``, ``actor_rref``, from :mod:`regency._tensor.actor_calls` and
-:mod:`regency._tensor.handoff`)."""
+process groups, mesh tensors in actor calls and spawns (``before_actor_send``,
+``bind_arrivals``, ``discard_arrivals``, ``settle_arrivals``, ``actor_rref``, from
+:mod:`regency._tensor.actor_calls` and :mod:`regency._tensor.handoff`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from regency._tensor import commands as c
 from regency._tensor.actor_calls import actor_rref, before_actor_send
 from regency._tensor.engine import View, active_view, new_ref, pushed
 from regency._tensor.fetching import check_errors
-from regency._tensor.handoff import bind_arrivals, discard_arrivals
+from regency._tensor.handoff import bind_arrivals, discard_arrivals, settle_arrivals
 from regency._tensor.mesh_tensor import Interceptor, MeshSliceTensor, MeshTensor
 from regency._tensor.meta import TensorMeta
 from regency._tensor.process_group import RemoteProcessGroup
@@ -39,6 +39,7 @@ __all__ = [
     "rank_tensors",
     "reduce",
     "reduce_",
+    "settle_arrivals",
     "slice_mesh",
     "to_mesh",
 ]

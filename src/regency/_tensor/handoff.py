@@ -144,6 +144,12 @@ def _settle(arrivals: Sequence[Arrival]) -> None:
         raise failure
 
 
+def settle_arrivals(carried: Sequence[Any]) -> None:
+    """Put this rank's shard of each mesh tensor an actor's constructor arguments carried
+    (``spawn``) in its placeholder, waiting for them; a poisoned one raises."""
+    _settle([x for x in carried if isinstance(x, Arrival)])
+
+
 def discard_arrivals(carried: Sequence[Any]) -> None:
     """Free the shards published (or still to be) for a call that will never run, given what
     its message carried (an actor that had failed or stopped, an endpoint that does not exist,

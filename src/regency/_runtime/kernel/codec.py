@@ -124,6 +124,12 @@ def dumps_by_value(obj: Any) -> bytes:
     return out.getvalue()
 
 
+def dumps_by_value_carrying(obj: Any) -> tuple[bytes, list[Any]]:
+    """:func:`dumps_by_value`, and the objects :func:`carry` was called with while pickling."""
+    carried: list[Any] = []
+    return _carrying_into(carried, dumps_by_value, obj), carried
+
+
 def _wrap_large(value: Any, wrapped: dict[int, _Large] | None = None) -> Any:
     """``value`` marked to travel out of band if it is a large ``bytes``/``bytearray``.
 
