@@ -227,3 +227,29 @@ def test_active_mesh_and_no_mesh(procs: ProcMesh) -> None:
     assert isinstance(later, regency.Tensor)
     assert later.mesh is procs
     torch.testing.assert_close(regency.inspect(later, gpus=1), torch.full((3,), 5.0))
+
+
+def test_spawn_tensor_engine_is_a_device_mesh_with_exit(procs: ProcMesh) -> None:
+    from regency.mesh_controller import RemoteException, spawn_tensor_engine
+
+    dm = spawn_tensor_engine(procs)
+    with dm.activate():
+        assert regency.get_active_mesh() is dm
+        x = torch.zeros(3) + dm.rank("gpus")
+    assert x.mesh is dm
+    torch.testing.assert_close(regency.inspect(x, gpus=1), torch.ones(3))
+    with dm.flatten("all").activate():
+        flat = regency.inspect(2 * torch.ones(2), all=1)
+    torch.testing.assert_close(flat, torch.full((2,), 2.0))
+    bad = regency.remote(_refuse, propagate=lambda t: t)
+    with pytest.raises(RemoteException, match="refused"), dm.activate():
+        regency.inspect(bad(torch.zeros(2)))
+    dm.exit()
+    dm.exit()  # idempotent
+    with pytest.raises(RuntimeError, match="device mesh was exited"):
+        dm.activate()
+    assert regency.inspect(procs.rank_tensor("gpus"), gpus=1).item() == 1  # the procs go on
+
+
+def _refuse(t: torch.Tensor) -> torch.Tensor:
+    raise ValueError("refused")
