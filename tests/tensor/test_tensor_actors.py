@@ -206,6 +206,25 @@ def test_a_mesh_tensor_as_a_constructor_argument(procs: ProcMesh, procs4: ProcMe
         procs4.spawn("foreign", Holder, state)
 
 
+class Maker(Actor):
+    @endpoint
+    def make(self, n: int) -> torch.Tensor:
+        return torch.full((n,), float(current_rank().rank))
+
+
+def test_replies_and_fetched_values_are_local_inside_activate(procs: ProcMesh) -> None:
+    makers = procs.spawn("makers", Maker)
+    with procs.activate():
+        small = makers.make.call(3).get(timeout=T).item(gpus=1)  # read inside the block
+        big = makers.make.call(1 << 16).get(timeout=T).item(gpus=1)  # out of band
+        total = regency.inspect(torch.ones(4).sum()).item()  # .item() of a fetched value
+    assert type(small) is torch.Tensor
+    assert small.tolist() == [1.0, 1.0, 1.0]
+    assert type(big) is torch.Tensor
+    assert float(big.sum()) == float(1 << 16)
+    assert total == 4.0
+
+
 def test_rref_leaves_the_results_on_the_workers(procs: ProcMesh) -> None:
     actors = procs.spawn("scaler", Summer)
     with procs.activate():

@@ -13,6 +13,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
+from regency._lowlevel import guard_loads
 from regency._tensor import commands as c
 from regency._tensor.actor_calls import actor_rref, before_actor_send
 from regency._tensor.engine import View, active_view, new_ref, pushed
@@ -25,6 +26,10 @@ from regency.shape import Point
 
 if TYPE_CHECKING:
     from regency._tensor.streams import Stream
+
+# A message's tensors are rebuilt as local tensors also inside activate() (an actor's reply
+# read there, as Monarch's): unpickling runs with interception off.
+guard_loads(_disable_current_modes)
 
 __all__ = [
     "activate",
