@@ -20,6 +20,7 @@ from regency.actor import (
     ActorError,
     MeshFailure,
     ProcMesh,
+    RestartPolicy,
     SupervisionError,
     current_rank,
     endpoint,
@@ -204,6 +205,8 @@ def test_a_mesh_tensor_as_a_constructor_argument(procs: ProcMesh, procs4: ProcMe
     assert shown.item(gpus=1) == ("Tensor", 1, [2.0, 2.0], 3)
     with pytest.raises(ValueError, match="must be located on the same process as the actor"):
         procs4.spawn("foreign", Holder, state)
+    with pytest.raises(ValueError, match="cannot be combined with a restart policy"):
+        procs.spawn("restarting", Holder, state, restart=RestartPolicy())
 
 
 class Maker(Actor):
