@@ -21,7 +21,9 @@ The kernel, for messages that are not actor calls:
   resolves (a mesh tensor): called while the call's arguments are pickled or unpickled, it
   hands the value to the send pipeline and the receiving actor, which pass what was carried to
   the tensor engine (``before_actor_send``, ``bind_arrivals``). :data:`FLAG_ERROR` marks a port
-  message whose parts are a pickled exception (an endpoint's error reply).
+  message whose parts are a pickled exception (an endpoint's error reply). :func:`guard_loads`
+  -- what the tensor engine wraps every unpickling that names modules in (no interception, so
+  a reply's tensors read inside ``activate()`` are local ones).
 - :func:`gateway_toward` / :func:`gateway_ips` -- the controller's listeners that other hosts
   reach it on (RDMA listens there too).
 
@@ -78,7 +80,7 @@ from regency._runtime.host.worker_daemon import Attach
 from regency._runtime.host.worker_daemon import serve as serve_worker
 from regency._runtime.host.worker_daemon import serve_until_shutdown as serve_worker_until_shutdown
 from regency._runtime.host.worker_daemon import start as start_worker
-from regency._runtime.kernel.codec import carry
+from regency._runtime.kernel.codec import carry, guard_loads
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.gateways import gateway_ips, gateway_toward
 from regency._runtime.kernel.pending import Pending
@@ -122,6 +124,7 @@ __all__ = [
     "gateway_ips",
     "gateway_toward",
     "get_or_spawn_controller",
+    "guard_loads",
     "live_proc_addresses",
     "mesh_tree",
     "proc_log_root",

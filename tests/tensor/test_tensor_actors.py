@@ -20,6 +20,7 @@ from regency.actor import (
     ActorError,
     MeshFailure,
     ProcMesh,
+    RestartPolicy,
     SupervisionError,
     current_rank,
     endpoint,
@@ -82,6 +83,10 @@ class Summer(Actor):
 
     @endpoint(propagate=lambda: torch.empty(2, dtype=torch.float64))
     def wrong_shape(self) -> torch.Tensor:
+        return torch.zeros(3)
+
+    @endpoint(propagate=lambda: (torch.empty(3), torch.empty(3)))
+    def wrong_count(self) -> torch.Tensor:
         return torch.zeros(3)
 
     @endpoint(propagate="inspect")
@@ -168,7 +173,7 @@ def test_a_tensor_of_another_mesh_or_without_a_shard_there_is_a_value_error(
     elsewhere = procs4.spawn("elsewhere", Summer)
     with procs.activate():
         t = torch.ones(1)
-    with pytest.raises(ValueError, match="not on the tensor's proc mesh"):
+    with pytest.raises(ValueError, match="must be located on the same process as the actor"):
         elsewhere.total.call(t)
     actors = procs.spawn("sliced", Summer)
     with procs.slice(gpus=0).activate():
@@ -179,6 +184,48 @@ def test_a_tensor_of_another_mesh_or_without_a_shard_there_is_a_value_error(
     # Outside an actor call a mesh tensor does not pickle.
     with pytest.raises(TypeError, match="only as an argument of an actor endpoint"):
         pickle.dumps(t)
+
+
+class Holder(Actor):
+    def __init__(self, state: torch.Tensor, k: int = 0) -> None:
+        self.state = state
+        self.k = k
+
+    @endpoint
+    def show(self) -> tuple[str, int, list[float], int]:
+        return type(self.state).__name__, current_rank().rank, self.state.tolist(), self.k
+
+
+def test_a_mesh_tensor_as_a_constructor_argument(procs: ProcMesh, procs4: ProcMesh) -> None:
+    with procs.activate():
+        state = torch.ones(2) * (procs.rank_tensor("gpus") + 1)
+        holders = procs.spawn("holders", Holder, state, k=3)  # each rank gets its shard
+    shown = holders.show.call().get(timeout=T)
+    assert shown.item(gpus=0) == ("Tensor", 0, [1.0, 1.0], 3)
+    assert shown.item(gpus=1) == ("Tensor", 1, [2.0, 2.0], 3)
+    with pytest.raises(ValueError, match="must be located on the same process as the actor"):
+        procs4.spawn("foreign", Holder, state)
+    with pytest.raises(ValueError, match="cannot be combined with a restart policy"):
+        procs.spawn("restarting", Holder, state, restart=RestartPolicy())
+
+
+class Maker(Actor):
+    @endpoint
+    def make(self, n: int) -> torch.Tensor:
+        return torch.full((n,), float(current_rank().rank))
+
+
+def test_replies_and_fetched_values_are_local_inside_activate(procs: ProcMesh) -> None:
+    makers = procs.spawn("makers", Maker)
+    with procs.activate():
+        small = makers.make.call(3).get(timeout=T).item(gpus=1)  # read inside the block
+        big = makers.make.call(1 << 16).get(timeout=T).item(gpus=1)  # out of band
+        total = regency.inspect(torch.ones(4).sum()).item()  # .item() of a fetched value
+    assert type(small) is torch.Tensor
+    assert small.tolist() == [1.0, 1.0, 1.0]
+    assert type(big) is torch.Tensor
+    assert float(big.sum()) == float(1 << 16)
+    assert total == 4.0
 
 
 def test_rref_leaves_the_results_on_the_workers(procs: ProcMesh) -> None:
@@ -192,6 +239,9 @@ def test_rref_leaves_the_results_on_the_workers(procs: ProcMesh) -> None:
         assert regency.inspect(after, gpus=0).tolist() == [12.0, 12.0]
         assert regency.inspect(scaled, gpus=1).tolist() == [21.0, 21.0]
         assert actors.note.rref(t) is None  # propagate="inspect": no results
+        trusted = actors.wrong_shape.rref()  # propagate is trusted, as Monarch trusts it
+        assert (trusted.shape, trusted.dtype) == ((2,), torch.float64)
+        assert regency.inspect(trusted, gpus=1).tolist() == [0.0, 0.0, 0.0]
         assert actors.kept_values.call().get(timeout=T).item(gpus=1) == [2.0, 2.0]
     with pytest.raises(NotImplementedError, match="Cached propagation"):
         actors.no_propagate.rref()
@@ -205,7 +255,7 @@ def test_rref_failures_poison_the_results(procs: ProcMesh) -> None:
             with pytest.raises(RemoteException, match="rank 1 refuses") as caught:
                 regency.inspect(refused + 1, gpus=1)
             assert "refused = actors.refuse.rref(torch.ones(2))" in str(caught.value)
-            wrong = actors.wrong_shape.rref()
+            wrong = actors.wrong_count.rref()
             with pytest.raises(RemoteException, match=r"returned tensors \[torch.float32\[3\]\]"):
                 regency.inspect(wrong)
             assert regency.inspect(torch.ones(1) * 2, gpus=1).tolist() == [2.0]

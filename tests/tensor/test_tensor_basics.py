@@ -119,7 +119,10 @@ def test_wrong_mesh_is_a_type_error(procs: ProcMesh, procs4: ProcMesh) -> None:
 def test_dropped_is_a_type_error(procs: ProcMesh) -> None:
     with procs.activate():
         a = torch.ones(2)
+        assert not a.dropped
         a.drop()
+        a.drop()  # idempotent, as Monarch's
+        assert a.dropped
         with pytest.raises(TypeError, match="DROPPED"):
             torch.add(a, 1)
     with pytest.raises(TypeError, match="DROPPED"):
@@ -207,10 +210,46 @@ def test_buffer_flushes_at_its_size_limit(procs: ProcMesh) -> None:
 
 
 def test_active_mesh_and_no_mesh(procs: ProcMesh) -> None:
-    assert regency.get_active_mesh() is None
+    with pytest.raises(ValueError, match="no device mesh is active"):
+        regency.get_active_mesh()
     with procs.activate():
         assert regency.get_active_mesh() is procs
+        x = torch.ones(3)
         with regency.no_mesh.activate():
-            local = torch.ones(2)
+            local = torch.ones(2) * 3
+            with pytest.raises(ValueError, match="no device mesh is active"):
+                regency.get_active_mesh()
         assert not isinstance(local, regency.Tensor)
-    assert regency.get_active_mesh() is None
+        assert regency.get_active_mesh() is procs
+    with pytest.raises(ValueError, match="no device mesh is active"):
+        regency.get_active_mesh()
+    later = x * 5  # a mesh tensor's ops run on its mesh outside the block too
+    assert isinstance(later, regency.Tensor)
+    assert later.mesh is procs
+    torch.testing.assert_close(regency.inspect(later, gpus=1), torch.full((3,), 5.0))
+
+
+def test_spawn_tensor_engine_is_a_device_mesh_with_exit(procs: ProcMesh) -> None:
+    from regency.mesh_controller import RemoteException, spawn_tensor_engine
+
+    dm = spawn_tensor_engine(procs)
+    with dm.activate():
+        assert regency.get_active_mesh() is dm
+        x = torch.zeros(3) + dm.rank("gpus")
+    assert x.mesh is dm
+    torch.testing.assert_close(regency.inspect(x, gpus=1), torch.ones(3))
+    with dm.flatten("all").activate():
+        flat = regency.inspect(2 * torch.ones(2), all=1)
+    torch.testing.assert_close(flat, torch.full((2,), 2.0))
+    bad = regency.remote(_refuse, propagate=lambda t: t)
+    with pytest.raises(RemoteException, match="refused"), dm.activate():
+        regency.inspect(bad(torch.zeros(2)))
+    dm.exit()
+    dm.exit()  # idempotent
+    with pytest.raises(RuntimeError, match="device mesh was exited"):
+        dm.activate()
+    assert regency.inspect(procs.rank_tensor("gpus"), gpus=1).item() == 1  # the procs go on
+
+
+def _refuse(t: torch.Tensor) -> torch.Tensor:
+    raise ValueError("refused")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import regency
+import regency.actor
 from regency.actor import ProcMesh
 from regency.mesh_controller import RemoteException
 
@@ -26,6 +27,34 @@ failing = regency.remote(explode, propagate=lambda t: t)
 @regency.remote(propagate="inspect")
 def sleeper(t: torch.Tensor, seconds: float) -> None:
     time.sleep(seconds)
+
+
+def refuse_on_rank_1(t: torch.Tensor) -> torch.Tensor:
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank 1 refuses")
+    return t + 1
+
+
+refusing = regency.remote(refuse_on_rank_1, propagate=lambda t: t)
+
+
+def test_a_failure_on_one_rank_fails_the_fetch_on_every_rank(
+    procs: ProcMesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    faults: list[object] = []
+    monkeypatch.setattr(regency.actor, "unhandled_fault_hook", faults.append)
+    with procs.activate():
+        good = torch.ones(2)
+        half = refusing(good)  # fine on rank 0, failed on rank 1
+        derived = half * 2
+        for value in (half, derived):
+            for rank in (0, 1):  # a value is only delivered once it is correct on every rank
+                with pytest.raises(RemoteException, match="rank 1 refuses") as caught:
+                    regency.inspect(value, gpus=rank)
+                assert "half = refusing(good)  # fine on rank 0" in str(caught.value)
+                assert caught.value.rank == 1
+        assert regency.inspect(good * 3, gpus=0).tolist() == [3.0, 3.0]  # independent: fine
+    assert faults == []  # the workers go on; nothing reaches the fault hook
 
 
 def my_pid() -> int:

@@ -21,20 +21,34 @@ def env_of() -> dict[str, str]:
 
 def test_rank_tensor_one_dim_and_several(procs4: ProcMesh) -> None:
     gpus = procs4.rank_tensor("gpus")
-    both = procs4.rank_tensor(["hosts", "gpus"])
+    both = procs4.rank_tensor(["hosts", "gpus"])  # the flattened rank, as Monarch's
+    swapped = procs4.rank_tensor(["gpus", "hosts"])
     every = procs4.rank_tensors()
     assert gpus.shape == ()
     assert gpus.dtype == torch.int64
-    assert both.shape == (2,)
+    assert both.shape == swapped.shape == ()
+    assert both.dtype == torch.int64
     assert set(every) == {"hosts", "gpus"}
     for h in range(2):
         for g in range(2):
             assert regency.inspect(gpus, hosts=h, gpus=g).item() == g
-            assert regency.inspect(both, hosts=h, gpus=g).tolist() == [h, g]
+            assert regency.inspect(both, hosts=h, gpus=g).item() == 2 * h + g
+            assert regency.inspect(swapped, hosts=h, gpus=g).item() == 2 * g + h
             assert regency.inspect(every["hosts"], hosts=h, gpus=g).item() == h
     with procs4.activate():
         scaled = procs4.rank_tensor("gpus") * 10 + 1
     assert regency.inspect(scaled, hosts=1, gpus=1).item() == 11
+    with pytest.raises(KeyError, match="'cards'"):
+        procs4.rank_tensor(["hosts", "cards"])
+
+
+def test_inspect_coordinates_are_checked(procs4: ProcMesh) -> None:
+    t = procs4.rank_tensor(["hosts", "gpus"])
+    assert regency.inspect(t).item() == 0  # no coordinates: 0 on every dimension
+    with pytest.raises(ValueError, match="gpus"):
+        regency.inspect(t, hosts=1)
+    with pytest.raises(KeyError, match="foo"):
+        regency.inspect(t, hosts=1, gpus=0, foo=2)
 
 
 def test_worker_environment(procs4: ProcMesh) -> None:

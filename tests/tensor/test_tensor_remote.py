@@ -95,6 +95,43 @@ def test_call_on_shard_and_fetch(procs: ProcMesh) -> None:
     torch.testing.assert_close(value, torch.full((2,), 2.0))
 
 
+def seven() -> int:
+    return 7
+
+
+def test_adverbs_run_over_the_active_mesh(procs: ProcMesh) -> None:
+    fn = regency.remote(double_and_count)
+    with procs.activate():
+        t = torch.ones(2) * (procs.rank_tensor("gpus") + 1)
+        values = fn.call(t).get(timeout=60)
+        shard1 = regency.call_on_shard_and_fetch(fn, t, shard={"gpus": 1}).get(timeout=60)
+    assert [float(v[0].sum()) for v in values.values()] == [4.0, 8.0]
+    torch.testing.assert_close(shard1[0], torch.full((2,), 4.0))
+    with procs.slice(gpus=1).activate():  # a part of the tensor's mesh
+        part = fn.call(t).get(timeout=60)
+        one = fn.call_one(t).get(timeout=60)
+    assert len(part) == 1
+    torch.testing.assert_close(one[0], torch.full((2,), 4.0))
+
+
+def test_remote_functions_need_an_active_mesh(procs: ProcMesh) -> None:
+    fn = regency.remote(double_and_count)
+    with procs.activate():
+        t = torch.ones(2)
+    needs = "requires an active proc_mesh"
+    with pytest.raises(ValueError, match=needs):
+        fn.call(t)
+    with pytest.raises(ValueError, match=needs):
+        fn.call_one(t)
+    with pytest.raises(ValueError, match=needs):
+        regency.call_on_shard_and_fetch(fn, t, shard={"gpus": 1})
+    with pytest.raises(TypeError, match="active device mesh"):
+        regency.remote(seven, propagate=lambda: torch.zeros(()))()
+    with procs.activate(), regency.no_mesh.activate():
+        with pytest.raises(ValueError, match=needs):
+            regency.remote(seven).call()
+
+
 def scale_(t: torch.Tensor, k: float) -> torch.Tensor:
     if k < 0:
         raise ValueError("no negative scales")

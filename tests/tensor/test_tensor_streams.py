@@ -61,8 +61,13 @@ def test_values_on_two_streams(procs: ProcMesh) -> None:
         d = a + 1
     assert c.stream is other
     assert d.stream.name == "main"
-    assert regency.inspect(c, gpus=1).tolist() == [100.0, 121.0, 144.0]
+    with other.activate():  # a fetch runs on the active stream, as Monarch's
+        assert regency.inspect(c, gpus=1).tolist() == [100.0, 121.0, 144.0]
     assert regency.inspect(d, gpus=1).tolist() == [3.0, 3.0, 3.0]
+    with pytest.raises(TypeError, match=r"WRONG_STREAM: .* is on <Stream\('other'\)"):
+        regency.inspect(c, gpus=1)
+    with other.activate(), pytest.raises(TypeError, match=r"WRONG_STREAM: .*'main'"):
+        regency.inspect(d, gpus=1)
 
 
 def test_borrow_compute_drop_then_mutate(procs: ProcMesh) -> None:
@@ -116,7 +121,7 @@ def test_type_errors(procs: ProcMesh) -> None:
             s = torch.ones(3)
         with pytest.raises(TypeError, match=r"WRONG_STREAM: .*stream.borrow"):
             torch.mul(s, 2)
-        with pytest.raises(TypeError, match="WRONG_STREAM: one fetch reads tensors of"):
+        with pytest.raises(TypeError, match=r"WRONG_STREAM: .* is on <Stream\('checks'\)"):
             regency.fetch_shard((x, s))
         with Stream("checks").activate():  # a second stream of the same name is another stream
             with pytest.raises(TypeError, match="WRONG_STREAM"):
@@ -176,7 +181,8 @@ def test_reduce_on_two_streams(procs: ProcMesh) -> None:
             total_b = b.reduce("gpus", "sum")
         total_a = a.reduce("gpus", "sum")
     assert regency.inspect(total_a, gpus=1).item() == 3.0
-    assert regency.inspect(total_b, gpus=0).item() == 30.0
+    with comms.activate():
+        assert regency.inspect(total_b, gpus=0).item() == 30.0
 
 
 def test_dropping_a_borrow_with_views_keeps_workers(procs: ProcMesh) -> None:

@@ -153,16 +153,18 @@ def view_sources(op: Any, names: Sequence[str | None]) -> tuple[int | None, ...]
 
 
 def fetch_stream(tensors: Sequence[Guarded]) -> str:
-    """The stream whose workers serve a fetch of ``tensors`` (theirs: a fetch is ordered after
-    the ops of that stream); raises ``BORROWED`` / ``WRONG_STREAM``."""
+    """The stream whose workers serve a fetch of ``tensors``: the active one, which they must be
+    on (``WRONG_STREAM``, as Monarch's; a fetch is ordered after the ops of that stream); a
+    tensor borrowed mutably raises ``BORROWED``."""
     if not IN_USE:
         return DEFAULT_NAME
-    stream = tensors[0]._stream
+    stream = get_active_stream()
     for t in tensors:
         if t._stream is not stream:
             raise misuse(
                 "WRONG_STREAM",
-                f"one fetch reads tensors of {stream!r} and {t._stream!r}; fetch them apart",
+                f"{t!r} is on {t._stream!r}, but the active stream is {stream!r}; fetch it "
+                "inside `with stream.activate():` of its stream",
             )
         storage = t._storage
         if storage is not None and "r" not in storage.access:

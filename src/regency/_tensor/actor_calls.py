@@ -68,9 +68,9 @@ def _check_receivers(
     proc_mesh = pipeline.proc_mesh
     if proc_mesh is None or proc_mesh._procs is not root.procs:
         raise ValueError(
-            f"{tensor!r} was passed to actor mesh {pipeline.mesh_name!r}, which runs on "
-            f"{proc_mesh!r}, not on the tensor's proc mesh: a mesh tensor sent to actors must "
-            "live on the proc mesh they were spawned on (move it with t.to_mesh(...))"
+            "Tensors sent to an actor must be located on the same process as the actor. "
+            f"However {tensor!r} was passed to actor mesh {pipeline.mesh_name!r}, which runs "
+            f"on {proc_mesh!r}, not on the tensor's proc mesh (move it with t.to_mesh(...))"
         )
     held = set(tensor._view.shape.ranks())
     missing = [b for b in bases if b not in held]

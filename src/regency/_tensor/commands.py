@@ -71,9 +71,10 @@ class CallFunction:
 @_pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class RankTensor:
-    """Define ``out`` as this worker's coordinate(s) along ``dims`` of the view it is sent to."""
+    """Define ``out`` as this worker's rank over some dimensions of the view it is sent to (a
+    scalar: its coordinates along them, flattened in the order named)."""
 
-    coords: dict[int, tuple[int, ...]]  # world rank -> coordinates
+    ranks: dict[int, int]  # world rank -> its rank over the dimensions
     out: int
 
 

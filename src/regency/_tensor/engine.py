@@ -223,17 +223,17 @@ class View:
         self.root.append(self.shape, cmd, get_active_stream().key)
 
 
-_active: list[View] = []
+_active: list[View | None] = []
 
 
 def active_view() -> View | None:
-    """The innermost active mesh view, if any."""
+    """The innermost active mesh view, if any (``None`` also inside ``no_mesh.activate()``)."""
     return _active[-1] if _active else None
 
 
 @contextmanager
-def pushed(view: View) -> Iterator[View]:
-    """Make ``view`` the active mesh for the block."""
+def pushed(view: View | None) -> Iterator[View | None]:
+    """Make ``view`` the active mesh for the block (``None``: no mesh, local torch)."""
     _active.append(view)
     try:
         yield view

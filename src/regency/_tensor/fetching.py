@@ -15,7 +15,7 @@ from regency._tensor.engine import View
 from regency._tensor.errors import RemoteException, remote_text
 from regency._tensor.mesh_tensor import MeshTensor, common_view
 from regency._tensor.table import Poisoned
-from regency.actor import Future
+from regency.actor import Future, ValueMesh
 from regency.shape import Shape
 
 _seen: set[tuple[int, int, str]] = set()
@@ -89,12 +89,21 @@ def fetch_shard(obj: Any, shard: Mapping[str, int] | None = None, **coords: int)
     rank = rank_at(view.shape, shard, coords)
     view.root.flush_all()
     refs = [c.Ref(t._ref) for t in tensors]
-    inner = view.root.worker_at(rank, stream).fetch.call_one(refs)
+    # Every proc of the mesh answers: a value is only delivered once it is correct on every
+    # rank (Monarch's), so a failure on any rank fails the fetch of every rank's shard.
+    inner = view.root.workers_of(view.shape, stream).fetch.call(refs, rank)
+    mine = view.shape.ranks().index(rank)
 
-    def unpack(reply: tuple[bool, Any]) -> Any:
-        ok, value = reply
-        if not ok:
-            raise remote_exception(value)
+    def unpack(replies: ValueMesh[tuple[bool, Any]]) -> Any:
+        value: Any = None
+        failures = []
+        for point, (ok, got) in replies.items():
+            if not ok:
+                failures.append((point.rank != mine, got))  # the fetched rank's own first
+            elif got is not None:
+                value = got
+        if failures:
+            raise remote_exception(min(failures, key=lambda failure: failure[0])[1])
         it = iter(value)
         return pytree.tree_unflatten(
             [next(it) if isinstance(x, MeshTensor) else x for x in leaves], spec

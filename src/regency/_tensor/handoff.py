@@ -144,6 +144,12 @@ def _settle(arrivals: Sequence[Arrival]) -> None:
         raise failure
 
 
+def settle_arrivals(carried: Sequence[Any]) -> None:
+    """Put this rank's shard of each mesh tensor an actor's constructor arguments carried
+    (``spawn``) in its placeholder, waiting for them; a poisoned one raises."""
+    _settle([x for x in carried if isinstance(x, Arrival)])
+
+
 def discard_arrivals(carried: Sequence[Any]) -> None:
     """Free the shards published (or still to be) for a call that will never run, given what
     its message carried (an actor that had failed or stopped, an endpoint that does not exist,
@@ -231,11 +237,13 @@ def collect(cmd: c.Collect, rank: int) -> Poisoned | None:
 
 
 def _checked(tensors: list[torch.Tensor], cmd: c.Collect, rank: int) -> Any:
-    """``tensors`` if they match what ``propagate`` said, else a ``Poisoned`` saying how not."""
-    got = [(tuple(t.shape), t.dtype) for t in tensors]
+    """``tensors`` if there are as many as ``propagate`` said, else a ``Poisoned`` saying how
+    not. Their shapes and dtypes are trusted, as Monarch trusts ``propagate``: the controller's
+    metadata is what ``propagate`` said."""
     expected = list(cmd.metas or ())
-    if got == expected:
+    if len(tensors) == len(expected):
         return tensors
+    got = [(tuple(t.shape), t.dtype) for t in tensors]
     return Poisoned(
         cmd.site,
         rank,

@@ -35,6 +35,9 @@ _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _CONSTANT_OPS = frozenset(
     {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
 )
+_LOCAL_ACCESSORS = frozenset({_LOCAL_SCALAR, torch.ops.aten.set_.source_Storage_storage_offset})
+"""Ops that run locally on a local tensor also inside ``activate()``, as Monarch's: ``.item()``
+of a fetched value, and unpickling one (an actor's reply read inside the block)."""
 _names: dict[Any, tuple[str, tuple[str, ...]]] = {}
 
 
@@ -244,6 +247,8 @@ class Interceptor(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch'
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if func in _LOCAL_ACCESSORS and not isinstance(args[0], MeshTensor):
+            return func(*args, **(kwargs or {}))
         return dispatch(func, args, kwargs or {}, self.view)
 
 

@@ -21,6 +21,12 @@ R = TypeVar("R")
 
 Propagator = Callable[..., Any] | str | None
 
+_NEEDS_MESH = "Remote functions require an active device mesh, use `with mesh.activate():`"
+_ADVERB_NEEDS_MESH = (
+    "Calling a 'remote' monarch function requires an active proc_mesh "
+    "(`with proc_mesh.activate():`)"
+)
+
 
 class Remote(Generic[P, R]):
     """A function that runs on the workers of the active mesh, one call per shard.
@@ -52,7 +58,10 @@ class Remote(Generic[P, R]):
         for k, v in kwargs.items():
             enc_kwargs[k], key = walk.encode(v, None)
             key_kwargs.append((k, key))
-        view = common_view(walk.tensors, active_view())
+        active = active_view()
+        if active is None and not walk.tensors:
+            raise TypeError(f"{self.__name__}: {_NEEDS_MESH}")
+        view = common_view(walk.tensors, active)
         return walk, tuple(enc_args), enc_kwargs, (tuple(key_args), tuple(key_kwargs)), view
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -105,13 +114,24 @@ class Remote(Generic[P, R]):
         return found
 
     def _target(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, View]:
+        """The encoded arguments and the active view the adverb runs over (Monarch's: the
+        active mesh, which must be within the arguments' mesh)."""
+        active = active_view()
+        if active is None:
+            raise ValueError(_ADVERB_NEEDS_MESH)
         walk, enc_args, enc_kwargs, _, view = self._encode(args, kwargs)
+        if not (active.root is view.root and set(active.shape.ranks()) <= set(view.shape.ranks())):
+            raise ValueError(
+                f"The current mesh {active.mesh!r} is not a subset of the mesh on which the "
+                f"tensors being used are defined {view.mesh!r}"
+            )
         check_access(walk.tensors, ())
         view.root.flush_all()
-        return enc_args, enc_kwargs, view
+        return enc_args, enc_kwargs, active
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
-        """Run on every proc of the active mesh; a ``ValueMesh`` of the results."""
+        """Run on every proc of the active mesh; a ``ValueMesh`` of the results (``ValueError``
+        with no mesh active)."""
         enc_args, enc_kwargs, view = self._target(args, kwargs)
         workers = view.root.workers_of(view.shape, get_active_stream().key)
         return mapped(workers.run.call(self._ref, enc_args, enc_kwargs))

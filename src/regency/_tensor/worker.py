@@ -110,8 +110,7 @@ class TensorWorker(Actor):
                 for ref in cmd.refs:
                     TABLE.pop(ref, None)
             elif isinstance(cmd, c.RankTensor):
-                coords = cmd.coords[self._rank]
-                TABLE[cmd.out] = torch.tensor(coords[0] if len(coords) == 1 else coords)
+                TABLE[cmd.out] = torch.tensor(cmd.ranks[self._rank])
             elif isinstance(cmd, c.InitWorld):
                 init_world(cmd, self._rank)
             elif isinstance(cmd, c.Alias):
@@ -157,7 +156,16 @@ class TensorWorker(Actor):
             TABLE[ref] = tensor
 
     @endpoint
-    def fetch(self, tree: Any) -> tuple[bool, Any]:
+    def fetch(self, tree: Any, rank: int) -> tuple[bool, Any]:
+        """One proc's part of a fetch of ``rank``'s shard, sent to every proc of the tensors'
+        mesh: ``(True, tree with local copies)`` on ``rank``, ``(True, None)`` on the others
+        when their shards are fine, and ``(False, Poisoned)`` where a value failed."""
+        ok, value = self._local(tree)
+        if ok and self._rank != rank:
+            return True, None
+        return ok, value
+
+    def _local(self, tree: Any) -> tuple[bool, Any]:
         """``(True, tree with local copies)``, or ``(False, Poisoned)`` for a failed value."""
         try:
             value = resolve(tree)
@@ -172,7 +180,7 @@ class TensorWorker(Actor):
         """Run a remote function once here and describe its results (for propagation)."""
         from regency._tensor.meta import TensorMeta
 
-        ok, value = self.fetch((args, kwargs))
+        ok, value = self._local((args, kwargs))
         if not ok:
             return ok, value
         try:
@@ -184,7 +192,7 @@ class TensorWorker(Actor):
     @endpoint
     def run(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run a remote function here and return its result (``Remote.call``)."""
-        ok, value = self.fetch((args, kwargs))
+        ok, value = self._local((args, kwargs))
         if not ok:
             raise ValueError(f"an argument failed to compute:\n{value.text}")
         return _copies(fn.resolve()(*value[0], **value[1]))

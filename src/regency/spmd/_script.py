@@ -19,8 +19,8 @@ _ACTOR_FILE = os.path.join(_HERE, "_actor.py")
 _LAUNCH_FILE = os.path.join(_HERE, "_launch.py")
 
 NO_SCRIPT = (
-    "SPMDActor.main needs a script to run: argv is empty; pass [script, args...] or "
-    "['-m', module, args...]"
+    "No script or module specified: SPMDActor.main's argv is empty; pass [script, args...] "
+    "or ['-m', module, args...]"
 )
 
 

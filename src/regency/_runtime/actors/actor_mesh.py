@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from regency import config
+from regency import _plugins, config
 from regency._errors import RegencyError
 from regency._runtime.actors.control import ProcInfo, SpawnActor, StopActor
 from regency._runtime.actors.endpoint import (
@@ -281,14 +281,25 @@ def spawn_actor_mesh(
     extent = shape.extent
     # The actor mesh gets its own copy of the proc list: restarts move its ranks.
     procs = list(proc_list)
+    payload, carried = codec.dumps_by_value_carrying((cls, args, kwargs, proc_mesh))
+    mesh: ActorMesh[Any] = ActorMesh(cls, name, shape, procs, new_uid(), proc_mesh, owned=True)
+    if carried:
+        # Mesh tensors among the constructor's arguments: each rank gets its own shard, handed
+        # over by the tensor engine (which checks the ranks, or raises) before the spawn goes.
+        if policy is not None:
+            raise ValueError(
+                f"spawning {name!r}: a mesh tensor constructor argument cannot be combined "
+                "with a restart policy (a restarted actor has no shard to receive)"
+            )
+        _plugins.load("tensor").before_actor_send(carried, mesh._pipeline, shape.ranks())
     spawn = ActorSpawn(
-        new_uid(),
+        mesh._mesh_id,
         name,
         tuple(extent.labels),
         tuple(extent.sizes),
         owner.as_creator(),
         f"{cls.__module__}.{cls.__qualname__}",
-        codec.dumps_by_value((cls, args, kwargs, proc_mesh)),
+        payload,
         recipe,
     )
     supervisor = MeshSupervisor(
@@ -308,7 +319,6 @@ def spawn_actor_mesh(
         # A dead proc cannot host the rank: its watch fails it (and `initialized`).
         with contextlib.suppress(PeerLostError):
             spawn.send(addr, rank, status, supervisor.port)
-    mesh: ActorMesh[Any] = ActorMesh(cls, name, shape, procs, spawn.mesh_id, proc_mesh, owned=True)
     mesh._status = Future._from_pending(tracker.pending)
     mesh._supervisor = supervisor
     supervisor.mesh = mesh

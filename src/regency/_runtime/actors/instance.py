@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from regency import config
+from regency import _plugins, config
 from regency._runtime.actors import context
 from regency._runtime.actors.async_executor import AsyncExecutor, new_loop
 from regency._runtime.actors.control import SpawnActor
@@ -209,7 +209,9 @@ class ActorInstance(SyncExecutor, AsyncExecutor):
 
     def _main(self) -> None:
         try:
-            cls, args, kwargs, proc_mesh = codec.loads([self.request.payload])
+            (cls, args, kwargs, proc_mesh), carried = codec.loads_carrying([self.request.payload])
+            if carried:  # mesh tensor arguments: wait for this rank's shards (after unpickling)
+                _plugins.load("tensor").settle_arrivals(carried)
             self._proc_mesh = proc_mesh
             for name, prop in endpoints_of(cls).items():
                 self._endpoints[name] = (prop.method, prop.spec)

@@ -23,6 +23,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import cloudpickle
@@ -123,6 +124,12 @@ def dumps_by_value(obj: Any) -> bytes:
     out = io.BytesIO()
     _Pickler(out, protocol=5).dump(obj)
     return out.getvalue()
+
+
+def dumps_by_value_carrying(obj: Any) -> tuple[bytes, list[Any]]:
+    """:func:`dumps_by_value`, and the objects :func:`carry` was called with while pickling."""
+    carried: list[Any] = []
+    return _carrying_into(carried, dumps_by_value, obj), carried
 
 
 def _wrap_large(value: Any, wrapped: dict[int, _Large] | None = None) -> Any:
@@ -321,8 +328,21 @@ def loads_carrying(parts: Sequence[Part]) -> tuple[Any, list[Any]]:
     return _carrying_into(carried, _loads_importing, parts), carried
 
 
+_load_guards: list[Callable[[], AbstractContextManager[Any]]] = []
+
+
+def guard_loads(guard: Callable[[], AbstractContextManager[Any]]) -> None:
+    """Unpickle every pickle that names modules inside ``guard()`` from now on: the tensor
+    engine's, so that a message's tensors are rebuilt as local tensors also when they are read
+    inside ``activate()`` (whose interception would make every torch op a remote one)."""
+    _load_guards[:] = [guard]
+
+
 def _loads_importing(parts: Sequence[Part]) -> Any:
     """Unpickle ``parts``, whose pickle names modules, one such thread at a time
     (``_importing``)."""
     with _importing:
+        if _load_guards:
+            with _load_guards[0]():
+                return pickle.loads(parts[0], buffers=parts[1:])
         return pickle.loads(parts[0], buffers=parts[1:])
