@@ -1,5 +1,9 @@
 """The executor of an async actor: its own event loop on the actor's thread, where endpoints,
-``__supervise__`` and ``__cleanup__`` are awaited (concurrent endpoints as tasks)."""
+``__supervise__`` and ``__cleanup__`` are awaited (concurrent endpoints as tasks).
+
+``__supervise__`` runs in a task of its own beside the message loop (as in Monarch): at any await
+of an endpoint, or between messages, and before the next queued message starts. When its verdict
+fails the actor, the endpoint in flight is cancelled and its caller gets the failure at once."""
 
 from __future__ import annotations
 
@@ -33,8 +37,23 @@ class AsyncExecutor(ActorCore):
         inbox: deque[Any] = deque()
         wake = asyncio.Event()
         scheduled = [False]
+        main = asyncio.current_task()
+        in_endpoint = [False]
+
+        def failed_by_notice() -> None:
+            # The owner fails at once: cut the endpoint in flight short (its caller gets the
+            # failure, see _run_async), or wake the loop to see the failure.
+            if in_endpoint[0] and main is not None:
+                main.cancel()
+            else:
+                wake.set()
+
+        notices = _Notices(self, loop, failed_by_notice)
 
         def post(item: Any) -> None:
+            if type(item) is Control and item.kind is SUPERVISE:
+                notices.post(item.arg)
+                return
             inbox.append(item)
             if not scheduled[0]:
                 scheduled[0] = True
@@ -43,16 +62,21 @@ class AsyncExecutor(ActorCore):
         self._inbox = inbox
         tasks: set[asyncio.Task[Any]] = set()
         if not self._attach(post):
+            await notices.close()
             await self._end_forced_async(tasks)
             return
         while self.failed is None and not self._forced:
             while inbox and self.failed is None:
+                if notices.pending():
+                    await notices.drain()  # notices first, as in Monarch
+                    continue
                 item = inbox.popleft()
                 if self._forced:
                     self._reject_safely(item)
                     break
                 if type(item) is Control:
                     if item.kind is STOP:
+                        await notices.close()
                         await self._cancel_tasks(tasks)
                         await wait_stopped_async(
                             self.stop_owned(f"their owner {self} stopped", None),
@@ -62,13 +86,18 @@ class AsyncExecutor(ActorCore):
                         self._requeue(inbox)
                         self._finish_stop(item.arg)
                         return
-                    if item.kind is SUPERVISE:
-                        await self._supervise_async(item.arg)
                     continue
+                in_endpoint[0] = True
                 try:
                     await self._handle_async(item, tasks, post)
+                except asyncio.CancelledError:
+                    if self.failed is None:
+                        raise
+                    _uncancel(main)  # failed_by_notice's cancel, now taken
                 except Exception:
                     log.exception("actor %s dropped a malformed message", self.name)
+                finally:
+                    in_endpoint[0] = False
                 item = None
             if self.failed is not None or self._forced:
                 break
@@ -80,6 +109,7 @@ class AsyncExecutor(ActorCore):
             if inbox:
                 continue
             await wake.wait()
+        await notices.close()
         if self._forced:
             await self._end_forced_async(tasks)
             return
@@ -177,14 +207,84 @@ class AsyncExecutor(ActorCore):
         mark = None if probe is None or trace is None else probe.handling(trace, self.queued())
         try:
             result = await fn(self.actor, *args, **kwargs)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if mark is not None:
                 tracing.Probe.abandon(mark)
+            if self.failed is not None and reply is not None:
+                self._die(method, reply, point, exc)  # the actor failed under the call
             raise
         except BaseException as exc:
             self._settle_traced(mark, spec, method, reply, point, None, exc)
             return
         self._settle_traced(mark, spec, method, reply, point, result, None)
+
+
+class _Notices:
+    """The task that runs an async actor's ``__supervise__`` for each notice, one at a time, on
+    the actor's loop beside its messages."""
+
+    def __init__(
+        self,
+        core: AsyncExecutor,
+        loop: asyncio.AbstractEventLoop,
+        failed: Callable[[], None],
+    ) -> None:
+        self._core = core
+        self._loop = loop
+        self._failed = failed  # called when a verdict failed the actor
+        self._queue: deque[Any] = deque()
+        self._running = False
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._task = loop.create_task(self._run())
+
+    def post(self, notice: Any) -> None:
+        """Queue a notice (from any thread)."""
+        self._queue.append(notice)
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    def pending(self) -> bool:
+        """Whether a notice is queued or being handled."""
+        return bool(self._queue) or self._running
+
+    async def drain(self) -> None:
+        """Wait until the notices queued so far are handled (or one failed the actor)."""
+        while self.pending() and self._core.failed is None:
+            self._idle.clear()
+            self._wake.set()
+            await self._idle.wait()
+
+    async def close(self) -> None:
+        """Handle no more notices; one still running is cancelled (the actor failed or is
+        forced to stop: its verdict no longer matters)."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        core = self._core
+        while core.failed is None:
+            while self._queue:
+                self._running = True
+                try:
+                    await core._supervise_async(self._queue.popleft())
+                finally:
+                    self._running = False
+                if core.failed is not None:
+                    self._idle.set()
+                    self._failed()
+                    return
+            self._idle.set()
+            self._wake.clear()
+            if not self._queue:
+                await self._wake.wait()
+        self._idle.set()
+
+
+def _uncancel(task: asyncio.Task[Any] | None) -> None:
+    """Take back a cancellation the task caught (Python 3.11+ counts them)."""
+    uncancel = getattr(task, "uncancel", None)
+    if uncancel is not None:
+        uncancel()
 
 
 def new_loop() -> asyncio.AbstractEventLoop:

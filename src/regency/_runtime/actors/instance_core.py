@@ -92,6 +92,8 @@ class ActorCore(InstanceBase):
         self._cleanup_started: float | None = None
         self._stop_lock = threading.Lock()
         self._inbox: deque[Any] | None = None
+        # Notices for a sync actor's __supervise__, taken before its queued messages.
+        self._notices: deque[Any] = deque()
 
     def stats(self) -> dict[str, object]:
         """What introspection shows of this actor: state, failure, messages handled, queued."""
@@ -193,10 +195,12 @@ class ActorCore(InstanceBase):
     def _supervise_outcome(self, notice: Any, handled: Any) -> None:
         if isinstance(notice, MeshRestarted) or notice.restarting or handled:
             return
+        event = notice.event
         self._fail(
-            f"The actor {self} and all its descendants have failed (its __supervise__ did not "
-            f"handle the failure of its mesh {notice.mesh_name})",
-            cause=notice.event,
+            f"it did not handle a supervision event from its child mesh {notice.mesh_name} "
+            f"(its __supervise__ returned {handled!r}). The child's event was:\n"
+            f"{failed_text(event.actor, event.reason)}",
+            cause=event,
         )
 
     def _supervise_raised(self, notice: Any, exc: BaseException) -> None:
@@ -204,11 +208,13 @@ class ActorCore(InstanceBase):
         if isinstance(notice, MeshRestarted) or notice.restarting:
             log.error("actor %s: __supervise__ raised on a restart notice:\n%s", self, text)
             return
+        event = notice.event
         self._fail(
-            f"error during handling of supervision: __supervise__ raised "
-            f"{type(exc).__name__}: {exc}",
+            f"{type(exc).__name__}: {exc}\nThis error occurred while handling another failure "
+            f"(its __supervise__ raised on the failure of its child mesh {notice.mesh_name}):\n"
+            f"{failed_text(event.actor, event.reason)}",
             exc,
-            cause=notice.event,
+            cause=event,
         )
 
     def _fail(
