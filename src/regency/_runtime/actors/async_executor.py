@@ -232,7 +232,7 @@ class _Notices:
         self._core = core
         self._loop = loop
         self._failed = failed  # called when a verdict failed the actor
-        self._queue: deque[Any] = deque()
+        self._queue = core._notices
         self._running = False
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()

@@ -92,7 +92,7 @@ class ActorCore(InstanceBase):
         self._cleanup_started: float | None = None
         self._stop_lock = threading.Lock()
         self._inbox: deque[Any] | None = None
-        # Notices for a sync actor's __supervise__, taken before its queued messages.
+        # Notices for __supervise__, taken before the queued messages.
         self._notices: deque[Any] = deque()
 
     def stats(self) -> dict[str, object]:
@@ -106,8 +106,10 @@ class ActorCore(InstanceBase):
         }
 
     def queued(self) -> int:
-        """Messages waiting in this actor's mailbox."""
-        return self._queue.qsize() + (len(self._inbox) if self._inbox is not None else 0)
+        """Messages (and supervision notices) waiting in this actor's mailbox."""
+        if self._inbox is None:  # a sync actor: a wake-up in its queue stands for each notice
+            return self._queue.qsize()
+        return self._queue.qsize() + len(self._inbox) + len(self._notices)
 
     @property
     def proc_mesh(self) -> ProcMeshBase:
@@ -197,8 +199,8 @@ class ActorCore(InstanceBase):
             return
         event = notice.event
         self._fail(
-            f"it did not handle a supervision event from its child mesh {notice.mesh_name} "
-            f"(its __supervise__ returned {handled!r}). The child's event was:\n"
+            f"The actor {self} and all its descendants have failed (its __supervise__ did not "
+            f"handle the failure of its mesh {notice.mesh_name}). The child's event was:\n"
             f"{failed_text(event.actor, event.reason)}",
             cause=event,
         )
@@ -210,8 +212,8 @@ class ActorCore(InstanceBase):
             return
         event = notice.event
         self._fail(
-            f"{type(exc).__name__}: {exc}\nThis error occurred while handling another failure "
-            f"(its __supervise__ raised on the failure of its child mesh {notice.mesh_name}):\n"
+            f"error during handling of supervision: __supervise__ raised "
+            f"{type(exc).__name__}: {exc}\nThis error occurred while handling another failure:\n"
             f"{failed_text(event.actor, event.reason)}",
             exc,
             cause=event,
