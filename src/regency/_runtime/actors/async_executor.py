@@ -234,6 +234,7 @@ class _Notices:
         self._failed = failed  # called when a verdict failed the actor
         self._queue = core._notices
         self._running = False
+        self._closing = False
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._task = loop.create_task(self._run())
@@ -257,13 +258,14 @@ class _Notices:
     async def close(self) -> None:
         """Handle no more notices; one still running is cancelled (the actor failed or is
         forced to stop: its verdict no longer matters)."""
+        self._closing = True
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
         core = self._core
-        while core.failed is None:
-            while self._queue:
+        while core.failed is None and not self._closing:
+            while self._queue and not self._closing:
                 self._running = True
                 try:
                     await core._supervise_async(self._queue.popleft())
@@ -271,7 +273,8 @@ class _Notices:
                     self._running = False
                 if core.failed is not None:
                     self._idle.set()
-                    self._failed()
+                    if not self._closing:  # else close() cut the hook short: the actor ends
+                        self._failed()
                     return
             self._idle.set()
             self._wake.clear()
