@@ -14,11 +14,13 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from _fault_helpers import tracked_procs, wait_until
 
+from regency import config
 from regency.actor import (
     Actor,
     MeshFailure,
@@ -139,6 +141,44 @@ class AsyncOwner(Actor):
     async def other(self) -> list[str]:
         self.log.append("other")
         return self.log
+
+
+class SlowSupervisor(Actor):
+    """Its async ``__supervise__`` awaits a gate that an endpoint opens."""
+
+    def __init__(self, procs: ProcMesh, record: str = "") -> None:
+        self.kid = procs.spawn("kid", Kid)
+        self.log: list[str] = []
+        self.gate = asyncio.Event()
+        self.record = record
+
+    async def __cleanup__(self, exc: BaseException | None) -> None:
+        if self.record:
+            me: Any = context().actor_instance
+            Path(self.record).write_text(f"{me.stats()['state']} {exc!r}")
+
+    async def __supervise__(self, failure: MeshFailure) -> bool:
+        self.log.append("supervise-start")
+        await self.gate.wait()
+        self.log.append("supervise-end")
+        return True
+
+    @endpoint
+    async def break_kid(self) -> None:
+        self.kid.fail.broadcast()
+
+    @endpoint
+    async def started(self) -> bool:
+        return "supervise-start" in self.log
+
+    @endpoint
+    async def open_gate(self) -> list[str]:
+        self.gate.set()
+        return list(self.log)
+
+    @endpoint
+    async def history(self) -> list[str]:
+        return list(self.log)
 
 
 class SyncOwner(Actor):
@@ -279,3 +319,36 @@ def test_sync_owner_runs_supervise_after_its_endpoint_before_queued_messages(
         queued.get(timeout=T)
     assert "SyncOwner owner{'gpus': 0/1}> and all its descendants have failed" in str(info.value)
     assert "Kid kid{'gpus': 0/1}> and all its descendants have failed" in str(info.value)
+
+
+def _slow_supervisor_started(cleanup: Any, record: str = "") -> Any:
+    owner = _owner(cleanup, SlowSupervisor, record)
+    owner.break_kid.call_one().get(timeout=T)
+    assert wait_until(lambda: owner.started.call_one().get(timeout=T), T, 0.02)
+    return owner
+
+
+def test_messages_go_on_while_an_async_supervise_awaits(cleanup: Any) -> None:
+    owner = _slow_supervisor_started(cleanup)
+    # The endpoint runs while __supervise__ awaits its gate (as in Monarch), and opens it.
+    assert owner.open_gate.call_one().get(timeout=T) == ["supervise-start"]
+    assert wait_until(
+        lambda: owner.history.call_one().get(timeout=T)[-1] == "supervise-end", T, 0.02
+    )
+
+
+def test_stop_cancels_an_awaiting_supervise_without_a_verdict(
+    cleanup: Any, hook: list[MeshFailure], tmp_path: Path
+) -> None:
+    record = tmp_path / "cleanup.txt"
+    owner = _slow_supervisor_started(cleanup, str(record))
+    started = time.monotonic()
+    owner.stop().get(timeout=T)
+    took = time.monotonic() - started
+    # Not held up until the stop gives up on the actor (cleanup_timeout), and not a failure.
+    assert took < config.get_seconds("cleanup_timeout"), f"the stop took {took:.1f} s"
+    assert not [f for f in hook if f.mesh_name == "owner"]
+    # The cancelled __supervise__ did not fail the actor: its cleanup ran for a stop.
+    assert record.read_text() == "running None"
+    with pytest.raises(SupervisionError, match="stopped"):
+        owner.history.call_one().get(timeout=T)

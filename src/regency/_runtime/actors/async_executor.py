@@ -67,8 +67,8 @@ class AsyncExecutor(ActorCore):
             return
         while self.failed is None and not self._forced:
             while inbox and self.failed is None:
-                if notices.pending():
-                    await notices.drain()  # notices first, as in Monarch
+                if notices.waiting():
+                    await notices.start_waiting()
                     continue
                 item = inbox.popleft()
                 if self._forced:
@@ -140,7 +140,7 @@ class AsyncExecutor(ActorCore):
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _supervise_async(self, notice: Any) -> None:
+    async def _supervise_async(self, notice: Any, notices: _Notices) -> None:
         hook = self._supervise_hook()
         context.set_current(context.Context(self, self.rank))
         try:
@@ -148,6 +148,8 @@ class AsyncExecutor(ActorCore):
             if inspect.isawaitable(handled):
                 handled = await handled
         except BaseException as exc:
+            if notices.closing and isinstance(exc, asyncio.CancelledError):
+                raise  # the actor stops or failed: no verdict
             self._supervise_raised(notice, exc)
             return
         self._supervise_outcome(notice, handled)
@@ -234,9 +236,8 @@ class _Notices:
         self._failed = failed  # called when a verdict failed the actor
         self._queue = core._notices
         self._running = False
-        self._closing = False
+        self.closing = False
         self._wake = asyncio.Event()
-        self._idle = asyncio.Event()
         self._task = loop.create_task(self._run())
 
     def post(self, notice: Any) -> None:
@@ -244,43 +245,39 @@ class _Notices:
         self._queue.append(notice)
         self._loop.call_soon_threadsafe(self._wake.set)
 
-    def pending(self) -> bool:
-        """Whether a notice is queued or being handled."""
-        return bool(self._queue) or self._running
+    def waiting(self) -> bool:
+        """Whether a notice waits while no ``__supervise__`` runs."""
+        return bool(self._queue) and not self._running
 
-    async def drain(self) -> None:
-        """Wait until the notices queued so far are handled (or one failed the actor)."""
-        while self.pending() and self._core.failed is None:
-            self._idle.clear()
+    async def start_waiting(self) -> None:
+        """Let the waiting notices start before the next message, as Monarch does: each
+        ``__supervise__`` runs to its end, or to an await (then messages go on beside it)."""
+        while self.waiting() and self._core.failed is None:
             self._wake.set()
-            await self._idle.wait()
+            await asyncio.sleep(0)
 
     async def close(self) -> None:
-        """Handle no more notices; one still running is cancelled (the actor failed or is
-        forced to stop: its verdict no longer matters)."""
-        self._closing = True
+        """Handle no more notices; a ``__supervise__`` still awaiting is cancelled, without a
+        verdict (the actor stops or failed)."""
+        self.closing = True
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
         core = self._core
-        while core.failed is None and not self._closing:
-            while self._queue and not self._closing:
+        while core.failed is None:
+            while self._queue:
                 self._running = True
                 try:
-                    await core._supervise_async(self._queue.popleft())
+                    await core._supervise_async(self._queue.popleft(), self)
                 finally:
                     self._running = False
                 if core.failed is not None:
-                    self._idle.set()
-                    if not self._closing:  # else close() cut the hook short: the actor ends
-                        self._failed()
+                    self._failed()
                     return
-            self._idle.set()
             self._wake.clear()
             if not self._queue:
                 await self._wake.wait()
-        self._idle.set()
 
 
 def _uncancel(task: asyncio.Task[Any] | None) -> None:
