@@ -1,5 +1,9 @@
 """The executor of an async actor: its own event loop on the actor's thread, where endpoints,
-``__supervise__`` and ``__cleanup__`` are awaited (concurrent endpoints as tasks)."""
+``__supervise__`` and ``__cleanup__`` are awaited (concurrent endpoints as tasks).
+
+``__supervise__`` runs in a task of its own beside the message loop (as in Monarch): at any await
+of an endpoint, or between messages, and before the next queued message starts. When its verdict
+fails the actor, the endpoint in flight is cancelled and its caller gets the failure at once."""
 
 from __future__ import annotations
 
@@ -33,8 +37,23 @@ class AsyncExecutor(ActorCore):
         inbox: deque[Any] = deque()
         wake = asyncio.Event()
         scheduled = [False]
+        main = asyncio.current_task()
+        in_endpoint = [False]
+
+        def failed_by_notice() -> None:
+            # The owner fails at once: cut the endpoint in flight short (its caller gets the
+            # failure, see _run_async), or wake the loop to see the failure.
+            if in_endpoint[0] and main is not None:
+                main.cancel()
+            else:
+                wake.set()
+
+        notices = _Notices(self, loop, failed_by_notice)
 
         def post(item: Any) -> None:
+            if type(item) is Control and item.kind is SUPERVISE:
+                notices.post(item.arg)
+                return
             inbox.append(item)
             if not scheduled[0]:
                 scheduled[0] = True
@@ -43,16 +62,21 @@ class AsyncExecutor(ActorCore):
         self._inbox = inbox
         tasks: set[asyncio.Task[Any]] = set()
         if not self._attach(post):
+            await notices.close()
             await self._end_forced_async(tasks)
             return
         while self.failed is None and not self._forced:
             while inbox and self.failed is None:
+                if notices.waiting():
+                    await notices.start_waiting()
+                    continue
                 item = inbox.popleft()
                 if self._forced:
                     self._reject_safely(item)
                     break
                 if type(item) is Control:
                     if item.kind is STOP:
+                        await notices.close()
                         await self._cancel_tasks(tasks)
                         await wait_stopped_async(
                             self.stop_owned(f"their owner {self} stopped", None),
@@ -62,13 +86,18 @@ class AsyncExecutor(ActorCore):
                         self._requeue(inbox)
                         self._finish_stop(item.arg)
                         return
-                    if item.kind is SUPERVISE:
-                        await self._supervise_async(item.arg)
                     continue
+                in_endpoint[0] = True
                 try:
                     await self._handle_async(item, tasks, post)
+                except asyncio.CancelledError:
+                    if self.failed is None:
+                        raise
+                    _uncancel(main)  # failed_by_notice's cancel, now taken
                 except Exception:
                     log.exception("actor %s dropped a malformed message", self.name)
+                finally:
+                    in_endpoint[0] = False
                 item = None
             if self.failed is not None or self._forced:
                 break
@@ -80,6 +109,7 @@ class AsyncExecutor(ActorCore):
             if inbox:
                 continue
             await wake.wait()
+        await notices.close()
         if self._forced:
             await self._end_forced_async(tasks)
             return
@@ -110,7 +140,7 @@ class AsyncExecutor(ActorCore):
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _supervise_async(self, notice: Any) -> None:
+    async def _supervise_async(self, notice: Any, notices: _Notices) -> None:
         hook = self._supervise_hook()
         context.set_current(context.Context(self, self.rank))
         try:
@@ -118,6 +148,8 @@ class AsyncExecutor(ActorCore):
             if inspect.isawaitable(handled):
                 handled = await handled
         except BaseException as exc:
+            if notices.closing and isinstance(exc, asyncio.CancelledError):
+                raise  # the actor stops or failed: no verdict
             self._supervise_raised(notice, exc)
             return
         self._supervise_outcome(notice, handled)
@@ -177,14 +209,82 @@ class AsyncExecutor(ActorCore):
         mark = None if probe is None or trace is None else probe.handling(trace, self.queued())
         try:
             result = await fn(self.actor, *args, **kwargs)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if mark is not None:
                 tracing.Probe.abandon(mark)
+            if self.failed is not None and reply is not None:
+                self._die(method, reply, point, exc)  # the actor failed under the call
             raise
         except BaseException as exc:
             self._settle_traced(mark, spec, method, reply, point, None, exc)
             return
         self._settle_traced(mark, spec, method, reply, point, result, None)
+
+
+class _Notices:
+    """The task that runs an async actor's ``__supervise__`` for each notice, one at a time, on
+    the actor's loop beside its messages."""
+
+    def __init__(
+        self,
+        core: AsyncExecutor,
+        loop: asyncio.AbstractEventLoop,
+        failed: Callable[[], None],
+    ) -> None:
+        self._core = core
+        self._loop = loop
+        self._failed = failed  # called when a verdict failed the actor
+        self._queue = core._notices
+        self._running = False
+        self.closing = False
+        self._wake = asyncio.Event()
+        self._task = loop.create_task(self._run())
+
+    def post(self, notice: Any) -> None:
+        """Queue a notice (from any thread)."""
+        self._queue.append(notice)
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    def waiting(self) -> bool:
+        """Whether a notice waits while no ``__supervise__`` runs."""
+        return bool(self._queue) and not self._running
+
+    async def start_waiting(self) -> None:
+        """Let the waiting notices start before the next message, as Monarch does: each
+        ``__supervise__`` runs to its end, or to an await (then messages go on beside it)."""
+        while self.waiting() and self._core.failed is None:
+            self._wake.set()
+            await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        """Handle no more notices; a ``__supervise__`` still awaiting is cancelled, without a
+        verdict (the actor stops or failed)."""
+        self.closing = True
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        core = self._core
+        while core.failed is None:
+            while self._queue:
+                self._running = True
+                try:
+                    await core._supervise_async(self._queue.popleft(), self)
+                finally:
+                    self._running = False
+                if core.failed is not None:
+                    self._failed()
+                    return
+            self._wake.clear()
+            if not self._queue:
+                await self._wake.wait()
+
+
+def _uncancel(task: asyncio.Task[Any] | None) -> None:
+    """Take back a cancellation the task caught (Python 3.11+ counts them)."""
+    uncancel = getattr(task, "uncancel", None)
+    if uncancel is not None:
+        uncancel()
 
 
 def new_loop() -> asyncio.AbstractEventLoop:

@@ -200,7 +200,8 @@ class ActorInstance(SyncExecutor, AsyncExecutor):
         once()
 
     def supervise(self, notice: Any) -> None:
-        """Queue a notice about an owned mesh; ``__supervise__`` runs between messages."""
+        """Queue a notice about an owned mesh for ``__supervise__`` (which runs while an async
+        endpoint awaits, or before the next queued message: see the executors)."""
         self.runtime.mailbox(self.mesh_id).post(0, 0, Control(SUPERVISE, notice))
 
     def _poke(self) -> None:

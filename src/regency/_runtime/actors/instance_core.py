@@ -92,6 +92,8 @@ class ActorCore(InstanceBase):
         self._cleanup_started: float | None = None
         self._stop_lock = threading.Lock()
         self._inbox: deque[Any] | None = None
+        # Notices for __supervise__, taken before the queued messages.
+        self._notices: deque[Any] = deque()
 
     def stats(self) -> dict[str, object]:
         """What introspection shows of this actor: state, failure, messages handled, queued."""
@@ -104,8 +106,10 @@ class ActorCore(InstanceBase):
         }
 
     def queued(self) -> int:
-        """Messages waiting in this actor's mailbox."""
-        return self._queue.qsize() + (len(self._inbox) if self._inbox is not None else 0)
+        """Messages (and supervision notices) waiting in this actor's mailbox."""
+        if self._inbox is None:  # a sync actor: a wake-up in its queue stands for each notice
+            return self._queue.qsize()
+        return self._queue.qsize() + len(self._inbox) + len(self._notices)
 
     @property
     def proc_mesh(self) -> ProcMeshBase:
@@ -193,10 +197,12 @@ class ActorCore(InstanceBase):
     def _supervise_outcome(self, notice: Any, handled: Any) -> None:
         if isinstance(notice, MeshRestarted) or notice.restarting or handled:
             return
+        event = notice.event
         self._fail(
             f"The actor {self} and all its descendants have failed (its __supervise__ did not "
-            f"handle the failure of its mesh {notice.mesh_name})",
-            cause=notice.event,
+            f"handle the failure of its mesh {notice.mesh_name}). The child's event was:\n"
+            f"{failed_text(event.actor, event.reason)}",
+            cause=event,
         )
 
     def _supervise_raised(self, notice: Any, exc: BaseException) -> None:
@@ -204,11 +210,13 @@ class ActorCore(InstanceBase):
         if isinstance(notice, MeshRestarted) or notice.restarting:
             log.error("actor %s: __supervise__ raised on a restart notice:\n%s", self, text)
             return
+        event = notice.event
         self._fail(
             f"error during handling of supervision: __supervise__ raised "
-            f"{type(exc).__name__}: {exc}",
+            f"{type(exc).__name__}: {exc}\nThis error occurred while handling another failure:\n"
+            f"{failed_text(event.actor, event.reason)}",
             exc,
-            cause=notice.event,
+            cause=event,
         )
 
     def _fail(

@@ -1,5 +1,6 @@
 """The executor of a sync actor: its messages, ``__supervise__`` and ``__cleanup__`` run one at
-a time on the actor's thread, which reads the sockets itself while it waits.
+a time on the actor's thread, which reads the sockets itself while it waits. As in Monarch, a
+notice for ``__supervise__`` runs once the message in hand is done, before the queued ones.
 
 An actor with nothing queued becomes its process's inline reader just before its reply leaves,
 not after: the reply wakes the caller, which on a busy machine often runs on this very CPU at
@@ -16,7 +17,7 @@ from typing import Any
 from regency import config
 from regency._runtime.actors import context, tracing
 from regency._runtime.actors.identity import wait_stopped
-from regency._runtime.actors.instance_core import STOP, SUPERVISE, ActorCore, Control
+from regency._runtime.actors.instance_core import STOP, SUPERVISE, WAKE, ActorCore, Control
 from regency._runtime.kernel.mailbox import Delivery
 from regency._runtime.kernel.waiting import poll_then_wait, thread_waker
 from regency._transport.io_loop import Turn
@@ -46,6 +47,7 @@ class SyncExecutor(ActorCore):
             self._serve_failed()
             return
         q = self._queue
+        notices = self._notices
         handle = self._handle_sync
         idle = self._idle_until
         while True:
@@ -53,13 +55,19 @@ class SyncExecutor(ActorCore):
                 self._release_turn()
                 self._end_forced()
                 return
-            # No exception per message: a forced stop that empties the queue from another
-            # thread also puts a wake-up in it, so get() cannot block for good.
-            if q.empty():
-                idle()
-            else:
+            if notices:
+                # A notice runs before the queued messages, as in Monarch (its wake-up stays
+                # queued).
                 self._release_turn()
-            item = q.get()
+                item: Any = Control(SUPERVISE, notices.popleft())
+            else:
+                # No exception per message: a forced stop that empties the queue from another
+                # thread also puts a wake-up in it, so get() cannot block for good.
+                if q.empty():
+                    idle()
+                else:
+                    self._release_turn()
+                item = q.get()
             if self._forced:
                 self._reject_safely(item)
                 continue
@@ -86,6 +94,9 @@ class SyncExecutor(ActorCore):
                 return
 
     def _post_sync(self, item: Any) -> None:
+        if type(item) is Control and item.kind is SUPERVISE:
+            self._notices.append(item.arg)
+            item = Control(WAKE)  # only ends a wait: the loop takes notices first
         self._queue.put(item)
         if self._wake is not None:
             self._wake()
