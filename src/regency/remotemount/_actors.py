@@ -68,7 +68,7 @@ class FUSEActor(Actor):
         ctx = contextvars.copy_context()  # the actor's context, for calls from FUSE threads
 
         def fetch(block: int) -> tuple[bytes, list[str]]:
-            data, stale = ctx.run(
+            data, stale = ctx.copy().run(
                 lambda: client.read_block.call_one(block).get(timeout=FETCH_TIMEOUT_S)
             )
             return bytes(data), list(stale)

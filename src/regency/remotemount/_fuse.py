@@ -96,8 +96,10 @@ def prepare_mount_point(path: str) -> None:
 class FuseThread:
     """One mount served by a daemon thread of this process until `stop`."""
 
-    def __init__(self, operations: Any, mount_point: str, fsname: str) -> None:
+    def __init__(self, operations: Any, mount_point: str, fsname: str, **options: Any) -> None:
+        """``options`` are more libfuse ``-o`` options (``attr_timeout=0``, ``direct_io=True``)."""
         self.mount_point = os.path.abspath(mount_point)
+        self._options = options
         self._operations = operations
         self._fsname = fsname
         self._error: BaseException | None = None
@@ -131,6 +133,7 @@ class FuseThread:
                 auto_unmount=True,
                 default_permissions=True,
                 fsname=self._fsname,
+                **self._options,
             )
         except BaseException as error:  # reported by start() or stop()
             self._error = error
