@@ -22,6 +22,7 @@ from regency.remotemount._index import (
     Index,
     build_index,
     code_blocks,
+    index_changes,
     materialise_block,
 )
 
@@ -85,6 +86,13 @@ class FUSEActor(Actor):
         self._fs.swap_index(meta)
 
     @endpoint
+    def patch_mount(self, changes: dict[str, Any]) -> None:
+        """Like `refresh_mount`, given only the nodes that changed (``None``: removed)."""
+        if self._fs is None:
+            raise RuntimeError("no mount to refresh")
+        self._fs.patch_index(changes)
+
+    @endpoint
     def receive_block(self, block: int, data: bytes, stale: list[str]) -> None:
         """Keep a block sent ahead of any read."""
         if self._fs is None:
@@ -139,7 +147,7 @@ class MountHandlerClient(Actor):
         self.fuse_actors = self.procs.spawn("FUSEActor", FUSEActor, self_handle)
         try:
             self.fuse_actors.mkdir.call(self.mntpoint).get()
-            self._ship_index()
+            self._count_shipped(self.index)
             self.fuse_actors.mount.call(self.mntpoint, self.index).get()
             for block in sorted(code_blocks(self.index)):
                 data, stale = self._materialise(block)
@@ -155,15 +163,16 @@ class MountHandlerClient(Actor):
 
     @endpoint
     def refresh(self) -> None:
-        """Re-index the source append-only and hand the new tree to every host (if it changed)."""
+        """Re-index the source append-only; send every host the nodes that changed, if any."""
         if self.fuse_actors is None or self.index is None:
             raise RuntimeError("no active mount to refresh; call open() first")
         index = build_index(self.sourcepath, self.index)
         if index == self.index:
             return
+        changes = index_changes(self.index, index)
         self.index = index
-        self._ship_index()
-        self.fuse_actors.refresh_mount.call(index).get()
+        self._count_shipped(changes)
+        self.fuse_actors.patch_mount.call(changes).get()
 
     @endpoint
     def close(self) -> None:
@@ -175,11 +184,10 @@ class MountHandlerClient(Actor):
         """Bytes sent so far: the index (per host) and blocks (per request), and blocks sent."""
         return dict(self._stats)
 
-    def _ship_index(self) -> None:
-        assert self.index is not None
+    def _count_shipped(self, nodes: dict[str, Any]) -> None:
         assert self.procs is not None
         hosts = max(1, len(self.procs))
-        self._stats["index_bytes"] += hosts * len(pickle.dumps(self.index, protocol=5))
+        self._stats["index_bytes"] += hosts * len(pickle.dumps(nodes, protocol=5))
 
     def _materialise(self, block: int) -> tuple[bytes, list[str]]:
         assert self.index is not None

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from regency.remotemount._index import BLOCK_SIZE, Index
+from regency.remotemount._index import BLOCK_SIZE, Index, apply_changes
 
 BlockFetch = Callable[[int], tuple[bytes, list[str]]]
 """Fetches block ``n`` from the client: its bytes (the used prefix) and the files that diverged."""
@@ -43,6 +43,10 @@ class BlockFileSystem:
         with self._lock:
             self._index = index
             self._stale.clear()
+
+    def patch_index(self, changes: dict[str, dict[str, Any] | None]) -> None:
+        """Serve the index with ``changes`` (from `index_changes`) applied."""
+        self.swap_index(apply_changes(self._index, changes))
 
     def add_block(self, block: int, data: bytes, stale: Iterable[str]) -> None:
         """Keep ``block`` (sent ahead of any read), marking the files that diverged in it."""

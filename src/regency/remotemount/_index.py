@@ -124,6 +124,29 @@ def build_index(source_path: str, previous: Index) -> Index:
     return index
 
 
+def index_changes(old: Index, new: Index) -> dict[str, dict[str, Any] | None]:
+    """The nodes of ``new`` that differ from ``old``'s, and ``None`` for each path ``new`` lacks.
+
+    What a re-mount sends: `apply_changes` turns ``old`` into ``new`` with it.
+    """
+    changes: dict[str, dict[str, Any] | None] = {
+        path: node for path, node in new.items() if old.get(path) != node
+    }
+    changes.update({path: None for path in old.keys() - new.keys()})
+    return changes
+
+
+def apply_changes(old: Index, changes: dict[str, dict[str, Any] | None]) -> Index:
+    """A new index: ``old`` with `index_changes`' result applied (``old`` is left as it was)."""
+    new = dict(old)
+    for path, node in changes.items():
+        if node is None:
+            new.pop(path, None)
+        else:
+            new[path] = node
+    return new
+
+
 def code_blocks(index: Index) -> set[int]:
     """The blocks holding at least one small file: the ones worth sending before any read."""
     blocks: set[int] = set()
