@@ -152,6 +152,7 @@ class MountHandlerClient(Actor):
             for block in sorted(code_blocks(self.index)):
                 data, stale = self._materialise(block)
                 self.fuse_actors.receive_block.call(block, data, stale).get()
+                self._count_blocks(len(data), copies=len(self.procs))
         except BaseException:
             self._teardown()
             raise
@@ -159,7 +160,9 @@ class MountHandlerClient(Actor):
     @endpoint
     def read_block(self, block: int) -> tuple[bytes, list[str]]:
         """Block ``block`` read from the source now (its used prefix), and its diverged files."""
-        return self._materialise(int(block))
+        data, stale = self._materialise(int(block))
+        self._count_blocks(len(data), copies=1)
+        return data, stale
 
     @endpoint
     def refresh(self) -> None:
@@ -181,7 +184,7 @@ class MountHandlerClient(Actor):
 
     @endpoint
     def stats(self) -> dict[str, int]:
-        """Bytes sent so far: the index (per host) and blocks (per request), and blocks sent."""
+        """Sent so far, every host's copy counted: index bytes, block bytes and blocks."""
         return dict(self._stats)
 
     def _count_shipped(self, nodes: dict[str, Any]) -> None:
@@ -194,9 +197,11 @@ class MountHandlerClient(Actor):
         data, used, stale = materialise_block(self.index, block, self._buf)
         if stale:
             logger.warning("remotemount: block %d: source changed under %s", block, stale)
-        self._stats["block_bytes"] += used
-        self._stats["blocks"] += 1
         return data[:used], stale
+
+    def _count_blocks(self, size: int, copies: int) -> None:
+        self._stats["block_bytes"] += size * copies
+        self._stats["blocks"] += copies
 
     def _teardown(self) -> None:
         if self.fuse_actors is not None:
