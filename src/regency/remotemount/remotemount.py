@@ -56,8 +56,12 @@ class MountHandler:
             "MountHandlerClient", MountHandlerClient, host_mesh, sourcepath, mntpoint
         )
 
-    def open(self) -> None:
-        """Mount the directory on every host (the tree at once, small files' blocks sent ahead)."""
+    def open(self, via_gateway: bool = False) -> None:
+        """Mount the directory on every host (the tree at once, small files' blocks sent ahead).
+
+        ``via_gateway`` is accepted as in Monarch and changes nothing: blocks travel as actor
+        messages, which reach the hosts however the job's channels do.
+        """
         self._client.open.call_one(self._client).get()
 
     def close(self) -> None:
