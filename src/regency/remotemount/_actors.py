@@ -22,8 +22,8 @@ from regency.remotemount._index import (
     Index,
     build_index,
     code_blocks,
+    fill_block,
     index_changes,
-    materialise_block,
 )
 
 logger = logging.getLogger(__name__)
@@ -194,10 +194,10 @@ class MountHandlerClient(Actor):
 
     def _materialise(self, block: int) -> tuple[bytes, list[str]]:
         assert self.index is not None
-        data, used, stale = materialise_block(self.index, block, self._buf)
+        used, stale = fill_block(self.index, block, self._buf)
         if stale:
             logger.warning("remotemount: block %d: source changed under %s", block, stale)
-        return data[:used], stale
+        return bytes(memoryview(self._buf)[:used]), stale
 
     def _count_blocks(self, size: int, copies: int) -> None:
         self._stats["block_bytes"] += size * copies

@@ -168,6 +168,12 @@ def materialise_block(index: Index, block: int, buf: bytearray) -> tuple[bytes, 
     gone, short read). Their range is filled with random bytes and the caller must make reads
     of them fail. Raises ``ValueError`` for a block past the layout's end.
     """
+    used, diverged = fill_block(index, block, buf)
+    return bytes(buf), used, diverged
+
+
+def fill_block(index: Index, block: int, buf: bytearray) -> tuple[int, list[str]]:
+    """`materialise_block` without the copy: fills ``buf``, returns ``(used, diverged)``."""
     total = int(index["/"]["total_size"])
     start = block * BLOCK_SIZE
     if block < 0 or start >= total:
@@ -190,7 +196,7 @@ def materialise_block(index: Index, block: int, buf: bytearray) -> tuple[bytes, 
         if not _read_fenced(node, lo - offset, target):
             diverged.append(vpath)
             target[:] = os.urandom(hi - lo)
-    return bytes(buf), used, diverged
+    return used, diverged
 
 
 def _read_fenced(node: dict[str, Any], position: int, target: memoryview) -> bool:
