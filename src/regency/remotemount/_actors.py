@@ -110,6 +110,8 @@ class FUSEActor(Actor):
         if self._thread is not None:
             status = self._thread.stop()
             self._thread = None
+            if self._fs is not None:
+                self._fs.close()
             self._fs = None
             return status
         return unmount(resolve_path(mount_point))
@@ -119,6 +121,9 @@ class FUSEActor(Actor):
         if self._thread is not None:
             self._thread.stop()
             self._thread = None
+        if self._fs is not None:
+            self._fs.close()
+            self._fs = None
 
 
 class MountHandlerClient(Actor):

@@ -2,7 +2,9 @@
 
 Metadata (``getattr``, ``readdir``, ``readlink``) is answered from the index alone. A ``read``
 maps the file's range onto blocks; a block not yet on this host is fetched once (concurrent
-readers of the same block wait for that one fetch) and kept in memory for the mount's life.
+readers of the same block wait for that one fetch) and kept for the mount's life in an unlinked
+temporary file of the host (``TMPDIR``): the page cache holds what is read often, the kernel may
+evict the rest, and the files vanish with the process however it ends.
 A fetch that fails (the client is gone, or did not answer in time) fails the read with ``EIO``;
 so does a read of a file whose source changed after the index was built.
 """
@@ -10,10 +12,12 @@ so does a read of a file whose source changed after the index was built.
 from __future__ import annotations
 
 import errno
+import os
 import stat
+import tempfile
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import IO, Any
 
 from regency.remotemount._index import BLOCK_SIZE, Index, apply_changes
 
@@ -31,7 +35,7 @@ class BlockFileSystem:
         self._index = index
         self._fetch = fetch
         self._os_error = os_error  # the binding's FuseOSError: its errno is what the reader sees
-        self._blocks: dict[int, bytes] = {}
+        self._blocks: dict[int, IO[bytes]] = {}
         self._stale: set[str] = set()
         self._fetching: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -50,9 +54,20 @@ class BlockFileSystem:
 
     def add_block(self, block: int, data: bytes, stale: Iterable[str]) -> None:
         """Keep ``block`` (sent ahead of any read), marking the files that diverged in it."""
+        stored = _store(data)
         with self._lock:
-            self._blocks[block] = data
             self._stale.update(stale)
+            old = self._blocks.pop(block, None)
+            self._blocks[block] = stored
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        """Drop the blocks held (their files go with them)."""
+        with self._lock:
+            held, self._blocks = self._blocks, {}
+        for stored in held.values():
+            stored.close()
 
     def held_blocks(self) -> int:
         """How many blocks this host holds."""
@@ -111,11 +126,11 @@ class BlockFileSystem:
         position = base + offset
         while position < base + end:
             block, within = divmod(position, BLOCK_SIZE)
-            data = self._block(block)
+            stored = self._block(block)
             if path in self._stale:
                 raise self._os_error(errno.EIO)
             take = min(BLOCK_SIZE - within, base + end - position)
-            parts.append(data[within : within + take])
+            parts.append(os.pread(stored.fileno(), take, within))
             position += take
         return b"".join(parts)
 
@@ -124,23 +139,32 @@ class BlockFileSystem:
         total = int(self._index["/"].get("total_size", 0))
         return {"f_bsize": 4096, "f_frsize": 4096, "f_blocks": total // 4096 + 1, "f_namemax": 255}
 
-    def _block(self, block: int) -> bytes:
-        data = self._blocks.get(block)
-        if data is not None:
-            return data
+    def _block(self, block: int) -> IO[bytes]:
+        stored = self._blocks.get(block)
+        if stored is not None:
+            return stored
         with self._lock:
             gate = self._fetching.setdefault(block, threading.Lock())
         with gate:
-            data = self._blocks.get(block)
-            if data is not None:
-                return data
+            stored = self._blocks.get(block)
+            if stored is not None:
+                return stored
             try:
                 data, stale = self._fetch(block)
             except Exception as error:
                 raise self._os_error(errno.EIO) from error
+            stored = _store(data)
             with self._lock:
                 self._stale.update(stale)
-                self._blocks[block] = data
+                self._blocks[block] = stored
                 self.fetched_bytes += len(data)
                 self._fetching.pop(block, None)
-            return data
+            return stored
+
+
+def _store(data: bytes) -> IO[bytes]:
+    """``data`` in an unlinked temporary file (freed when closed or when the process ends)."""
+    stored = tempfile.TemporaryFile(prefix="regency-block-")  # noqa: SIM115 (kept open on purpose)
+    stored.write(data)
+    stored.flush()
+    return stored

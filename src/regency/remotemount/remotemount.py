@@ -12,7 +12,7 @@ Monarch's ``monarch.remotemount.remotemount``::
 
 The client walks the directory into an index (`build_index`); the hosts mount that tree at once
 and fetch each block of :data:`BLOCK_SIZE` bytes (`materialise_block`) the first time a read
-needs it, keeping it in memory. See ``docs/remotemount.md``.
+needs it, keeping it on the host. See ``docs/remotemount.md``.
 """
 
 from __future__ import annotations
