@@ -1,8 +1,12 @@
 """Running a read-only FUSE file system in a thread of this process, and taking it down.
 
 The binding is `mfusepy <https://pypi.org/project/mfusepy/>`_ (the ``remotemount`` extra) over
-Debian's ``fuse3``. Every mount uses libfuse's ``auto_unmount``: ``fusermount3`` stays beside the
-process and unmounts when it dies, however it dies, so no stale mount outlives its server.
+Debian's ``fuse3``. Every mount has a watchdog: a small process in a session of its own (so a
+kill of the job's process group spares it) that holds the read end of a pipe whose write end only
+the serving process has. When that process ends, however it ends, the pipe reaches end of file
+and the watchdog detaches the mount (``fusermount3 -u -z``), so no stale mount outlives its
+server. (libfuse's own ``auto_unmount`` helper runs in the serving process's group, and a group
+kill takes it down too.)
 """
 
 from __future__ import annotations
@@ -104,6 +108,8 @@ class FuseThread:
         self._fsname = fsname
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name=f"fuse {mount_point}", daemon=True)
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._alive_fd: int | None = None
 
     def start(self) -> None:
         """Mount and return once the kernel answers for the mount point."""
@@ -111,12 +117,14 @@ class FuseThread:
             raise FileNotFoundError(f"mount point {self.mount_point} is not a directory")
         if is_mounted(self.mount_point):
             raise RuntimeError(f"{self.mount_point} is already mounted; unmount it first")
+        self._start_watchdog()
         self._thread.start()
         ready = self._operations.ready
         assert isinstance(ready, threading.Event)
         deadline = time.monotonic() + MOUNT_START_TIMEOUT_S
         while not ready.wait(0.05):
             if not self._thread.is_alive():
+                self._stop_watchdog()
                 raise RuntimeError(f"FUSE mount at {self.mount_point} failed: {self._error}")
             if time.monotonic() > deadline:
                 self.stop()
@@ -130,7 +138,6 @@ class FuseThread:
                 self.mount_point,
                 foreground=True,
                 ro=True,
-                auto_unmount=True,
                 default_permissions=True,
                 fsname=self._fsname,
                 **self._options,
@@ -138,8 +145,30 @@ class FuseThread:
         except BaseException as error:  # reported by start() or stop()
             self._error = error
 
+    def _start_watchdog(self) -> None:
+        read_end, self._alive_fd = os.pipe()  # both ends close-on-exec: no child inherits them
+        try:
+            self._watchdog = subprocess.Popen(
+                ["sh", "-c", 'cat >/dev/null; exec fusermount3 -u -z "$0"', self.mount_point],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            os.close(read_end)
+
+    def _stop_watchdog(self) -> None:
+        if self._alive_fd is not None:
+            os.close(self._alive_fd)
+            self._alive_fd = None
+        if self._watchdog is not None:
+            self._watchdog.wait(timeout=30)
+            self._watchdog = None
+
     def stop(self, timeout: float = 30.0) -> tuple[str, str]:
         """Unmount and wait for the serving thread to end: ``(status, detail)`` as `unmount`."""
         status = unmount(self.mount_point)
+        self._stop_watchdog()
         self._thread.join(timeout)
         return status
