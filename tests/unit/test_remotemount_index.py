@@ -9,6 +9,7 @@ import pytest
 from regency.remotemount._index import apply_changes, index_changes
 from regency.remotemount.remotemount import (
     BLOCK_SIZE,
+    FuseUnavailableError,
     build_index,
     code_blocks,
     materialise_block,
@@ -92,3 +93,20 @@ def test_a_symlink_is_kept_as_a_link_never_followed(tmp_path: Path) -> None:
     index = build_index(str(tmp_path), {})
     assert index["/outside"]["link_target"] == "/etc"
     assert "/outside/passwd" not in index
+
+
+def test_missing_fuse_pieces_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from regency.remotemount import _fuse
+
+    def no_binding(name: str) -> object:
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(_fuse.os.path, "exists", lambda path: True)
+    monkeypatch.setattr(_fuse.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(_fuse.importlib, "import_module", no_binding)
+    with pytest.raises(FuseUnavailableError, match=r"mfusepy .*regency\[remotemount\]"):
+        _fuse.binding()
+    monkeypatch.setattr(_fuse.shutil, "which", lambda name: None)
+    assert "apt-get install fuse3" in str(_fuse.fuse_problem())
+    monkeypatch.setattr(_fuse.os.path, "exists", lambda path: False)
+    assert "/dev/fuse does not exist" in str(_fuse.fuse_problem())
