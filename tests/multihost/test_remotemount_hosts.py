@@ -104,3 +104,27 @@ def test_killing_the_hosts_leaves_no_stale_mount(tmp_path: Path) -> None:
         assert _mounts_left_under(mounts) == [], "a FUSE mount outlived its host"
     finally:
         kill_and_check(job)
+
+
+def test_gather_mount_of_a_lost_host_reads_eio_and_the_others_still_serve(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs"
+    for h in (0, 1):
+        (outputs / f"hosts_{h}").mkdir(parents=True)
+        (outputs / f"hosts_{h}" / "rank.log").write_text(f"host {h}\n")
+    gathered = tmp_path / "gathered"
+    job = ProcessJob({"hosts": 2})
+    try:
+        hosts = job.state(cached_path=None).hosts
+        with gather_mount(hosts, f"{outputs}/$SUBDIR", str(gathered)) as mount:
+            assert (gathered / "hosts_1" / "rank.log").read_text() == "host 1\n"
+            kill_group(job._workers["hosts"][1].pid)
+            started = time.monotonic()
+            with pytest.raises(OSError) as caught:
+                (gathered / "hosts_1" / "rank.log").read_text()
+            assert caught.value.errno == 5  # EIO
+            assert time.monotonic() - started < 35, "the read waited past its call timeout"
+            assert (gathered / "hosts_0" / "rank.log").read_text() == "host 0\n"
+            mount.close()
+        assert not is_mounted(str(gathered))
+    finally:
+        kill_and_check(job)
