@@ -122,6 +122,8 @@ EXPORTS: dict[str, list[str]] = {
         "admin_token",
         "start_admin",
     ],
+    "regency.gather_mount": ["GatherMount", "gather_mount"],
+    "regency.remotemount": ["MountHandler", "remotemount"],
     "regency.rdma": [
         "RDMAAction",
         "RDMABackendError",

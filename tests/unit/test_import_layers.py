@@ -183,6 +183,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "regency._tensor",
             "regency.mesh_controller",
             "regency.observe",
+            "regency.remotemount",
+            "regency.gather_mount",
         ),
     ),
     ("apps", ("regency.cli", "regency.__main__")),
@@ -197,6 +199,8 @@ FACE_ONLY = (
     "regency.tensor",
     "regency._tensor",
     "regency.observe",
+    "regency.remotemount",
+    "regency.gather_mount",
 )
 RUNTIME = "regency._runtime"
 # (importer, imported) pairs allowed against FACE_ONLY, each with its reason. None today.
