@@ -21,6 +21,7 @@ from regency import _public
 from regency.job._attach import AttachError, attach_to_workers
 from regency.job._errors import JobError
 from regency.job._exec import CommandResult, exec_command
+from regency.job._forwarder import PortForwarder
 from regency.job._hosts_from_config import hosts_from_config
 from regency.job._kubernetes import ImageSpec, KubernetesJob
 from regency.job._local import LocalJob
@@ -56,6 +57,7 @@ __all__ = [
     "KubernetesJob",
     "LocalJob",
     "MeshAdminConfig",
+    "PortForwarder",
     "ProcessJob",
     "SSHJob",
     "SlurmJob",
