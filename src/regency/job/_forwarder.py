@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from regency._lowlevel import Actor, Channel, Port, PortReceiver, ProcMesh, endpoint
 from regency.actor._functions import current_rank
+from regency.job._flow import Credit, collect
 from regency.shape import Point
 
 log = logging.getLogger("regency.job")
@@ -86,25 +87,7 @@ async def _close_writer(writer: asyncio.StreamWriter) -> None:
         writer.transport.abort()
 
 
-class _Credit:
-    """The bytes this side may still send before the other side has written them."""
-
-    def __init__(self) -> None:
-        self.in_flight = 0
-        self.changed = asyncio.Event()
-
-    async def take(self, count: int) -> None:
-        while self.in_flight >= WINDOW:
-            self.changed.clear()
-            await self.changed.wait()
-        self.in_flight += count
-
-    def give(self, count: int) -> None:
-        self.in_flight -= count
-        self.changed.set()
-
-
-async def _socket_to_peer(reader: asyncio.StreamReader, peer: _Link, credit: _Credit) -> None:
+async def _socket_to_peer(reader: asyncio.StreamReader, peer: _Link, credit: Credit) -> None:
     while data := await reader.read(READ_SIZE):
         await credit.take(len(data))
         peer.data.send(_Data(data))
@@ -133,22 +116,17 @@ async def _peer_to_socket(
             raise RuntimeError(f"unexpected port-forward message {type(message).__name__}")
 
 
-async def _credits(receiver: PortReceiver[int], credit: _Credit) -> None:
-    while True:
-        credit.give(await receiver.recv())
-
-
 async def _relay(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ends: _Ends, peer: _Link
 ) -> None:
     """Carry one connection both ways until both directions ended or either side broke."""
-    credit = _Credit()
+    credit = Credit(WINDOW)
     eof = asyncio.Event()
     sending = asyncio.create_task(_socket_to_peer(reader, peer, credit))
     tasks: list[asyncio.Task[Any]] = [
         sending,
         asyncio.create_task(_peer_to_socket(ends.data, writer, peer, eof)),
-        asyncio.create_task(_credits(ends.credit, credit)),
+        asyncio.create_task(collect(ends.credit, credit)),
         asyncio.create_task(eof.wait()),
     ]
     try:
