@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+import struct
 import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -110,7 +112,7 @@ async def _peer_to_socket(
                 await writer.drain()
             eof.set()
         elif isinstance(message, _Abort):
-            writer.transport.abort()
+            _reset(writer)
             raise ConnectionAbortedError("the other side of the forward was reset")
         else:
             raise RuntimeError(f"unexpected port-forward message {type(message).__name__}")
@@ -153,6 +155,15 @@ async def _relay(
 def _abort(peer: _Link, writer: asyncio.StreamWriter) -> None:
     with contextlib.suppress(Exception):
         peer.data.send(_Abort())
+    _reset(writer)
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close the connection with a reset (RST), as an abrupt close must look to the peer."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
 
 
@@ -222,14 +233,14 @@ class _SourceActor(Actor):
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._destination is None or len(self._connections) >= self._max_connections:
-            writer.transport.abort()
+            _reset(writer)
             return
         ends = _open_ends()
         try:
             peer = await self._destination.open.call_one(ends.link)
         except Exception as error:
             log.warning("port forward could not reach its destination: %s", error)
-            writer.transport.abort()
+            _reset(writer)
             return
         self._connections.add(reader, writer, ends, peer)
 
