@@ -45,23 +45,27 @@ def run_shell(args: argparse.Namespace) -> int:
 
     try:
         env = _parse_env(args.env)
-        host = _this_host() if args.local else _job_host(args)
+        host, rank_env = _this_host() if args.local else _job_host(args)
     except UsageError as exc:
         print(f"regency shell: {exc}", file=sys.stderr)
         return _NO_JOB
-    return shell(host, env=env, workdir=args.workdir)
+    return shell(host, env={**rank_env, **env}, workdir=args.workdir)
 
 
-def _this_host() -> Any:
+def _this_host() -> tuple[Any, dict[str, str]]:
     from regency.actor import this_host
 
-    return this_host()
+    return this_host(), {}
 
 
-def _job_host(args: argparse.Namespace) -> Any:
-    """A singleton host mesh of the cached job's host that ``args`` picks."""
+def _job_host(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
+    """The cached job's host that ``args`` picks, as a singleton host mesh, and its rank env.
+
+    The rank env is the host's ``REGENCY_RANK_<DIM>`` / ``REGENCY_SIZE_<DIM>`` in its mesh.
+    """
     from regency._runtime.actors.meshes import HostInfo, HostMesh
     from regency.job._attach import AttachError
+    from regency.job._exec import rank_env
     from regency.shape import Extent, Shape
 
     path = Path(args.job)
@@ -82,4 +86,5 @@ def _job_host(args: argparse.Namespace) -> Any:
     args.one = not args.point
     target = _targets(meshes, args)[0]
     agent = state._meshes[target.mesh]._hosts[target.base].agent
-    return HostMesh(Shape.from_extent(Extent(["hosts"], [1])), [HostInfo(agent)])
+    host = HostMesh(Shape.from_extent(Extent(["hosts"], [1])), [HostInfo(agent)])
+    return host, rank_env(target.point, target.sizes)
