@@ -161,8 +161,9 @@ def _abort(peer: _Link, writer: asyncio.StreamWriter) -> None:
 def _reset(writer: asyncio.StreamWriter) -> None:
     """Close the connection with a reset (RST), as an abrupt close must look to the peer."""
     sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
+    if sock is not None and not writer.transport.is_closing():
+        # (an event loop's socket wrapper of a connection already closed raises ValueError)
+        with contextlib.suppress(OSError, ValueError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
 
