@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from conftest import SPAWN_TIMEOUT
 from regency.actor import ActorError, ProcMesh, this_proc
 from regency.job import PortForwarder
 
 HOST = "127.0.0.1"
 CALL_TIMEOUT = 60.0
+SPAWN_TIMEOUT = 60.0
 
 
 def _free_ports(count: int) -> list[int]:

@@ -4,9 +4,10 @@ A ``PortForwarder`` actor (spawn it on ``this_proc()``) starts forwards: for eac
 source proc mesh, a source actor listens on ``address:port`` and carries every connection it
 accepts to ``127.0.0.1:dst_port`` on the destination proc at the same point. The bytes travel as
 actor messages over regency's channels (authenticated, TLS across hosts); the local listener is
-the only new socket that accepts unauthenticated peers, and it holds at most
-``max_connections`` at once (more are closed at once, so a full forward never blocks the owner,
-who can always stop it).
+the only new socket that accepts unauthenticated peers. It holds at most ``max_connections``
+connections from its own uid and as many from everyone else (other local users, known by uid
+through the kernel's socket diagnostics, and other hosts); more are reset as they arrive, so
+others filling a forward never lock its owner out, and the owner can always stop it.
 
 Each direction of a connection is flow-controlled by credit: a side sends at most
 :data:`WINDOW` bytes that the other side has not yet written into its socket, and waits for
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import struct
 import uuid
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from regency._lowlevel import Actor, Channel, Port, PortReceiver, ProcMesh, endpoint
+from regency._transport.peer_identity import tcp_peer_uid
 from regency.actor._functions import current_rank
 from regency.job._flow import Credit, collect
 from regency.shape import Point
@@ -179,10 +182,11 @@ class _Connections:
 
     def add(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ends: _Ends, peer: _Link
-    ) -> None:
+    ) -> asyncio.Task[None]:
         task = asyncio.create_task(_relay(reader, writer, ends, peer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def close(self) -> None:
         tasks = list(self._tasks)
@@ -223,6 +227,7 @@ class _SourceActor(Actor):
         self._server: asyncio.AbstractServer | None = None
         self._connections = _Connections()
         self._max_connections = MAX_CONNECTIONS
+        self._open = {True: 0, False: 0}  # connections held, by "from this actor's own uid"
 
     @endpoint
     async def start(self, destination: Any, src_address: AddressSpec, max_connections: int) -> None:
@@ -233,17 +238,32 @@ class _SourceActor(Actor):
         self._server = await asyncio.start_server(self._accept, host, port, reuse_port=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._destination is None or len(self._connections) >= self._max_connections:
+        # Connections from this process's own uid and from anyone else (other local users,
+        # other hosts) are capped separately, so that others filling the forward never lock
+        # its owner out.
+        sock = writer.get_extra_info("socket")
+        mine = sock is not None and tcp_peer_uid(sock) == os.getuid()
+        if self._destination is None or self._open[mine] >= self._max_connections:
             _reset(writer)
             return
-        ends = _open_ends()
+        self._open[mine] += 1
         try:
+            ends = _open_ends()
             peer = await self._destination.open.call_one(ends.link)
+        except asyncio.CancelledError:  # the forward stops
+            self._open[mine] -= 1
+            _reset(writer)
+            raise
         except Exception as error:
+            self._open[mine] -= 1
             log.warning("port forward could not reach its destination: %s", error)
             _reset(writer)
             return
-        self._connections.add(reader, writer, ends, peer)
+        task = self._connections.add(reader, writer, ends, peer)
+        task.add_done_callback(lambda _: self._release(mine))
+
+    def _release(self, mine: bool) -> None:
+        self._open[mine] -= 1
 
     async def __cleanup__(self, exc: Exception | None) -> None:
         server, self._server = self._server, None
@@ -285,7 +305,8 @@ class PortForwarder(Actor):
         ``127.0.0.1:dst_port`` on the destination proc at the same point (``dst_port`` may also
         be a function of the point). Several points may share one source address: the
         listeners share the port and each connection goes to one of them. Each listener holds
-        at most ``max_connections`` connections; more are closed as they arrive.
+        at most ``max_connections`` connections from this process's uid and as many from
+        anyone else; more are reset as they arrive.
 
         Every destination is configured before any source listens; if any part fails, every
         actor this call started is stopped (no listener is left open) and the call raises.
