@@ -21,6 +21,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import signal
 import stat
 import struct
@@ -233,6 +234,8 @@ class _ShellActor(Actor):
         child_env["TERM"] = terminal
         cwd = workdir or (client_cwd if os.path.isdir(client_cwd) else None)
         program = child_env.get("SHELL") or DEFAULT_SHELL
+        if shutil.which(program, path=child_env.get("PATH")) is None:
+            raise FileNotFoundError(f"no shell {program!r} to run on this host ($SHELL)")
         master, slave = os.openpty()
         try:
             _set_window_size(master, *window_size)
