@@ -221,7 +221,7 @@ def test_stop_closes_listener_and_stalled_connections(procs, servers):
                 conn.send(b"z" * 65536)
         started = time.monotonic()
         forwarder.stop().get(timeout=CALL_TIMEOUT)
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 20
         conn.settimeout(10)
         with contextlib.suppress(ConnectionResetError):
             assert conn.recv(1) == b""
