@@ -3,8 +3,8 @@
 #   - packages: Slurm (slurmctld, slurmd, slurm-client) with munge; iproute2 and iputils-ping
 #     for the network-namespace hosts; openssh-server/-client for the SSH tests; chromium (driven
 #     by Playwright, which never downloads a browser of its own) and fonts for the dashboard
-#     tests; tmux for the test that runs `regency top` in a real terminal; kubectl; fuse3 (and
-#     libfuse3-dev) for the remote and gather mount tests on real FUSE mounts;
+#     tests; tmux for the tests that run `regency top` and `regency shell` in a real terminal;
+#     kubectl; fuse3 (and libfuse3-dev) for the remote and gather mount tests on real FUSE mounts;
 #   - a running two-node Slurm cluster on this machine (scripts/slurm_cluster.sh).
 # Tests that need a service skip, with the reason, when it is absent; in CI it is present.
 set -euo pipefail

@@ -71,7 +71,7 @@ from regency._runtime.actors.meshes import (
     current_context,
     this_host_mesh,
 )
-from regency._runtime.actors.ports import Channel, Port
+from regency._runtime.actors.ports import Channel, Port, PortReceiver
 from regency._runtime.actors.singletons import get_or_spawn_controller
 from regency._runtime.actors.stacks import stacks_of
 from regency._runtime.actors.value_mesh import ValueMesh
@@ -108,6 +108,7 @@ __all__ = [
     "Pending",
     "Port",
     "PortHandler",
+    "PortReceiver",
     "PortRef",
     "ProcMesh",
     "ProcRuntime",

@@ -24,10 +24,11 @@ CONFIG_NAMES = [
     "get_global_config", "get_runtime_config", "parametrize_config", "parametrize_config_pointwise",
 ]  # fmt: skip
 JOB_NAMES = [
-    "DEFAULT_JOB_PATH", "JobState", "JobTrait", "LocalJob", "MeshAdminConfig", "ProcessJob",
-    "SlurmJob", "TelemetryConfig", "exec_command", "hosts_from_config", "job_load", "job_loads",
+    "DEFAULT_JOB_PATH", "JobState", "JobTrait", "LocalJob", "MeshAdminConfig", "PortForwarder",
+    "ProcessJob", "SlurmJob", "TelemetryConfig", "exec_command", "hosts_from_config", "job_load",
+    "job_loads", "shell",
 ]  # fmt: skip
-JOB_NAMES_REGENCY_LACKS = ["PortForwarder", "load_current_job", "set_current_job", "shell"]
+JOB_NAMES_REGENCY_LACKS = ["load_current_job", "set_current_job"]
 RDMA_NAMES = [
     "RDMAAction", "RDMABuffer", "RDMAReadTransferWarning", "RDMATcpFallbackWarning",
     "RDMAWriteTransferWarning", "get_rdma_backend", "is_ibverbs_available", "is_rdma_available",
@@ -84,7 +85,7 @@ def test_job_exports(name):
 
 
 @pytest.mark.deviation(
-    "regency.job has no PortForwarder, shell or job contexts (set/load_current_job)",
+    "regency.job has no job contexts (set/load_current_job)",
     skip="regency",
 )
 @pytest.mark.parametrize("name", JOB_NAMES_REGENCY_LACKS)

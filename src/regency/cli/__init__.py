@@ -12,6 +12,10 @@ command on the hosts of the job cached by an earlier ``job.state()`` (``.regency
 streaming each host's lines prefixed with its rank; ``regency kill [--job PATH]`` tears that job
 down and removes the cache.
 
+``regency shell [--mesh NAME] [--point DIM=I ...] [--local] [--job PATH] [-e K=V] [--workdir DIR]``
+opens an interactive shell on a pty of one host of the cached job, or of this machine with
+``--local`` (see ``docs/port-forwarding.md``).
+
 ``regency logs [--job PATH] [--run ID | --list] [--tail N]`` prints the log files of forwarded
 procs: this machine's, or those of the cached job's hosts (see ``docs/observability.md``).
 
@@ -52,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     from regency.cli._exec import add_exec_parser, add_kill_parser
     from regency.cli._logs import add_logs_parser
     from regency.cli._run import add_run_parser
+    from regency.cli._shell import add_shell_parser
     from regency.cli._stacks import add_stacks_parser
     from regency.cli._telemetry import add_telemetry_parser
     from regency.cli._top import add_dashboard_parser, add_top_parser
@@ -81,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_exec_parser(commands)
     add_kill_parser(commands)
+    add_shell_parser(commands)
     add_run_parser(commands)
     add_logs_parser(commands)
     add_debug_parser(commands)
@@ -106,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from regency.cli._exec import run_kill
 
         return run_kill(args)
+    if args.command == "shell":
+        from regency.cli._shell import run_shell
+
+        return run_shell(args)
     if args.command == "logs":
         from regency.cli._logs import run_logs
 

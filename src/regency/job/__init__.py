@@ -21,10 +21,12 @@ from regency import _public
 from regency.job._attach import AttachError, attach_to_workers
 from regency.job._errors import JobError
 from regency.job._exec import CommandResult, exec_command
+from regency.job._forwarder import PortForwarder
 from regency.job._hosts_from_config import hosts_from_config
 from regency.job._kubernetes import ImageSpec, KubernetesJob
 from regency.job._local import LocalJob
 from regency.job._process import ProcessJob
+from regency.job._shell import shell
 from regency.job._slurm import SlurmJob
 from regency.job._ssh import SSHJob
 from regency.job._trait import (
@@ -56,6 +58,7 @@ __all__ = [
     "KubernetesJob",
     "LocalJob",
     "MeshAdminConfig",
+    "PortForwarder",
     "ProcessJob",
     "SSHJob",
     "SlurmJob",
@@ -68,6 +71,7 @@ __all__ = [
     "job_loads",
     "run_worker_loop_forever",
     "run_worker_loop_until_shutdown",
+    "shell",
     "start_worker_loop_forever",
     "sync_workspace",
     "worker_command",
