@@ -20,11 +20,13 @@ import time
 import types
 from typing import Any
 
+from regency._errors import RegencyError
+
 MOUNT_START_TIMEOUT_S = 30.0
 """How long a mount may take to come up before it is reported as failed."""
 
 
-class FuseUnavailableError(RuntimeError):
+class FuseUnavailableError(RegencyError, RuntimeError):
     """FUSE mounts cannot be served here (no ``/dev/fuse``, no ``fuse3``, no binding)."""
 
 
