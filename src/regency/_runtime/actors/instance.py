@@ -208,6 +208,7 @@ class ActorInstance(SyncExecutor, AsyncExecutor):
             self.runtime.mailbox(self.mesh_id).post(0, 0, Control(WAKE))
 
     def _main(self) -> None:
+        self._created()
         try:
             cls, args, kwargs, proc_mesh = codec.loads([self.request.payload])
             self._proc_mesh = proc_mesh
