@@ -1,0 +1,129 @@
+"""The job's telemetry tables: the bounded row store, py-spy rows and the DuckDB query step."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from regency.observe.telemetry.client import pyspy_rows
+from regency.observe.telemetry.engine import QueryError, run, tables_named
+from regency.observe.telemetry.rows import RowStore
+from regency.observe.telemetry.schema import TABLES
+
+pytest.importorskip("duckdb")
+
+
+def _actor(i: int) -> tuple[object, ...]:
+    return (i, 1_000 + i, 7, i, f"proc{i},w[{i}]", "<w>")
+
+
+def _message(i: int) -> tuple[object, ...]:
+    return (100 + i, 2_000 + i, 1, i, "ping", 3)
+
+
+def test_a_query_sees_the_union_of_every_hosts_rows() -> None:
+    host_a = {"actors": [_actor(0), _actor(1)], "messages": [_message(0)]}
+    host_b = {"actors": [_actor(2)], "messages": [_message(2), _message(2)]}
+    columns, rows = run(
+        "SELECT a.id, COUNT(m.id) AS n FROM actors a LEFT JOIN messages m "
+        "ON m.to_actor_id = a.id GROUP BY a.id ORDER BY a.id",
+        [host_a, host_b],
+    )
+    assert columns == ["id", "n"]
+    assert rows == [(0, 1), (1, 0), (2, 2)]
+
+
+def test_information_schema_lists_every_table_with_monarchs_columns_in_order() -> None:
+    _, rows = run("SELECT table_name FROM information_schema.tables ORDER BY table_name", [])
+    assert [r[0] for r in rows] == sorted(TABLES)
+    _, rows = run(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'messages' "
+        "ORDER BY ordinal_position",
+        [],
+    )
+    assert [r[0] for r in rows] == [
+        "id",
+        "timestamp_us",
+        "from_actor_id",
+        "to_actor_id",
+        "endpoint",
+        "port_index",
+    ]
+
+
+def test_a_bad_query_raises_query_error_with_duckdbs_message() -> None:
+    with pytest.raises(QueryError, match="no_such_table"):
+        run("SELECT * FROM no_such_table", [])
+
+
+def test_a_query_cannot_read_the_controllers_files() -> None:
+    with pytest.raises(QueryError, match="(?i)disabled|permission"):
+        run("SELECT * FROM read_csv('/etc/passwd')", [])
+
+
+def test_only_the_tables_a_query_names_are_fetched() -> None:
+    assert tables_named("SELECT a.id FROM actors a JOIN meshes m ON a.mesh_id = m.id") == [
+        "actors",
+        "meshes",
+    ]
+    assert tables_named("SELECT table_name FROM information_schema.tables") == []
+
+
+def test_a_row_that_does_not_fit_its_table_is_refused_by_name() -> None:
+    store = RowStore(10, 0)
+    with pytest.raises(ValueError, match="a row of actors has 6 columns"):
+        store.add({"actors": [(1, 2)]})
+    with pytest.raises(ValueError, match="no telemetry table named 'nope'"):
+        store.add({"nope": [(1,)]})
+
+
+def test_each_table_keeps_at_most_max_rows_the_newest() -> None:
+    store = RowStore(3, 0)
+    store.add({"messages": [_message(i) for i in range(5)]})
+    assert [row[0] for row in store.scan(["messages"])["messages"]] == [102, 103, 104]
+
+
+def test_retention_drops_old_events_but_keeps_actors_and_meshes() -> None:
+    store = RowStore(100, 0.2)
+    store.add({"actors": [_actor(0)], "messages": [_message(0)]})
+    time.sleep(0.3)
+    store.add({"messages": [_message(1)]})
+    found = store.scan(["actors", "messages"])
+    assert found["actors"] == [_actor(0)]
+    assert [row[0] for row in found["messages"]] == [101]
+
+
+def test_a_pyspy_dump_becomes_rows_of_the_four_pyspy_tables() -> None:
+    dump = {
+        "Ok": {
+            "pid": 42,
+            "binary": "python3",
+            "stack_traces": [
+                {
+                    "pid": 42,
+                    "thread_id": 7,
+                    "thread_name": "MainThread",
+                    "os_thread_id": 9,
+                    "active": True,
+                    "owns_gil": False,
+                    "frames": [
+                        {"name": "inner", "filename": "a.py", "line": 3, "locals": [
+                            {"name": "x", "addr": 1, "arg": True, "repr": "1"}]},
+                        {"name": "main", "filename": "a.py", "line": 9},
+                    ],
+                }
+            ],
+        }
+    }  # fmt: skip
+    rows = pyspy_rows("d1", "proc[0]", json.dumps(dump))
+    _, found = run(
+        "SELECT f.name, f.line, d.proc_ref FROM pyspy_frames f JOIN pyspy_dumps d "
+        "USING (dump_id) ORDER BY f.frame_depth",
+        [rows],
+    )
+    assert found == [("inner", 3, "proc[0]"), ("main", 9, "proc[0]")]
+    assert rows["pyspy_local_variables"] == [("d1", 7, 0, "x", 1, True, "1")]
+    with pytest.raises(ValueError, match="py-spy's result"):
+        pyspy_rows("d2", "proc[0]", json.dumps({"Err": "no such process"}))
