@@ -125,14 +125,17 @@ def test_meshes_record_their_class_shape_and_parent_view(job: ProcessJob) -> Non
     }
     host, proc, actor = meshes["hosts"], meshes["view_procs"], meshes["sliced_workers"]
     assert (host["class"], proc["class"], actor["class"]) == ("Host", "Proc", "Python<Worker>")
-    assert actor["parent_mesh_id"] == proc["id"] and proc["parent_mesh_id"] == host["id"]
-    assert actor["full_name"].startswith("sliced_workers") and actor["full_name"] != "sliced_workers"
+    assert actor["parent_mesh_id"] == proc["id"]
+    assert proc["parent_mesh_id"] == host["id"]
+    assert actor["full_name"].startswith("sliced_workers")
+    assert actor["full_name"] != "sliced_workers"
     assert json.loads(actor["shape_json"]) == {
         "inner": {"labels": ["hosts", "workers"], "sizes": [2, 2]}
     }
     parent_view = json.loads(actor["parent_view_json"])
     assert parent_view["labels"] == ["hosts", "workers"]
-    assert parent_view["slice"]["offset"] == 1 and parent_view["slice"]["sizes"] == [2, 2]
+    assert parent_view["slice"]["offset"] == 1
+    assert parent_view["slice"]["sizes"] == [2, 2]
     ranks = _rows(state, f"SELECT rank FROM actors WHERE mesh_id = {actor['id']}", 4)
     assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
 

@@ -59,7 +59,7 @@ def test_a_bad_query_raises_query_error_with_duckdbs_message() -> None:
 
 
 def test_a_query_cannot_read_the_controllers_files() -> None:
-    with pytest.raises(QueryError, match="(?i)disabled|permission"):
+    with pytest.raises(QueryError, match=r"(?i)disabled|permission"):
         run("SELECT * FROM read_csv('/etc/passwd')", [])
 
 
