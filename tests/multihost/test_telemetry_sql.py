@@ -22,7 +22,7 @@ from regency.actor import Actor, endpoint, span
 from regency.job import JobState, ProcessJob, TelemetryConfig
 
 pytestmark = pytest.mark.timeout(180)
-pytest.importorskip("duckdb")
+pytest.importorskip("datafusion")
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

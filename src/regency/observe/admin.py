@@ -1,7 +1,8 @@
 """The mesh-admin HTTP API: this controller's hosts, procs and actors as JSON, and proc stacks.
 
 Monarch's routes (``/v1/root``, ``/v1/tree``, ``/v1/{ref}``, ``/v1/pyspy/{proc}``), and
-``/v1/telemetry/endpoints`` (per-endpoint call statistics for the dashboard), served by the
+``/v1/telemetry/endpoints`` (per-endpoint call statistics for the dashboard) and
+``/v1/telemetry/query?sql=...`` (SQL over the whole job's telemetry tables), served by the
 controller from a thread of its own while enabled. Every request needs
 ``Authorization: Bearer TOKEN``; the token is derived from a secret (the job's, or this
 controller's), so whoever holds the secret can compute it and nobody else can (401 otherwise).
@@ -33,6 +34,8 @@ log = logging.getLogger("regency.admin")
 
 _TOKEN_LABEL = b"regency mesh admin v1"
 _STACKS_TIMEOUT = 10.0
+QUERY_ROWS_MAX = 10_000
+"""The most rows ``/v1/telemetry/query`` answers (``truncated`` says when there were more)."""
 
 
 def admin_token(secret: bytes) -> str:
@@ -134,6 +137,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if parts[1:] == ["telemetry", "endpoints"]:
                 self._telemetry_endpoints()
+            elif parts[1:] == ["telemetry", "query"]:
+                self._telemetry_query()
             else:
                 self._route(parts[1:])
         except Exception as exc:  # an answer, not a dropped connection
@@ -179,8 +184,32 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send(HTTPStatus.OK, body)
 
+    def _telemetry_query(self) -> None:
+        """``?sql=...``: the job's telemetry tables queried (at most :data:`QUERY_ROWS_MAX`)."""
+        from regency.observe.telemetry import query_engine, running
+        from regency.observe.telemetry.engine import QueryError
+
+        sql = parse_qs(self.path.partition("?")[2]).get("sql", [""])[-1]
+        if not sql.strip():
+            self._send(HTTPStatus.BAD_REQUEST, {"error": "give the query as ?sql=..."})
+            return
+        if not running():
+            self._send(HTTPStatus.CONFLICT, {"error": "telemetry is off in this controller"})
+            return
+        try:
+            columns, rows = query_engine().query(sql)
+        except QueryError as exc:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+            return
+        body = {
+            "columns": columns,
+            "rows": [list(row) for row in rows[:QUERY_ROWS_MAX]],
+            "truncated": len(rows) > QUERY_ROWS_MAX,
+        }
+        self._send(HTTPStatus.OK, body)
+
     def _send(self, status: HTTPStatus, body: Any) -> None:
-        data = json.dumps(body, indent=1).encode()
+        data = json.dumps(body, indent=1, default=str).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

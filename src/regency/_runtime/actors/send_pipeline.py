@@ -316,15 +316,14 @@ class SendPipeline:
         rt = state.runtime()
         probe = tracing.probe
         if probe is not None:  # the sent_messages table: every send, refused ones too
-            view = self.shape.ndslice
-            probe.cast(
-                context.current_instance().uid,
-                self.mesh_id,
-                self.shape.labels,
-                view.offset,
-                view.sizes,
-                view.strides,
-            )
+            uid = context.current_instance().uid
+            if len(ranks) < self.size:  # some ranks of the view (choose()): each a point
+                for rank in ranks:
+                    probe.cast(uid, self.mesh_id, (), route.bases[rank], (), ())
+            else:
+                view = self.shape.ndslice
+                labels = self.shape.labels
+                probe.cast(uid, self.mesh_id, labels, view.offset, view.sizes, view.strides)
         supervisor = self.supervisor
         if (
             supervisor is not None

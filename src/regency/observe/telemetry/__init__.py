@@ -17,6 +17,7 @@ from regency.observe.telemetry.switch import (
     disable_telemetry,
     enable_telemetry,
     flush,
+    query_engine,
     query_engine_client,
     running,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "enable_telemetry",
     "flush",
     "get_meter",
+    "query_engine",
     "query_engine_client",
     "run_sql",
     "running",

@@ -1,17 +1,17 @@
-"""SQL over the whole job's telemetry: the controller's query engine (DuckDB).
+"""SQL over the whole job's telemetry: the controller's query engine (Apache DataFusion).
 
 A query is planned in two steps. First the tables it names are fetched from every host that
 keeps rows (the controller's own store and, through ``SERVICE_TELEMETRY_ROWS``, each host
 agent the job attached), all hosts at once, each given ``scan_timeout`` seconds: a host that
 does not answer in time (gone, stuck) leaves its rows out instead of failing the query. Then
-those rows are loaded, column by column, into a fresh in-memory DuckDB database that has every
-table of :data:`~.schema.TABLES` (so ``information_schema`` lists them all, empty or not),
-and the query runs there, with DuckDB's access to files and the network switched off: a query
-reads the job's telemetry and nothing else. Each query has its own database, so queries from
-several threads run side by side.
+those rows become Arrow record batches of every table of :data:`~.schema.TABLES` in a fresh
+DataFusion session (so ``information_schema`` lists them all, empty or not), and the query
+runs there as a query only: DDL (``CREATE EXTERNAL TABLE``, which would read files), DML and
+statements are refused, so a query reads the job's telemetry and nothing else. Each query has
+its own session, so queries from several threads run side by side.
 
-DuckDB needs the ``regency[telemetry]`` extra; without it a query raises ``RuntimeError``
-saying so.
+DataFusion (and pyarrow) come with the ``regency[telemetry]`` extra; without it a query raises
+``RuntimeError`` saying so.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class QueryError(ValueError):
-    """A query DuckDB refused (a syntax error, an unknown column, ...), with its message."""
+    """A query the engine refused (a syntax error, an unknown column, ...), with its message."""
 
 
 def tables_named(sql: str) -> list[str]:
@@ -97,47 +97,62 @@ def scan_hosts(
     return found
 
 
-def _duckdb() -> Any:
-    """The ``duckdb`` module (an optional dependency: imported by name, on first query)."""
+def _datafusion() -> tuple[Any, Any]:
+    """The ``datafusion`` and ``pyarrow`` modules (optional: imported on the first query)."""
     try:
-        return importlib.import_module("duckdb")
+        return importlib.import_module("datafusion"), importlib.import_module("pyarrow")
     except ImportError:
         raise RuntimeError(
-            "SQL over the job's telemetry needs DuckDB: pip install 'regency[telemetry]'"
+            "SQL over the job's telemetry needs DataFusion: pip install 'regency[telemetry]'"
         ) from None
+
+
+_ARROW_TYPES = {
+    "BIGINT": "int64",
+    "INTEGER": "int32",
+    "UBIGINT": "uint64",
+    "DOUBLE": "float64",
+    "BOOLEAN": "bool_",
+    "VARCHAR": "string",
+}
 
 
 def run(sql: str, parts: Iterable[dict[str, list[Row]]]) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run ``sql`` over the union of ``parts`` (each a host's rows by table).
 
     Returns the column names and rows of its result; raises :class:`QueryError` for a query
-    DuckDB refuses.
+    DataFusion refuses (statements that are not queries included).
     """
-    duckdb = _duckdb()
+    datafusion, pa = _datafusion()
     merged: dict[str, list[Row]] = {}
     for part in parts:
         for table, rows in part.items():
             merged.setdefault(table, []).extend(rows)
-    con = duckdb.connect(":memory:")
+    ctx = datafusion.SessionContext(datafusion.SessionConfig().with_information_schema(True))
+    for table, columns in TABLES.items():
+        schema = pa.schema([(name, getattr(pa, _ARROW_TYPES[kind])()) for name, kind in columns])
+        loaded = merged.get(table, [])
+        data = [list(column) for column in zip(*loaded, strict=True)] or [[] for _ in columns]
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(values, type=field.type) for values, field in zip(data, schema, strict=True)],
+            schema=schema,
+        )
+        ctx.register_record_batches(table, [[batch]])
+    # A query reads the tables: no CREATE EXTERNAL TABLE (files), no INSERT, no SET.
+    options = (
+        datafusion.SQLOptions()
+        .with_allow_ddl(False)
+        .with_allow_dml(False)
+        .with_allow_statements(False)
+    )
     try:
-        for table, columns in TABLES.items():
-            cols = ", ".join(f'"{name}" {kind}' for name, kind in columns)
-            con.execute(f"CREATE TABLE {table} ({cols})")
-            loaded = merged.get(table)
-            if loaded:
-                values = [list(column) for column in zip(*loaded, strict=True)]
-                select = ", ".join("UNNEST(?)" for _ in columns)
-                con.execute(f"INSERT INTO {table} SELECT {select}", values)
-        con.execute("SET enable_external_access = false")
-        con.execute("SET lock_configuration = true")
-        try:
-            cursor = con.execute(sql)
-        except duckdb.Error as exc:
-            raise QueryError(str(exc)) from None
-        names = [d[0] for d in cursor.description or ()]
-        return names, cursor.fetchall()
-    finally:
-        con.close()
+        frame = ctx.sql_with_options(sql, options)
+        result = pa.Table.from_batches(frame.collect(), schema=frame.schema())
+    except Exception as exc:  # DataFusion's errors are plain ValueError/Exception
+        raise QueryError(str(exc)) from None
+    names = list(result.column_names)
+    columns = [column.to_pylist() for column in result.columns]
+    return names, list(zip(*columns, strict=True)) if columns else []
 
 
 class QueryEngine:
