@@ -151,8 +151,8 @@ def run(sql: str, parts: Iterable[dict[str, list[Row]]]) -> tuple[list[str], lis
     except Exception as exc:  # DataFusion's errors are plain ValueError/Exception
         raise QueryError(str(exc)) from None
     names = list(result.column_names)
-    columns = [column.to_pylist() for column in result.columns]
-    return names, list(zip(*columns, strict=True)) if columns else []
+    values = [column.to_pylist() for column in result.columns]
+    return names, list(zip(*values, strict=True)) if values else []
 
 
 class QueryEngine:
