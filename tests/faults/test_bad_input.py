@@ -343,9 +343,10 @@ def inbox_port() -> Iterator[tuple[_Inbox, Any]]:
 
 
 def _envelope(method: str, reply: Any) -> bytes:
-    # The reply port's number, then the envelope's pickle (no trace context): wire.ENVELOPE_PORT.
+    # The reply port's number, then the envelope's pickle (no trace context, no sender: telemetry
+    # off): wire.ENVELOPE_PORT.
     return wire.ENVELOPE_PORT.pack(reply.port) + pickle.dumps(
-        (method, reply.addr, ("gpus",), (1,), None), protocol=5
+        (method, reply.addr, ("gpus",), (1,), None, 0), protocol=5
     )
 
 

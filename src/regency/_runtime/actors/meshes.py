@@ -302,6 +302,8 @@ class HostMesh(MeshTrait):
         for info in procs:
             uid = tracing.entity_id(f"agent:{info.addr}")
             probe.actor(uid, mesh_id, info.rank, f"{info.addr},agent[0]", f"<{name} proc agent>")
+        for agent in {info.agent for info in procs}:  # the hosts that keep these procs' rows
+            probe.records.append((tracing.HOST, agent))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (HostMesh, (self._shape, self._hosts))
