@@ -78,6 +78,12 @@ def test_columns_of_the_same_name_are_all_answered() -> None:
     assert rows == [(0, 100)]
 
 
+def test_rows_whose_values_do_not_fit_are_left_out_not_fatal() -> None:
+    broken = ("not an id", 1, 2, 3, "x", "y")
+    _, rows = run("SELECT id FROM actors ORDER BY id", [{"actors": [_actor(0), broken, (1,)]}])
+    assert rows == [(0,)]
+
+
 def test_only_the_tables_a_query_names_are_fetched() -> None:
     assert tables_named("SELECT a.id FROM actors a JOIN meshes m ON a.mesh_id = m.id") == [
         "actors",

@@ -17,6 +17,7 @@ DataFusion (and pyarrow) come with the ``regency[telemetry]`` extra; without it 
 from __future__ import annotations
 
 import importlib
+import logging
 import pickle
 import re
 import threading
@@ -30,6 +31,8 @@ from regency.observe.telemetry.schema import TABLES
 
 SCAN_TIMEOUT_S = 10.0
 """How long a query waits for a host's rows by default."""
+
+log = logging.getLogger("regency.telemetry")
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -131,12 +134,17 @@ def run(sql: str, parts: Iterable[dict[str, list[Row]]]) -> tuple[list[str], lis
     ctx = datafusion.SessionContext(datafusion.SessionConfig().with_information_schema(True))
     for table, columns in TABLES.items():
         schema = pa.schema([(name, getattr(pa, _ARROW_TYPES[kind])()) for name, kind in columns])
-        loaded = merged.get(table, [])
-        data = [list(column) for column in zip(*loaded, strict=True)] or [[] for _ in columns]
-        batch = pa.RecordBatch.from_arrays(
-            [pa.array(values, type=field.type) for values, field in zip(data, schema, strict=True)],
-            schema=schema,
-        )
+        loaded = [row for row in merged.get(table, []) if len(row) == len(columns)]
+        try:
+            batch = _batch(pa, schema, loaded)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            # A row whose values do not fit the columns (a broken or hostile sender): keep the
+            # rows that do rather than failing every query.
+            good = [row for row in loaded if _fits(pa, schema, row)]
+            log.warning(
+                "telemetry: %d malformed rows of %s left out", len(loaded) - len(good), table
+            )
+            batch = _batch(pa, schema, good)
         ctx.register_record_batches(table, [[batch]])
     # A query reads the tables: no CREATE EXTERNAL TABLE (files), no INSERT, no SET.
     options = (
@@ -153,6 +161,21 @@ def run(sql: str, parts: Iterable[dict[str, list[Row]]]) -> tuple[list[str], lis
     names = list(result.column_names)
     values = [column.to_pylist() for column in result.columns]
     return names, list(zip(*values, strict=True)) if values else []
+
+
+def _batch(pa: Any, schema: Any, rows: list[Row]) -> Any:
+    """``rows`` as one Arrow record batch of ``schema``."""
+    data = [list(column) for column in zip(*rows, strict=True)] or [[] for _ in schema]
+    arrays = [pa.array(values, type=field.type) for values, field in zip(data, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _fits(pa: Any, schema: Any, row: Row) -> bool:
+    try:
+        _batch(pa, schema, [row])
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return False
+    return True
 
 
 class QueryEngine:
