@@ -198,3 +198,16 @@ def test_the_admin_route_and_the_cli_query_the_live_job(
                 disable_telemetry()
     finally:
         admin.stop()
+
+
+def test_procs_on_this_host_hang_under_a_this_host_mesh(
+    telemetry: None, make_procs: Callable[..., ProcMesh]
+) -> None:
+    make_procs(2, name="local_procs").spawn("local_workers", Worker).ping.call().get(timeout=60)
+    found = rows_of(
+        "SELECT h.given_name AS host, h.class AS host_class, p.class AS proc_class, "
+        "COUNT(agents.id) AS agents FROM meshes p JOIN meshes h ON p.parent_mesh_id = h.id "
+        "JOIN actors agents ON agents.mesh_id = h.id WHERE p.given_name = 'local_procs' "
+        "GROUP BY 1, 2, 3"
+    )
+    assert found == [{"host": "this_host", "host_class": "Host", "proc_class": "Proc", "agents": 1}]

@@ -115,6 +115,11 @@ class WorkerLease:
         self.shut_down = False
 
 
+# The host meshes recorded in the job's tables by this process (their ids).
+_recorded_hosts: set[int] = set()
+_recorded_lock = threading.Lock()
+
+
 class HostMesh(MeshTrait):
     """A mesh of machines; ``spawn_procs`` starts processes on each of them."""
 
@@ -269,11 +274,15 @@ class HostMesh(MeshTrait):
 
     def record(self, name: str) -> None:
         """Record this host mesh as ``name`` and its hosts' agents in the job's tables while
-        telemetry is on."""
+        telemetry is on (once per host mesh and process)."""
         probe = tracing.probe
         if probe is None or not self._hosts:
             return
         mesh_id = tracing.entity_id(f"host:{self._hosts[0].agent}")
+        with _recorded_lock:
+            if mesh_id in _recorded_hosts:
+                return
+            _recorded_hosts.add(mesh_id)
         labels, sizes = self._shape.labels, self._shape.ndslice.sizes
         tracing.mesh_created(mesh_id, "Host", name, labels, sizes, None, None)
         for rank, base in enumerate(self._shape.ranks()):
@@ -287,6 +296,9 @@ class HostMesh(MeshTrait):
         probe = tracing.probe
         if probe is None or not procs:
             return
+        # The host mesh, unless it was recorded already (attach_to_workers names the job's).
+        local = self._hosts[0].agent == state.host_agent_address()
+        self.record("this_host" if local and self._lease is None else "hosts")
         mesh_id = tracing.entity_id(f"proc:{procs[0].addr}")
         view = self._shape.ndslice
         parent = tracing.entity_id(f"host:{self._hosts[0].agent}") if self._hosts else None
