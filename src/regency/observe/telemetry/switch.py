@@ -207,7 +207,6 @@ def _to_root(batch: Batch) -> None:
     """A proc's batch: its table rows to its host agent, the rest to the controller."""
     rt = runtime()
     rows = batch.pop("rows", None)
-    batch.pop("hosts", None)
     if rows:
         max_rows, retention = _bounds()
         try:
@@ -218,9 +217,9 @@ def _to_root(batch: Batch) -> None:
             )
         except PeerLostError as exc:
             log.debug("telemetry rows dropped: the host agent is gone (%s)", exc)
-    if not (batch["spans"] or batch["points"] or batch["failures"]):
+    if not (batch["spans"] or batch["points"] or batch["failures"] or batch.get("hosts")):
         return
-    try:
+    try:  # the hosts it spawned procs on go too: the controller's queries ask them
         rt.send_control(root_address(), SERVICE_TELEMETRY, batch)
     except PeerLostError as exc:
         log.debug("telemetry batch dropped: the controller is gone (%s)", exc)
