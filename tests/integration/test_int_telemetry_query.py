@@ -85,6 +85,12 @@ def test_status_events_follow_an_actor_through_failure_and_stop(
                 assert row["reason"]
         return by_rank
 
+    root = rows_of(
+        "SELECT ase.new_status FROM actor_status_events ase JOIN actors a "
+        "ON ase.actor_id = a.id WHERE a.display_name = '<root>'",
+        2,
+    )
+    assert {r["new_status"] for r in root} == {"Created", "Client"}
     lifecycle = {"Created", "Initializing", "Idle"}
     assert statuses("failing", 10) == {r: lifecycle | {"Stopping", "Failed"} for r in "01"}
     assert statuses("stopping", 10) == {r: lifecycle | {"Stopping", "Stopped"} for r in "01"}

@@ -89,6 +89,9 @@ def test_a_query_joins_rows_kept_on_both_hosts_and_still_answers_after_the_mesh_
     )
     assert len(sent) == 3
     assert {r["from_actor_id"] for r in rows} == {s["sender_actor_id"] for s in sent}
+    assert sent[0]["view_json"] == (  # Monarch's compact JSON text
+        '{"labels":["hosts","workers"],"slice":{"offset":0,"sizes":[2,2],"strides":[2,1]}}'
+    )
     view = json.loads(sent[0]["view_json"])
     assert view["labels"] == ["hosts", "workers"]
     assert view["slice"]["sizes"] == [2, 2]

@@ -251,19 +251,25 @@ def entity_id(key: str) -> int:
     return int.from_bytes(digest, "little") & ID_MASK
 
 
+_COMPACT = (",", ":")  # JSON columns are written as Monarch's (serde's) compact text
+
+
 def region_json(labels: Any, offset: int, sizes: Any, strides: Any) -> str:
     """A mesh view as Monarch's ndslice ``Region`` serializes: labels and the slice."""
     return json.dumps(
         {
             "labels": list(labels),
             "slice": {"offset": offset, "sizes": list(sizes), "strides": list(strides)},
-        }
+        },
+        separators=_COMPACT,
     )
 
 
 def extent_json(labels: Any, sizes: Any) -> str:
     """A mesh's shape as Monarch's ndslice ``Extent`` serializes."""
-    return json.dumps({"inner": {"labels": list(labels), "sizes": list(sizes)}})
+    return json.dumps(
+        {"inner": {"labels": list(labels), "sizes": list(sizes)}}, separators=_COMPACT
+    )
 
 
 def mesh_created(

@@ -169,13 +169,14 @@ def _start() -> None:
 
 
 def _record_root(probe: tracing.Probe, address: str) -> None:
-    """The client, as Monarch records it: the actor ``<root>`` in status ``Client`` (once)."""
+    """Record the client once, as Monarch does: actor ``<root>``, ``Created`` then ``Client``."""
     global _root_recorded
     if _root_recorded:
         return
     _root_recorded = True
     probe.actor(ROOT_UID, tracing.entity_id(f"client:{address}"), 0, f"{address},client[0]",
                 "<root>")  # fmt: skip
+    probe.status(ROOT_UID, "Created")
     probe.status(ROOT_UID, "Client")
 
 

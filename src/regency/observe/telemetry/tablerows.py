@@ -20,6 +20,7 @@ from regency.observe.telemetry.aggregate import BOUNDS_MS, COUNTER, GAUGE, HISTO
 from regency.observe.telemetry.rows import Row
 
 _MASK = tracing.ID_MASK
+_COMPACT = (",", ":")  # JSON columns are written as Monarch's (serde's) compact text
 _bits = random.getrandbits
 
 
@@ -78,7 +79,7 @@ class TableRows:
                 "python_user_span",
                 "regency.actor",
                 "INFO",
-                json.dumps(fields),
+                json.dumps(fields, separators=_COMPACT),
                 start // 1000,
                 (parent & _MASK) or None,
                 None,
@@ -91,19 +92,19 @@ class TableRows:
         self, points: Iterable[Point], since: float, now: float, resource: dict[str, Any]
     ) -> None:
         """An interval's metric points (delta sums, last gauges, histograms)."""
-        res = json.dumps(resource, sort_keys=True)
+        res = json.dumps(resource, sort_keys=True, separators=_COMPACT)
         start_us, end_us = int(since * 1e6), int(now * 1e6)
         for name, kind, endpoint, attributes, value, count, total, low, high, buckets in points:
             attrs = json.loads(attributes) if attributes else {}
             if endpoint is not None:
                 attrs["endpoint"] = endpoint
-            attrs_json = json.dumps(attrs, sort_keys=True)
+            attrs_json = json.dumps(attrs, sort_keys=True, separators=_COMPACT)
             scope = "regency"
             if kind == HISTOGRAM:
                 self._add(
                     "metric_histograms",
                     (name, end_us, start_us, scope, "", "delta", attrs_json, res, count, total,
-                     low, high, json.dumps(BOUNDS_MS), buckets or "[]"),
+                     low, high, json.dumps(BOUNDS_MS, separators=_COMPACT), buckets or "[]"),
                 )  # fmt: skip
             elif kind == GAUGE:
                 self._add(
