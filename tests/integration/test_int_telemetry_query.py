@@ -217,3 +217,21 @@ def test_procs_on_this_host_hang_under_a_this_host_mesh(
         "GROUP BY 1, 2, 3"
     )
     assert found == [{"host": "this_host", "host_class": "Host", "proc_class": "Proc", "agents": 1}]
+
+
+def test_a_choose_records_the_one_actor_it_went_to_and_a_call_the_whole_view(
+    telemetry: None, make_procs: Callable[..., ProcMesh]
+) -> None:
+    workers = make_procs(3).spawn("chosen", Worker)
+    workers.ping.choose().get(timeout=60)
+    workers.slice(gpus=slice(1, 3)).ping.call().get(timeout=60)
+    sent = rows_of(
+        "SELECT sm.view_json FROM sent_messages sm JOIN meshes m ON sm.actor_mesh_id = m.id "
+        "WHERE m.given_name = 'chosen' ORDER BY sm.timestamp_us",
+        2,
+    )
+    chosen, sliced = (json.loads(r["view_json"]) for r in sent)
+    assert chosen["labels"] == []
+    assert chosen["slice"]["sizes"] == []
+    assert chosen["slice"]["offset"] in (0, 1, 2)
+    assert sliced == {"labels": ["gpus"], "slice": {"offset": 1, "sizes": [2], "strides": [1]}}
