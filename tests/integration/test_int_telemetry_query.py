@@ -235,3 +235,15 @@ def test_a_choose_records_the_one_actor_it_went_to_and_a_call_the_whole_view(
     assert chosen["slice"]["sizes"] == []
     assert chosen["slice"]["offset"] in (0, 1, 2)
     assert sliced == {"labels": ["gpus"], "slice": {"offset": 1, "sizes": [2], "strides": [1]}}
+
+
+def test_the_cli_says_which_flags_need_live() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "regency", "telemetry", "sql", "--pid", "1", "SELECT 1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "--url, --pid, --job and --secret-file go with --live" in out.stderr

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from regency.observe.telemetry import hoststore
 from regency.observe.telemetry.client import pyspy_rows
 from regency.observe.telemetry.engine import QueryError, run, tables_named
 from regency.observe.telemetry.rows import RowStore
@@ -114,6 +115,15 @@ def test_retention_drops_old_events_but_keeps_actors_and_meshes() -> None:
     found = store.scan(["actors", "messages"])
     assert found["actors"] == [_actor(0)]
     assert [row[0] for row in found["messages"]] == [101]
+
+
+def test_a_worker_keeps_the_rows_of_its_last_four_jobs() -> None:
+    for job in ("j1", "j2", "j3", "j4", "j5"):
+        hoststore.store(f"test-{job}", 10, 0).add({"actors": [_actor(0)]})
+    assert hoststore.existing("test-j1") is None
+    kept = hoststore.existing("test-j5")
+    assert kept is not None
+    assert kept.counts()["actors"] == 1
 
 
 def test_a_pyspy_dump_becomes_rows_of_the_four_pyspy_tables() -> None:

@@ -69,6 +69,10 @@ def run_telemetry(args: argparse.Namespace) -> int:
         except (UsageError, AdminError) as exc:
             print(f"regency telemetry: {exc}", file=sys.stderr)
             return _USAGE
+    elif any(getattr(args, name) is not None for name in ("url", "pid", "job", "secret_file")):
+        print("regency telemetry: --url, --pid, --job and --secret-file go with --live",
+              file=sys.stderr)  # fmt: skip
+        return _USAGE
     else:
         path = Path(args.db).expanduser() if args.db else database_path()
         try:
