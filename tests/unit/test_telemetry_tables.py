@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 
 import pytest
 
-from regency.observe.telemetry import hoststore
+from regency.observe.telemetry import engine, hoststore
 from regency.observe.telemetry.client import pyspy_rows
 from regency.observe.telemetry.engine import QueryError, run, tables_named
 from regency.observe.telemetry.rows import RowStore
 from regency.observe.telemetry.schema import TABLES
 
-pytest.importorskip("datafusion")
+needs_datafusion = pytest.mark.skipif(
+    importlib.util.find_spec("datafusion") is None,
+    reason="the query step needs DataFusion (the telemetry extra)",
+)
 
 
 def _actor(i: int) -> tuple[object, ...]:
@@ -24,6 +28,7 @@ def _message(i: int) -> tuple[object, ...]:
     return (100 + i, 2_000 + i, 1, i, "ping", 3)
 
 
+@needs_datafusion
 def test_a_query_sees_the_union_of_every_hosts_rows() -> None:
     host_a = {"actors": [_actor(0), _actor(1)], "messages": [_message(0)]}
     host_b = {"actors": [_actor(2)], "messages": [_message(2), _message(2)]}
@@ -36,6 +41,7 @@ def test_a_query_sees_the_union_of_every_hosts_rows() -> None:
     assert rows == [(0, 1), (1, 0), (2, 2)]
 
 
+@needs_datafusion
 def test_information_schema_lists_every_table_with_monarchs_columns_in_order() -> None:
     _, rows = run(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' "
@@ -58,11 +64,13 @@ def test_information_schema_lists_every_table_with_monarchs_columns_in_order() -
     ]
 
 
+@needs_datafusion
 def test_a_bad_query_raises_query_error_with_the_engines_message() -> None:
     with pytest.raises(QueryError, match="no_such_table"):
         run("SELECT * FROM no_such_table", [])
 
 
+@needs_datafusion
 def test_a_query_cannot_read_the_controllers_files_nor_change_tables() -> None:
     with pytest.raises(QueryError, match="DDL not supported"):
         run("CREATE EXTERNAL TABLE pw STORED AS CSV LOCATION '/etc/passwd'", [])
@@ -70,6 +78,7 @@ def test_a_query_cannot_read_the_controllers_files_nor_change_tables() -> None:
         run("INSERT INTO actors VALUES (1, 2, 3, 4, 'a', 'b')", [])
 
 
+@needs_datafusion
 def test_columns_of_the_same_name_are_all_answered() -> None:
     columns, rows = run(
         "SELECT a.id, m.id FROM actors a JOIN messages m ON m.to_actor_id = a.id",
@@ -79,6 +88,7 @@ def test_columns_of_the_same_name_are_all_answered() -> None:
     assert rows == [(0, 100)]
 
 
+@needs_datafusion
 def test_rows_whose_values_do_not_fit_are_left_out_not_fatal() -> None:
     broken = ("not an id", 1, 2, 3, "x", "y")
     _, rows = run("SELECT id FROM actors ORDER BY id", [{"actors": [_actor(0), broken, (1,)]}])
@@ -126,6 +136,7 @@ def test_a_worker_keeps_the_rows_of_its_last_four_jobs() -> None:
     assert kept.counts()["actors"] == 1
 
 
+@needs_datafusion
 def test_a_pyspy_dump_becomes_rows_of_the_four_pyspy_tables() -> None:
     dump = {
         "Ok": {
@@ -158,3 +169,14 @@ def test_a_pyspy_dump_becomes_rows_of_the_four_pyspy_tables() -> None:
     assert rows["pyspy_local_variables"] == [("d1", 7, 0, "x", 1, True, "1")]
     with pytest.raises(ValueError, match="py-spy's result"):
         pyspy_rows("d2", "proc[0]", json.dumps({"Err": "no such process"}))
+
+
+def test_without_datafusion_a_query_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def missing(name: str) -> None:
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(engine.importlib, "import_module", missing)
+    with pytest.raises(RuntimeError, match=r"pip install 'regency\[telemetry\]'"):
+        run("SELECT 1", [])
