@@ -322,8 +322,12 @@ class ActorCore(InstanceBase):
         trace = None
         if cached is None:
             method, addr, labels, sizes, trace, sender = pickle.loads(key[0])
-            if type(method) is not str or (port and type(addr) is not str):
-                raise ValueError(f"malformed envelope {(method, addr)!r}")
+            if (
+                type(method) is not str
+                or (port and type(addr) is not str)
+                or type(sender) is not int
+            ):
+                raise ValueError(f"malformed envelope {(method, addr, sender)!r}")
             point_key = (rank, labels, sizes)
             point = self._points.get(point_key)
             if point is None:
