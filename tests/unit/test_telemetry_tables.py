@@ -136,6 +136,13 @@ def test_a_worker_keeps_the_rows_of_its_last_four_jobs() -> None:
     assert kept.counts()["actors"] == 1
 
 
+def test_a_store_takes_the_latest_retention() -> None:
+    hoststore.store("test-retention", 10, 3600).add({"messages": [_message(0)]})
+    time.sleep(0.3)
+    later = hoststore.store("test-retention", 10, 0.2)
+    assert later.scan(["messages"]) == {"messages": []}
+
+
 @needs_datafusion
 def test_a_pyspy_dump_becomes_rows_of_the_four_pyspy_tables() -> None:
     dump = {

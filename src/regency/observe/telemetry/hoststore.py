@@ -53,13 +53,18 @@ _served: set[int] = set()  # id() of the runtimes serving the service
 
 
 def store(job: str, max_rows: int, retention_s: float) -> RowStore:
-    """The store of ``job`` in this process (made with these bounds if new)."""
+    """The store of ``job`` in this process, made with these bounds if new.
+
+    An existing store takes the latest retention; its row limit stays.
+    """
     with _lock:
         found = _stores.get(job)
         if found is None:
             found = _stores[job] = RowStore(max_rows, retention_s)
             while len(_stores) > _JOBS_KEPT:
                 _stores.popitem(last=False)
+        else:
+            found.retention_s = max(0.0, retention_s)
         return found
 
 
