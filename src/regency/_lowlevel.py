@@ -44,7 +44,9 @@ The actor layer:
   appends, the current span), :class:`SetTelemetry` -- a proc agent's switch for it,
   :data:`SERVICE_PROC` / :data:`SERVICE_TELEMETRY` -- a proc's agent and the root's telemetry
   intake, :class:`Service` -- a thread that serves requests to a service id,
-  :func:`root_address` -- where the root controller is.
+  :func:`root_address` -- where the root controller is; :data:`SERVICE_TELEMETRY_ROWS` and
+  :func:`host_agent_address` -- a host's rows of the job's telemetry tables, and where this
+  process's host agent is.
 
 The host layer:
 
@@ -88,14 +90,21 @@ from regency._runtime.kernel.port_handlers import PortHandler
 from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._runtime.kernel.service import Service
-from regency._runtime.kernel.state import root_address, runtime
-from regency._runtime.kernel.wire import FLAG_ERROR, SERVICE_HOST, SERVICE_PROC, SERVICE_TELEMETRY
+from regency._runtime.kernel.state import host_agent_address, root_address, runtime
+from regency._runtime.kernel.wire import (
+    FLAG_ERROR,
+    SERVICE_HOST,
+    SERVICE_PROC,
+    SERVICE_TELEMETRY,
+    SERVICE_TELEMETRY_ROWS,
+)
 
 __all__ = [
     "FLAG_ERROR",
     "SERVICE_HOST",
     "SERVICE_PROC",
     "SERVICE_TELEMETRY",
+    "SERVICE_TELEMETRY_ROWS",
     "Actor",
     "ActorError",
     "Attach",
@@ -126,6 +135,7 @@ __all__ = [
     "gateway_toward",
     "get_or_spawn_controller",
     "guard_loads",
+    "host_agent_address",
     "live_proc_addresses",
     "mesh_tree",
     "proc_log_root",

@@ -33,8 +33,9 @@ key                         default   meaning
                                       procs follow the controller's setting
 ``telemetry_traces_per_s``  100.0     most new traces a process starts per second (calls and
                                       spans inside a traced one always join its trace)
-``telemetry_retention``     3600.0    seconds the local recorder keeps spans and metrics
-``telemetry_max_rows``      1000000   most rows the recorder keeps per table
+``telemetry_retention``     3600.0    seconds the local recorder keeps spans and metrics (and
+                                      each host the job's telemetry rows)
+``telemetry_max_rows``      1000000   most rows the recorder (and each host) keeps per table
 ``telemetry_db``            ``""``    the recorder's SQLite file (default: this user's
                                       private ``$TMPDIR/regency-<uid>/telemetry/telemetry.db``)
 ==========================  ========  ==========================================================

@@ -345,9 +345,10 @@ def inbox_port() -> Iterator[tuple[_Inbox, Any]]:
 
 
 def _envelope(method: str, reply: Any) -> bytes:
-    # The reply port's number, then the envelope's pickle (no trace context): wire.ENVELOPE_PORT.
+    # The reply port's number, then the envelope's pickle (no trace context, no sender: telemetry
+    # off): wire.ENVELOPE_PORT.
     return wire.ENVELOPE_PORT.pack(reply.port) + pickle.dumps(
-        (method, reply.addr, ("gpus",), (1,), None), protocol=5
+        (method, reply.addr, ("gpus",), (1,), None, 0), protocol=5
     )
 
 
@@ -407,6 +408,11 @@ def _mesh(proc: LiveProc) -> int:
 BAD_CONTENTS: dict[str, Callable[[LiveProc], bytes]] = {
     "actor-envelope-not-a-pickle": lambda p: frame(KIND_ACTOR, _mesh(p), [b"\x80\x05junk"]),
     "actor-envelope-wrong-shape": lambda p: frame(KIND_ACTOR, _mesh(p), [pickle.dumps(42)]),
+    "actor-envelope-sender-not-an-id": lambda p: frame(
+        KIND_ACTOR,
+        _mesh(p),
+        [wire.ENVELOPE_PORT.pack(0) + pickle.dumps(("echo", None, ("gpus",), (1,), None, "x"))],
+    ),
     "actor-no-parts": lambda p: frame(KIND_ACTOR, _mesh(p), []),
     "actor-unknown-mesh": lambda p: frame(KIND_ACTOR, 424242, [b"\x80\x05junk"]),
     "cast-routing-not-a-pickle": lambda p: frame(KIND_CAST, _mesh(p), [b"\x80\x05junk", b"x"]),

@@ -198,6 +198,35 @@ def test_dashboard_charts_each_endpoint_from_telemetry(
     assert page.errors == []
 
 
+def test_the_sql_panel_shows_the_rows_of_a_query_over_the_jobs_tables(
+    admin: AdminServer, charted: None, page: Any
+) -> None:
+    page.goto(admin.dashboard_url)
+    received = (  # this test's mesh: the newest named so (the controller serves every test)
+        "SELECT msg.endpoint, COUNT(*) AS received FROM messages msg "
+        "JOIN actors a ON msg.to_actor_id = a.id WHERE a.mesh_id = (SELECT id FROM meshes "
+        "WHERE given_name = 'charted' ORDER BY timestamp_us DESC LIMIT 1) GROUP BY msg.endpoint"
+    )
+    page.fill("#sql-input", received)
+    table = page.locator("#sql-result table.sql")
+    deadline_rows = ["endpoint", "received", "pid", "10"]  # 5 calls to a mesh of 2
+
+    def shown() -> bool:
+        page.locator("#sql-form button").click()
+        page.wait_for_function(
+            "() => document.getElementById('sql-status').textContent !== 'running…'"
+        )
+        return table.count() == 1 and table.inner_text().split() == deadline_rows
+
+    assert any(shown() for _ in range(50)), page.locator("#sql-status").inner_text()
+    expect(page.locator("#sql-status")).to_have_text("1 row")
+    page.fill("#sql-input", "SELECT nope FROM meshes")
+    page.locator("#sql-form button").click()
+    expect(page.locator("#sql-status")).to_contain_text("No field named nope", timeout=WAIT_MS)
+    expect(table).to_have_count(0)
+    assert [e for e in page.errors if "telemetry/query" not in e] == []  # the 400 is expected
+
+
 def test_without_the_token_the_page_asks_for_it_and_shows_no_data(
     admin: AdminServer, page: Any, tmp_path: Path
 ) -> None:

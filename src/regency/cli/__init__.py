@@ -28,7 +28,9 @@ prints every proc's Python stacks through a running controller's admin API (see
 ``docs/observability.md``).
 
 ``regency telemetry sql "SELECT ..." [--db PATH] [--json]`` queries the spans, metrics and
-failures that controllers with telemetry on recorded locally (see ``docs/introspection.md``).
+failures that controllers with telemetry on recorded locally; with ``--live [--pid PID | --url
+URL]`` it queries the whole job's tables (actors, meshes, messages, ...) through a running
+controller's admin API instead (see ``docs/introspection.md``).
 
 ``regency top [--pid PID | --url URL] [--interval SECONDS]`` shows a running controller's hosts,
 procs and actors live in the terminal (the ``tui`` extra), and ``regency dashboard [--open]``

@@ -249,4 +249,6 @@ def attach_to_workers(
         raise AttachError(f"attaching {what} failed:\n" + "\n".join(errors))
     shape = Shape.from_extent(Extent(["hosts"], [len(addresses)]))
     hosts = [HostInfo(worker) for worker in addresses]
-    return HostMesh(shape, hosts, owned=True, lease=WorkerLease())
+    mesh = HostMesh(shape, hosts, owned=True, lease=WorkerLease())
+    mesh.record(name or "hosts")
+    return mesh

@@ -28,7 +28,7 @@ from regency._private_paths import (
     write_private_file,
 )
 from regency.observe import AdminServer, start_admin
-from regency.observe.telemetry import disable_telemetry, enable_telemetry
+from regency.observe.telemetry import disable_telemetry, enable_telemetry, query_engine_client
 
 DEFAULT_JOB_PATH = ".regency/job_state.pkl"
 _STOP_TIMEOUT = 10.0
@@ -75,10 +75,13 @@ class JobState:
     Monarch's service handles. ``admin_url`` is set when the job's admin API is enabled
     (:meth:`JobTrait.enable_admin`), its bearer token being ``admin_token``; ``telemetry_url``
     when telemetry is (:meth:`JobTrait.enable_telemetry`): the admin API's per-endpoint
-    statistics route. Regency has no query engine client or separate dashboard service: those
-    stay ``None`` (query with ``regency telemetry sql``).
+    statistics route. With telemetry enabled, ``query_engine_client`` runs SQL over the
+    whole job's telemetry tables (``.query(sql)``, ``.store_pyspy_dump(...)``; see
+    ``docs/introspection.md``); ``query_engine`` stays ``None``, as in Monarch's sidecar mode.
+    Regency has no separate dashboard service: ``dashboard_url`` stays ``None``.
     """
 
+    query_engine: Any = None
     query_engine_client: Any = None
     telemetry_url: str | None = None
     dashboard_url: str | None = None
@@ -293,6 +296,8 @@ class JobTrait(abc.ABC):
             state.admin_url, state.admin_token = self._admin.url, self._admin.token
             if telemetry is not None:
                 state.telemetry_url = f"{self._admin.url}/v1/telemetry/endpoints"
+        if telemetry is not None:
+            state.query_engine_client = query_engine_client()
         return state
 
     def _forwarded(self, addresses: list[str]) -> dict[str, str]:

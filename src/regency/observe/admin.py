@@ -1,7 +1,8 @@
 """The mesh-admin HTTP API: this controller's hosts, procs and actors as JSON, and proc stacks.
 
 Monarch's routes (``/v1/root``, ``/v1/tree``, ``/v1/{ref}``, ``/v1/pyspy/{proc}``), and
-``/v1/telemetry/endpoints`` (per-endpoint call statistics for the dashboard), served by the
+``/v1/telemetry/endpoints`` (per-endpoint call statistics for the dashboard) and
+``/v1/telemetry/query?sql=...`` (SQL over the whole job's telemetry tables), served by the
 controller from a thread of its own while enabled (:mod:`regency.observe.http_server`, which
 bounds what clients without the token can hold). Every request needs
 ``Authorization: Bearer TOKEN``; the token is derived from a secret (the job's, or this
@@ -33,6 +34,8 @@ log = logging.getLogger("regency.admin")
 
 _TOKEN_LABEL = b"regency mesh admin v1"
 _STACKS_TIMEOUT = 10.0
+QUERY_ROWS_MAX = 10_000
+"""The most rows ``/v1/telemetry/query`` answers (``truncated`` says when there were more)."""
 
 
 def admin_token(secret: bytes) -> str:
@@ -133,6 +136,8 @@ class _AdminApp:
         try:
             if parts[1:] == ["telemetry", "endpoints"]:
                 return _telemetry_endpoints(target)
+            if parts[1:] == ["telemetry", "query"]:
+                return _telemetry_query(target)
             return _route(parts[1:])
         except Exception as exc:  # an answer, not a dropped connection
             log.exception("admin request %s failed", path)
@@ -179,11 +184,34 @@ def _telemetry_endpoints(target: str) -> Response:
     return _json(HTTPStatus.OK, body)
 
 
+def _telemetry_query(target: str) -> Response:
+    """``?sql=...``: the job's telemetry tables queried (at most :data:`QUERY_ROWS_MAX` rows)."""
+    from regency.observe.telemetry import query_engine, running
+    from regency.observe.telemetry.engine import QueryError
+
+    sql = parse_qs(target.partition("?")[2]).get("sql", [""])[-1]
+    if not sql.strip():
+        return _json(HTTPStatus.BAD_REQUEST, {"error": "give the query as ?sql=..."})
+    if not running():
+        return _json(HTTPStatus.CONFLICT, {"error": "telemetry is off in this controller"})
+    try:
+        columns, rows = query_engine().query(sql)
+    except QueryError as exc:
+        return _json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+    body = {
+        "columns": columns,
+        "rows": [list(row) for row in rows[:QUERY_ROWS_MAX]],
+        "truncated": len(rows) > QUERY_ROWS_MAX,
+    }
+    return _json(HTTPStatus.OK, body)
+
+
 def _json(status: HTTPStatus, body: Any) -> Response:
     headers = {"Content-Type": "application/json"}
     if status == HTTPStatus.UNAUTHORIZED:
         headers["WWW-Authenticate"] = 'Bearer realm="regency"'
-    return Response(status, json.dumps(body, indent=1).encode(), headers)
+    # default=str: telemetry rows may hold values JSON has no type for (timestamps, decimals).
+    return Response(status, json.dumps(body, indent=1, default=str).encode(), headers)
 
 
 def _summary(node: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""A client of the mesh-admin HTTP API, for ``regency stacks`` and ``regency top``.
+"""A client of the mesh-admin HTTP API: ``regency stacks``, ``top``, ``telemetry sql --live``.
 
 Every request carries the bearer token; whatever keeps the answer from being JSON (no server,
 a refused token, an error status) raises :class:`AdminError` with a sentence that says which.
@@ -10,7 +10,7 @@ import json
 import urllib.error
 import urllib.request
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from regency._errors import RegencyError
 
@@ -48,6 +48,11 @@ class AdminClient:
         """The whole tree (``/v1/tree``): root → hosts → procs → actors."""
         tree: dict[str, Any] = self.get("/v1/tree")
         return tree
+
+    def query(self, sql: str) -> dict[str, Any]:
+        """SQL over the job's tables (``/v1/telemetry/query``): columns, rows, truncated."""
+        answer: dict[str, Any] = self.get("/v1/telemetry/query?" + urlencode({"sql": sql}))
+        return answer
 
     def stacks(self, proc_ref: str) -> str:
         """The Python stacks of the proc whose ref is ``proc_ref`` (``/v1/pyspy/{proc}``)."""

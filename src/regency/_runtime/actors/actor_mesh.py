@@ -10,6 +10,7 @@ from typing import Any, Generic, TypeVar
 
 from regency import _plugins, config
 from regency._errors import RegencyError
+from regency._runtime.actors import tracing
 from regency._runtime.actors.control import ProcInfo, SpawnActor, StopActor
 from regency._runtime.actors.endpoint import (
     Endpoint,
@@ -313,6 +314,17 @@ def spawn_actor_mesh(
         policy,
         spawn.respawn,
     )
+    if tracing.probe is not None:
+        view = shape.ndslice
+        tracing.mesh_created(
+            spawn.mesh_id,
+            f"Python<{cls.__name__}>",
+            name,
+            extent.labels,
+            extent.sizes,
+            tracing.entity_id(f"proc:{proc_list[0].addr}") if proc_list else None,
+            tracing.region_json(shape.labels, view.offset, view.sizes, view.strides),
+        )
     addrs = [proc_list[b].addr for b in shape.ranks()]
     tracker, status = open_countdown(len(addrs), unique(addrs), f"spawning {name}")
     for rank, addr in enumerate(addrs):

@@ -177,11 +177,11 @@ class AsyncExecutor(ActorCore):
         prepared = self._prepare(item)
         if prepared is None:
             return
-        fn, spec, method, reply, point, args, kwargs, trace = prepared
+        fn, spec, method, reply, point, args, kwargs, trace, sender = prepared
         context.set_current(context.Context(self, point))
         if spec.concurrent:
             task = asyncio.ensure_future(
-                self._run_async(fn, spec, method, reply, point, args, kwargs, trace)
+                self._run_async(fn, spec, method, reply, point, args, kwargs, trace, sender)
             )
             tasks.add(task)
 
@@ -192,7 +192,7 @@ class AsyncExecutor(ActorCore):
 
             task.add_done_callback(finished)
             return
-        await self._run_async(fn, spec, method, reply, point, args, kwargs, trace)
+        await self._run_async(fn, spec, method, reply, point, args, kwargs, trace, sender)
 
     async def _run_async(
         self,
@@ -204,9 +204,14 @@ class AsyncExecutor(ActorCore):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         trace: Any = None,
+        sender: int = 0,
     ) -> None:
         probe = tracing.probe
-        mark = None if probe is None or trace is None else probe.handling(trace, self.queued())
+        if probe is None:
+            mark = received = None
+        else:  # its spans (if traced), and its sender and start for the messages table
+            mark = None if trace is None else probe.handling(trace, self.queued())
+            received = (sender, tracing.now())
         try:
             result = await fn(self.actor, *args, **kwargs)
         except asyncio.CancelledError as exc:
@@ -216,9 +221,9 @@ class AsyncExecutor(ActorCore):
                 self._die(method, reply, point, exc)  # the actor failed under the call
             raise
         except BaseException as exc:
-            self._settle_traced(mark, spec, method, reply, point, None, exc)
+            self._settle_traced(mark, received, spec, method, reply, point, None, exc)
             return
-        self._settle_traced(mark, spec, method, reply, point, result, None)
+        self._settle_traced(mark, received, spec, method, reply, point, result, None)
 
 
 class _Notices:

@@ -209,6 +209,7 @@ class ActorInstance(SyncExecutor, AsyncExecutor):
             self.runtime.mailbox(self.mesh_id).post(0, 0, Control(WAKE))
 
     def _main(self) -> None:
+        self._created()
         try:
             (cls, args, kwargs, proc_mesh), carried = codec.loads_carrying([self.request.payload])
             if carried:  # mesh tensor arguments: wait for this rank's shards (after unpickling)

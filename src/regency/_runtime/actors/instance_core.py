@@ -86,7 +86,7 @@ class ActorCore(InstanceBase):
         self._owned_stopping: list[Future[None]] = []
         self._wake: Callable[[], None] | None = None
         self._points: dict[tuple[int, tuple[str, ...], tuple[int, ...]], Point] = {}
-        self._envelopes: dict[tuple[bytes, int], tuple[str, str | None, Point]] = {}
+        self._envelopes: dict[tuple[bytes, int], tuple[str, str | None, Point, int]] = {}
         # Set when a stop gave up waiting for the actor's thread (see _force_stop).
         self._forced = False
         self._cleanup_started: float | None = None
@@ -148,6 +148,22 @@ class ActorCore(InstanceBase):
         except Exception:
             log.exception("actor %s dropped a malformed message", self.name)
 
+    def _status(self, status: str, reason: str | None = None) -> None:
+        """Record a change of this actor's status while telemetry is on (Monarch's names)."""
+        probe = tracing.probe
+        if probe is not None:
+            probe.status(self.uid, status, reason)
+
+    def _created(self) -> None:
+        """Record this actor in the job's ``actors`` table while telemetry is on."""
+        probe = tracing.probe
+        if probe is not None:
+            mesh = f"{self.name}-{self.mesh_id & tracing.ID_MASK:016x}"
+            full = f"{self.proc_id},{mesh}[{self.request.rank}]"
+            probe.actor(self.uid, self.mesh_id, self.request.rank, full, str(self))
+            probe.status(self.uid, "Created")
+            probe.status(self.uid, "Initializing")
+
     def _construct(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         token = context.set_current(context.Context(self, self.rank))
         try:
@@ -158,6 +174,7 @@ class ActorCore(InstanceBase):
         finally:
             context.CURRENT.reset(token)
         self._send_status(None)
+        self._status("Idle")
         return True
 
     def _report_init(self, exc: BaseException) -> None:
@@ -228,6 +245,8 @@ class ActorCore(InstanceBase):
             return
         self.failed = reason
         self._failure_error = exc if exc is not None else Exception(reason)
+        self._status("Stopping")
+        self._status("Failed", reason)
         event = FailureEvent(
             self.mesh_id, self.request.rank, str(self), reason, cause, "failed", self.proc_id
         )
@@ -269,10 +288,12 @@ class ActorCore(InstanceBase):
     ) -> None:
         """After the last message: stop owned meshes, run ``cleanup`` (None: the executor has
         cleaned up already), refuse later messages."""
+        self._status("Stopping")
         self.stop_owned(f"their owner {self} stopped", config.get_seconds("stop_timeout"))
         if cleanup is not None:
             cleanup()
         self.stopped = True
+        self._status("Stopped", self.stop_reason or "stopped")
         self._reject_from_now_on()
         done()
 
@@ -296,8 +317,9 @@ class ActorCore(InstanceBase):
         detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
         print(f"regency: actor {self}: {reason}\n{detail}", file=sys.stderr, flush=True)
 
-    def _open(self, item: Delivery) -> tuple[str, PortRef | None, Point, Sequence[Part], Any]:
-        """The method, reply port, point, payload and trace context of a message."""
+    def _open(self, item: Delivery) -> tuple[str, PortRef | None, Point, Sequence[Part], Any, int]:
+        """The method, reply port, point, payload, trace context and sender (its uid while
+        telemetry is on there, else 0) of a message."""
         parts, rank, reply_override = item
         head = parts[0]
         (port,) = _PORT.unpack_from(head)
@@ -308,28 +330,32 @@ class ActorCore(InstanceBase):
         cached = self._envelopes.get(key)
         trace = None
         if cached is None:
-            method, addr, labels, sizes, trace = pickle.loads(key[0])
-            if type(method) is not str or (port and type(addr) is not str):
-                raise ValueError(f"malformed envelope {(method, addr)!r}")
+            method, addr, labels, sizes, trace, sender = pickle.loads(key[0])
+            if (
+                type(method) is not str
+                or (port and type(addr) is not str)
+                or type(sender) is not int
+            ):
+                raise ValueError(f"malformed envelope {(method, addr, sender)!r}")
             point_key = (rank, labels, sizes)
             point = self._points.get(point_key)
             if point is None:
                 if len(self._points) > _CACHE_MAX:
                     self._points.clear()
                 point = self._points[point_key] = Point(rank, Extent(labels, sizes))
-            cached = (method, addr, point)
+            cached = (method, addr, point, sender)
             if trace is None:
                 if len(self._envelopes) > _CACHE_MAX:
                     self._envelopes.clear()
                 self._envelopes[key] = cached
-        method, addr, point = cached
+        method, addr, point, sender = cached
         if reply_override is not None:
             reply: PortRef | None = reply_override
         elif port:
             reply = tuple.__new__(PortRef, (addr, port))  # without NamedTuple's Python call
         else:
             reply = None
-        return method, reply, point, parts[1:], trace
+        return method, reply, point, parts[1:], trace, sender
 
     def _reject(self, item: Any, release: bool = True) -> None:
         """Answer a message the actor will never run (it failed or stopped), and ``release``
@@ -340,7 +366,7 @@ class ActorCore(InstanceBase):
             if item.kind is STOP:
                 item.arg()
             return
-        method, reply, point, payload, _ = self._open(item)
+        method, reply, point, payload, _, _ = self._open(item)
         if release:
             self._release_carried(payload)
         if reply is None:
@@ -373,7 +399,7 @@ class ActorCore(InstanceBase):
         if self.failed is not None:
             self._reject(item)
             return None
-        method, reply, point, payload, trace = self._open(item)
+        method, reply, point, payload, trace, sender = self._open(item)
         entry = self._endpoints.get(method)
         try:
             if entry is None:
@@ -393,7 +419,7 @@ class ActorCore(InstanceBase):
         if spec.explicit_port:
             port: Any = Port(reply, point.rank) if reply is not None else _NullPort()
             args = (port, *args)
-        return fn, spec, method, reply, point, args, kwargs, trace
+        return fn, spec, method, reply, point, args, kwargs, trace, sender
 
     def _settle(
         self,
@@ -418,6 +444,7 @@ class ActorCore(InstanceBase):
     def _settle_traced(
         self,
         mark: tracing.Handling | None,
+        received: tuple[int, int] | None,
         spec: EndpointSpec,
         method: str,
         reply: PortRef | None,
@@ -426,11 +453,13 @@ class ActorCore(InstanceBase):
         error: BaseException | None,
     ) -> None:
         """:meth:`_settle`, and the message counted (and its spans ended: ``mark``) when
-        telemetry is on."""
+        telemetry is on (``received``: its sender and start, from :meth:`_prepare`)."""
         probe = tracing.probe
         if probe is None:
             self._settle(spec, method, reply, point, result, error)
             return
+        if received is not None:
+            probe.received(self, method, received[0], received[1], error)
         if mark is None:
             try:
                 self._settle(spec, method, reply, point, result, error)

@@ -122,6 +122,11 @@ class WorkerLease:
         self.shut_down = False
 
 
+# The host meshes recorded in the job's tables by this process (their ids).
+_recorded_hosts: set[int] = set()
+_recorded_lock = threading.Lock()
+
+
 class HostMesh(MeshTrait):
     """A mesh of machines; ``spawn_procs`` starts processes on each of them."""
 
@@ -303,12 +308,59 @@ class HostMesh(MeshTrait):
         )
         for agent, infos in by_agent.items():
             start_procs(agent, infos, recipe)
+        if tracing.probe is not None:
+            self._record_procs(mesh_name, shape, procs)
         hosts = HostMesh(self._shape, self._hosts, lease=self._lease)
         mesh = ProcMesh(shape, procs, mesh_name, hosts, owned=True, recipe=recipe)
         mesh._log_sink = sink
         mesh._owner = context.current_instance()
         mesh._owner.adopt(mesh)
         return mesh
+
+    def record(self, name: str) -> None:
+        """Record this host mesh as ``name`` and its hosts' agents in the job's tables while
+        telemetry is on (once per host mesh and process)."""
+        probe = tracing.probe
+        if probe is None or not self._hosts:
+            return
+        mesh_id = tracing.entity_id(f"host:{self._hosts[0].agent}")
+        with _recorded_lock:
+            if mesh_id in _recorded_hosts:
+                return
+            _recorded_hosts.add(mesh_id)
+        labels, sizes = self._shape.labels, self._shape.ndslice.sizes
+        tracing.mesh_created(mesh_id, "Host", name, labels, sizes, None, None)
+        for rank, base in enumerate(self._shape.ranks()):
+            agent = self._hosts[base].agent
+            probe.records.append((tracing.HOST, agent))
+            uid = tracing.entity_id(f"agent:{agent}")
+            probe.actor(uid, mesh_id, rank, f"{agent},host_agent[0]", f"<{name} host agent>")
+
+    def _record_procs(self, name: str, shape: Shape, procs: list[ProcInfo]) -> None:
+        """Record a new proc mesh and its procs' agents in the job's tables."""
+        probe = tracing.probe
+        if probe is None or not procs:
+            return
+        # The host mesh, unless it was recorded already (attach_to_workers names the job's).
+        local = self._hosts[0].agent == state.host_agent_address()
+        self.record("this_host" if local and self._lease is None else "hosts")
+        mesh_id = tracing.entity_id(f"proc:{procs[0].addr}")
+        view = self._shape.ndslice
+        parent = tracing.entity_id(f"host:{self._hosts[0].agent}") if self._hosts else None
+        tracing.mesh_created(
+            mesh_id,
+            "Proc",
+            name,
+            shape.labels,
+            shape.ndslice.sizes,
+            parent,
+            tracing.region_json(self._shape.labels, view.offset, view.sizes, view.strides),
+        )
+        for info in procs:
+            uid = tracing.entity_id(f"agent:{info.addr}")
+            probe.actor(uid, mesh_id, info.rank, f"{info.addr},agent[0]", f"<{name} proc agent>")
+        for agent in {info.agent for info in procs}:  # the hosts that keep these procs' rows
+            probe.records.append((tracing.HOST, agent))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (HostMesh, (self._shape, self._hosts, False, None, self._python))

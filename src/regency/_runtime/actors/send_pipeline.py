@@ -62,8 +62,8 @@ class Route(NamedTuple):
     fanout: int
     routing: int  # most bytes a cast frame's routing part to ``addrs`` takes (0: no cast)
     # The pickles of envelopes without a trace context (what follows the reply port's number,
-    # wire.ENVELOPE_PORT), by ``(endpoint, reply port's address or None)``.
-    envelopes: dict[tuple[str, str | None], bytes]
+    # wire.ENVELOPE_PORT), by ``(endpoint, reply port's address or None, sender's uid or 0)``.
+    envelopes: dict[tuple[str, str | None, int], bytes]
     generation: int  # the supervisor's generation it was computed for
 
 
@@ -314,6 +314,16 @@ class SendPipeline:
         """Send to ``addrs`` (ranks ``ranks`` of the view); ``handler`` takes the replies when
         ``reply`` is a port of ours (it names the processes it waits on: ``watching``)."""
         rt = state.runtime()
+        probe = tracing.probe
+        if probe is not None:  # the sent_messages table: every send, refused ones too
+            uid = context.current_instance().uid
+            if len(ranks) < self.size:  # some ranks of the view (choose()): each a point
+                for rank in ranks:
+                    probe.cast(uid, self.mesh_id, (), route.bases[rank], (), ())
+            else:
+                view = self.shape.ndslice
+                labels = self.shape.labels
+                probe.cast(uid, self.mesh_id, labels, view.offset, view.sizes, view.strides)
         supervisor = self.supervisor
         if (
             supervisor is not None
@@ -328,23 +338,24 @@ class SendPipeline:
                 if reason is not None:
                     self._refuse(endpoint, reply, self.describe_loss(endpoint, addr, reason))
                     return
-        probe = tracing.probe
         if probe is None:
             start, traced, trace = 0, None, None
         else:
             start, traced = probe.begin(reply is not None)
             trace = None if traced is None else (traced[0], traced[2], start)
         port, reply_addr = (reply.port, reply.addr) if reply is not None else (0, None)
-        key = (endpoint, reply_addr)
+        sender = context.current_instance()
+        # With telemetry on the receiver records who sent it (the messages table).
+        sender_uid = 0 if probe is None else sender.uid
+        key = (endpoint, reply_addr, sender_uid)
         pickled = route.envelopes.get(key) if trace is None else None
         if pickled is None:
-            envelope_fields = (method, reply_addr, route.labels, route.sizes, trace)
+            envelope_fields = (method, reply_addr, route.labels, route.sizes, trace, sender_uid)
             pickled = pickle.dumps(envelope_fields, protocol=5)
             if trace is None:  # the same for every untraced call: made once
                 route.envelopes[key] = pickled
         envelope = _PORT.pack(port) + pickled
         body, carried = codec.dumps_call_carrying(args, kwargs)
-        sender = context.current_instance()
         try:
             # The commonest call (one actor elsewhere, small plain arguments) is posted as is.
             first = body[0]

@@ -168,18 +168,22 @@ class SyncExecutor(ActorCore):
         prepared = self._prepare(item)
         if prepared is None:
             return
-        fn, spec, method, reply, point, args, kwargs, trace = prepared
+        fn, spec, method, reply, point, args, kwargs, trace, sender = prepared
         probe = tracing.probe
-        mark = None if probe is None or trace is None else probe.handling(trace, self.queued())
+        if probe is None:
+            mark = received = None
+        else:  # its spans (if traced), and its sender and start for the messages table
+            mark = None if trace is None else probe.handling(trace, self.queued())
+            received = (sender, tracing.now())
         token = context.CURRENT.set(context.Context(self, point))
         try:
             result = fn(self.actor, *args, **kwargs)
         except BaseException as exc:
-            self._settle_traced(mark, spec, method, reply, point, None, exc)
+            self._settle_traced(mark, received, spec, method, reply, point, None, exc)
             return
         finally:
             context.CURRENT.reset(token)
         if probe is None:
             self._settle(spec, method, reply, point, result, None)
         else:
-            self._settle_traced(mark, spec, method, reply, point, result, None)
+            self._settle_traced(mark, received, spec, method, reply, point, result, None)

@@ -18,6 +18,8 @@ carries ``None`` there.
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import json
 import random
 import time
 from collections import deque
@@ -42,6 +44,12 @@ SPAN = 2  # (SPAN, name, actor, trace id, span id, parent id, start, end, error 
 FAILURE = 3  # (FAILURE, actor, text, time)
 RESTART = 4  # (RESTART, actor mesh, ranks, time)
 MEASURE = 5  # (MEASURE, instrument, kind, value, attributes, time)
+ROW = 6  # (ROW, table, row): a row of one of the job's tables, made where it happened
+RECEIVED = 7  # (RECEIVED, actor, method, sender uid, started, ended, error text)
+SENT = 8  # (SENT, sender uid, actor mesh id, view labels, offset, sizes, strides, time)
+HOST = 9  # (HOST, host agent address): a host this controller attached keeps rows
+
+ID_MASK = 0x7FFF_FFFF_FFFF_FFFF  # ids in the job's tables are 63-bit (a signed BIGINT)
 
 probe: Probe | None = None
 """This process's probe while telemetry is on (installed by ``regency.observe.telemetry``)."""
@@ -205,6 +213,84 @@ class Probe:
     def restart(self, mesh: str, ranks: list[int]) -> None:
         """An owner restarted ``ranks`` of its actor mesh ``mesh``."""
         self.records.append((RESTART, mesh, tuple(ranks), _now()))
+
+    def row(self, table: str, row: tuple[Any, ...]) -> None:
+        """A row of the job's table ``table`` (a mesh created): its columns but the first
+        two, an ``id`` and ``timestamp_us``, which are added here."""
+        self.records.append((ROW, table, (_bits(63), _now() // 1000, *row)))
+
+    def actor(self, uid: int, mesh_id: int, rank: int, full_name: str, display: str) -> None:
+        """An actor (uid ``uid``) of the mesh ``mesh_id`` was created here."""
+        self.records.append(
+            (ROW, "actors", (uid & ID_MASK, _now() // 1000, mesh_id & ID_MASK, rank, full_name,
+                             display))
+        )  # fmt: skip
+
+    def status(self, uid: int, status: str, reason: str | None = None) -> None:
+        """The actor ``uid`` changed status (Monarch's names: ``Created``, ``Idle``, ...)."""
+        self.row("actor_status_events", (uid & ID_MASK, status, reason))
+
+    def received(
+        self, core: Any, method: str, sender: int, started: int, error: BaseException | None
+    ) -> None:
+        """``core`` handled a message to ``method`` from the actor ``sender`` (its uid; 0:
+        not an actor) that it began at ``started``."""
+        text = None if error is None else f"{type(error).__name__}: {error}"
+        self.records.append((RECEIVED, core, method, sender, started, _now(), text))
+
+    def cast(self, sender: int, mesh_id: int, labels: Any, offset: int, sizes: Any,
+             strides: Any) -> None:  # fmt: skip
+        """The actor ``sender`` (uid) sent a message to the view of actor mesh ``mesh_id``."""
+        self.records.append((SENT, sender, mesh_id, labels, offset, sizes, strides, _now()))
+
+
+def entity_id(key: str) -> int:
+    """The id of an actor or mesh in the job's tables: a 63-bit hash of ``key``, the same in
+    every process."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ID_MASK
+
+
+_COMPACT = (",", ":")  # JSON columns are written as Monarch's (serde's) compact text
+
+
+def region_json(labels: Any, offset: int, sizes: Any, strides: Any) -> str:
+    """A mesh view as Monarch's ndslice ``Region`` serializes: labels and the slice."""
+    return json.dumps(
+        {
+            "labels": list(labels),
+            "slice": {"offset": offset, "sizes": list(sizes), "strides": list(strides)},
+        },
+        separators=_COMPACT,
+    )
+
+
+def extent_json(labels: Any, sizes: Any) -> str:
+    """A mesh's shape as Monarch's ndslice ``Extent`` serializes."""
+    return json.dumps(
+        {"inner": {"labels": list(labels), "sizes": list(sizes)}}, separators=_COMPACT
+    )
+
+
+def mesh_created(
+    mesh_id: int,
+    kind: str,
+    name: str,
+    labels: Any,
+    sizes: Any,
+    parent_id: int | None,
+    parent_view: str | None,
+) -> None:
+    """Record a mesh (``kind``: ``Host``, ``Proc`` or ``Python<Class>``) in the job's
+    ``meshes`` table while telemetry is on."""
+    p = probe
+    if p is not None:
+        full = f"{name}-{mesh_id & ID_MASK:016x}"
+        shape = extent_json(labels, sizes)
+        p.records.append(
+            (ROW, "meshes", (mesh_id & ID_MASK, _now() // 1000, kind, name, full, shape,
+                             parent_id, parent_view))
+        )  # fmt: skip
 
 
 def now() -> int:

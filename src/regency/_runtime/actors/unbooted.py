@@ -32,7 +32,7 @@ class UnbootedInstance(ActorInstance):
         if not isinstance(item, tuple):  # a stop request (or a wake-up): nothing runs here
             super()._reject(item, release)
             return
-        method, reply, point, _, _ = self._open(item)
+        method, reply, point, _, _, _ = self._open(item)
         if reply is None:
             return
         error = ActorError(

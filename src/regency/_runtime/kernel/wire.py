@@ -13,7 +13,8 @@ KIND_PORT: Final = 3  # a value for the port whose id is ``dest``
 KIND_CONTROL: Final = 4  # a request for the service whose id is ``dest``
 
 # An actor message's first part: the reply port's number (0: no reply port), then the pickled
-# envelope ``(method, reply port's address or None, labels, sizes, trace context or None)``.
+# envelope ``(method, reply port's address or None, labels, sizes, trace context or None, sender)``
+# (``sender``: the sending actor's uid while telemetry is on there, else 0).
 # Without a trace context the pickle is the same for every call of one endpoint from one process,
 # so the sender makes it once and the receiver decodes it once.
 ENVELOPE_PORT: Final = struct.Struct("<Q")
@@ -30,6 +31,7 @@ SERVICE_SUPERVISION: Final = 3  # failure reports for actors owned in this proc
 SERVICE_SINGLETONS: Final = 5  # the root's registry of get_or_spawn_controller singletons
 SERVICE_BULK: Final = 6  # every proc: a receiver released a shared-memory region
 SERVICE_TELEMETRY: Final = 7  # the root, while telemetry is on: procs' spans and metrics
+SERVICE_TELEMETRY_ROWS: Final = 8  # a host agent: its host's rows of the job's telemetry tables
 SERVICES: Final = frozenset({SERVICE_PROC, SERVICE_HOST, SERVICE_SUPERVISION, SERVICE_SINGLETONS})
 
 

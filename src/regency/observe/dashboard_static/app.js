@@ -348,10 +348,38 @@
   }
 
 
+  // ---- SQL over the job's telemetry tables ----------------------------------------------
+
+  async function onSqlSubmit(event) {
+    event.preventDefault();
+    const sql = byId("sql-input").value.trim();
+    if (!sql || !state.token) return;
+    byId("sql-status").textContent = "running…";
+    const answer = await api("/v1/telemetry/query?sql=" + encodeURIComponent(sql));
+    if (answer.error) {
+      byId("sql-status").textContent = answer.error;
+      byId("sql-result").replaceChildren();
+      return;
+    }
+    const body = answer.body;
+    const count = body.rows.length + " row" + (body.rows.length === 1 ? "" : "s");
+    byId("sql-status").textContent = body.truncated ? "the first " + count : count;
+    const cell = (value) => (value === null ? "NULL" : String(value));
+    byId("sql-result").replaceChildren(
+      el(
+        "table",
+        { class: "sql" },
+        el("thead", {}, el("tr", {}, body.columns.map((c) => el("th", {}, c)))),
+        el("tbody", {}, body.rows.map((row) => el("tr", {}, row.map((v) => el("td", {}, cell(v))))))
+      )
+    );
+  }
+
   // ---- start ----------------------------------------------------------------------------
 
   function start() {
     byId("token-form").addEventListener("submit", onTokenSubmit);
+    byId("sql-form").addEventListener("submit", onSqlSubmit);
     byId("show-ended").addEventListener("change", (event) => {
       state.showEnded = event.target.checked;
       render();

@@ -1,4 +1,8 @@
-"""Telemetry: spans and metrics of every call, kept in a local SQL recorder, exported over OTLP.
+"""Telemetry: spans and metrics of calls, in a local recorder, over OTLP, and SQL over the job.
+
+Spans and metrics of every call go to a local SQL recorder and, when asked, over OTLP; every
+host keeps Monarch's tables of the job (actors, meshes, messages, ...), which
+:func:`query_engine_client` queries together with SQL.
 
 Switch it on with ``job.enable_telemetry()`` (Monarch's switch), :func:`enable_telemetry` at
 any time, ``regency.config.configure(telemetry=True)`` before the first use of the actor API,
@@ -17,6 +21,8 @@ from regency.observe.telemetry.switch import (
     disable_telemetry,
     enable_telemetry,
     flush,
+    query_engine,
+    query_engine_client,
     running,
 )
 
@@ -26,6 +32,8 @@ __all__ = [
     "enable_telemetry",
     "flush",
     "get_meter",
+    "query_engine",
+    "query_engine_client",
     "run_sql",
     "running",
     "span",

@@ -7,8 +7,10 @@ hot path only appends tuples; ids, names, histograms and spans are made here.
 
 A batch is a plain dict (it crosses processes pickled): ``job``, ``proc`` (the process's
 address), ``pid``, ``host``, ``t`` and ``interval_s`` (the interval its points cover),
-``spans`` (rows, ids as ints), ``points`` (:data:`~.aggregate.Point`) and ``failures``
-(``(time, ref, kind, text)``).
+``spans`` (rows, ids as ints), ``points`` (:data:`~.aggregate.Point`), ``failures``
+(``(time, ref, kind, text)``), ``rows`` (the job's table rows, by table: they go to this
+process's host agent, see :mod:`.hoststore`) and ``hosts`` (host agents attached, in the
+controller).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from regency import config
 from regency._lowlevel import tracing
 from regency.observe.telemetry.aggregate import GAUGE, HISTOGRAM, Aggregator, attributes_text
+from regency.observe.telemetry.tablerows import TableRows
 
 log = logging.getLogger("regency.telemetry")
 
@@ -45,6 +48,7 @@ FAILURES = "regency.actor.failures"
 RESTARTS = "regency.mesh.restarts"
 
 _MS = 1e-6  # ns -> ms
+_TABLE_RECORDS = frozenset({tracing.ROW, tracing.RECEIVED, tracing.SENT})
 
 
 class Collector:
@@ -57,6 +61,12 @@ class Collector:
         self._sink = sink
         self._identity = identity
         self._metrics = bool(config.get("enable_otel_metrics"))
+        # The resource attributes of its metric rows (OpenTelemetry's names).
+        self._resource = {
+            "service.name": "regency",
+            "host.name": identity.get("host"),
+            "process.pid": identity.get("pid"),
+        }
         self._interval = max(0.05, config.get_seconds("otel_metric_export_interval"))
         self._since = time.time()
         self._stop = threading.Event()
@@ -93,7 +103,10 @@ class Collector:
             now = time.time()
             since, self._since = self._since, now
             batch = self._convert(taken, since, now)
-            if not (batch["spans"] or batch["points"] or batch["failures"]):
+            if not (
+                batch["spans"] or batch["points"] or batch["failures"] or batch["rows"]
+                or batch["hosts"]
+            ):  # fmt: skip
                 return
         self._sink(batch)
 
@@ -103,10 +116,16 @@ class Collector:
         agg = Aggregator()
         calls: list[tuple[Any, ...]] = []
         handled: list[tuple[Any, ...]] = []
+        rows = TableRows()
+        hosts: list[str] = []
         self._names.clear()
         for record in records:
             kind = record[0]
-            if kind == tracing.CALL:
+            if kind in _TABLE_RECORDS:
+                rows.record(record)
+            elif kind == tracing.HOST:
+                hosts.append(record[1])
+            elif kind == tracing.CALL:
                 calls.append(record)
             elif kind == tracing.HANDLED:
                 handled.append(record)
@@ -116,6 +135,7 @@ class Collector:
                 spans.append(
                     (trace_id, span_id, parent, name, "span", None, actor_name, start, end, error)
                 )
+                rows.user_span(name, span_id, parent, start, error)
             elif kind == tracing.FAILURE:
                 _, actor, text, at = record
                 failures.append((at / 1e9, actor, "failed", text))
@@ -128,13 +148,17 @@ class Collector:
                 self._measure(record, agg)
         _calls(calls, agg, spans)
         self._handled(handled, agg, spans)
+        points = agg.points() if self._metrics else []
+        rows.points(points, since, now, self._resource)
         return {
             **self._identity,
             "t": since,
             "interval_s": now - since,
             "spans": spans,
-            "points": agg.points() if self._metrics else [],
+            "points": points,
             "failures": failures,
+            "rows": rows.rows,
+            "hosts": hosts,
         }
 
     @staticmethod

@@ -21,17 +21,24 @@ from regency import config
 from regency._lowlevel import (
     SERVICE_PROC,
     SERVICE_TELEMETRY,
+    SERVICE_TELEMETRY_ROWS,
     PeerLostError,
     Service,
     SetTelemetry,
+    host_agent_address,
     live_proc_addresses,
     root_address,
     runtime,
     tracing,
 )
-from regency.observe.telemetry import otlp
+from regency.observe.telemetry import hoststore, otlp
+from regency.observe.telemetry.client import QueryEngineClient
 from regency.observe.telemetry.collector import Batch, Collector, identity
+from regency.observe.telemetry.engine import QueryEngine
 from regency.observe.telemetry.recorder import Recorder
+from regency.observe.telemetry.rows import RowStore
+
+ROOT_UID = 1  # the root client's uid (its sends name it as their sender)
 
 log = logging.getLogger("regency.telemetry")
 
@@ -45,13 +52,23 @@ _FOLLOWED = (
 
 
 class _Sink:
-    """The controller's end: records each batch, and exports it over OTLP when asked to."""
+    """The controller's end: records each batch, and exports it over OTLP when asked to.
 
-    def __init__(self) -> None:
+    Its own table rows go to its own host store (it is the host agent of its machine), and
+    the host agents its batches name are the hosts its query engine asks.
+    """
+
+    def __init__(self, job: str) -> None:
+        self.job = job
         self.recorder = Recorder()
         self.otlp = otlp.OtlpExport() if otlp.wanted() else None
 
     def ingest(self, batch: Batch) -> None:
+        rows = batch.pop("rows", None)
+        if rows:
+            _local_store(self.job).add(rows)
+        for host in batch.pop("hosts", ()):
+            _hosts.add(host)
         self.recorder.ingest(batch)
         if self.otlp is not None:
             self.otlp.export(batch)
@@ -73,6 +90,42 @@ _lock = threading.RLock()
 _collector: Collector | None = None
 _sink: _Sink | None = None
 _service_added = False
+_hosts: set[str] = set()  # the host agents this controller attached (they keep rows)
+_root_recorded = False
+
+
+def query_engine_client() -> QueryEngineClient:
+    """``JobState.query_engine_client``: SQL over this controller's job.
+
+    Its py-spy dumps are kept in the controller's own host's tables.
+    """
+    return QueryEngineClient(query_engine(), _local_store(runtime().job_id))
+
+
+def _bounds() -> tuple[int, float]:
+    """The bounds of a host's store: rows per table, retention in seconds."""
+    return int(config.get("telemetry_max_rows")), float(config.get("telemetry_retention"))
+
+
+def _local_store(job: str) -> RowStore:
+    return hoststore.store(job, *_bounds())
+
+
+def serve_rows(rt: Any) -> None:
+    """Keep this host's rows of the job's tables (a worker daemon, as it starts)."""
+    hoststore.serve(rt)
+
+
+def query_engine() -> QueryEngine:
+    """The query engine over this controller's job: its own rows and every attached host's.
+
+    Raises ``RuntimeError`` outside the controller.
+    """
+    rt = runtime()
+    if root_address() != rt.address:
+        raise RuntimeError("the job's telemetry is queried from its controller")
+    job = rt.job_id
+    return QueryEngine(job, lambda tables: _local_store(job).scan(tables), lambda: sorted(_hosts))
 
 
 def running() -> bool:
@@ -101,16 +154,30 @@ def _start() -> None:
         float(config.get("telemetry_traces_per_s")), bool(config.get("enable_otel_tracing"))
     )
     if root_address() == rt.address:
-        _sink = _Sink()
+        _sink = _Sink(rt.job_id)
         if not _service_added:
             rt.add_service(SERVICE_TELEMETRY, Service("regency-telemetry-in", _from_proc))
             _service_added = True
+        hoststore.serve(rt)  # the controller is its own machine's host agent
         collector = Collector(probe, _sink.ingest, identity(rt.address, rt.job_id))
+        _record_root(probe, rt.address)
     else:
         collector = Collector(probe, _to_root, identity(rt.address, rt.job_id))
     _collector = collector
     tracing.install(probe)
     collector.start()
+
+
+def _record_root(probe: tracing.Probe, address: str) -> None:
+    """Record the client once, as Monarch does: actor ``<root>``, ``Created`` then ``Client``."""
+    global _root_recorded
+    if _root_recorded:
+        return
+    _root_recorded = True
+    probe.actor(ROOT_UID, tracing.entity_id(f"client:{address}"), 0, f"{address},client[0]",
+                "<root>")  # fmt: skip
+    probe.status(ROOT_UID, "Created")
+    probe.status(ROOT_UID, "Client")
 
 
 def _stop() -> None:
@@ -138,8 +205,23 @@ def _from_proc(request: Any) -> None:
 
 
 def _to_root(batch: Batch) -> None:
-    try:
-        runtime().send_control(root_address(), SERVICE_TELEMETRY, batch)
+    """A proc's batch: its table rows to its host agent, the rest to the controller."""
+    rt = runtime()
+    rows = batch.pop("rows", None)
+    if rows:
+        max_rows, retention = _bounds()
+        try:
+            rt.send_control(
+                host_agent_address(),
+                SERVICE_TELEMETRY_ROWS,
+                hoststore.AddRows(rt.job_id, rows, max_rows, retention),
+            )
+        except PeerLostError as exc:
+            log.debug("telemetry rows dropped: the host agent is gone (%s)", exc)
+    if not (batch["spans"] or batch["points"] or batch["failures"] or batch.get("hosts")):
+        return
+    try:  # the hosts it spawned procs on go too: the controller's queries ask them
+        rt.send_control(root_address(), SERVICE_TELEMETRY, batch)
     except PeerLostError as exc:
         log.debug("telemetry batch dropped: the controller is gone (%s)", exc)
 

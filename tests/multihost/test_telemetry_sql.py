@@ -1,0 +1,187 @@
+"""SQL over the whole job's telemetry: every host keeps its rows, the controller queries all.
+
+Two worker daemons (``ProcessJob``) are two hosts; their procs' rows stay with their host
+agent, so the controller's answers come from both, and outlive the procs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from regency import config
+from regency.actor import Actor, endpoint, span
+from regency.job import JobState, ProcessJob, TelemetryConfig
+
+pytestmark = pytest.mark.timeout(180)
+pytest.importorskip("datafusion")
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Worker(Actor):
+    """Does nothing, or opens a user span."""
+
+    @endpoint
+    def ping(self) -> None:
+        pass
+
+    @endpoint
+    def traced_step(self, name: str) -> None:
+        with span(name):
+            pass
+
+
+def _rows(state: JobState, sql: str, least: int = 1, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The rows of ``sql`` once there are at least ``least`` (rows arrive every interval)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows: list[dict[str, Any]] = state.query_engine_client.query(sql)["rows"]
+        if len(rows) >= least or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def job() -> Iterator[ProcessJob]:
+    job = ProcessJob({"hosts": 2}).enable_telemetry(TelemetryConfig(retention_secs=600))
+    with config.configured(otel_metric_export_interval="100ms"):
+        try:
+            yield job
+        finally:
+            job.kill()
+
+
+def test_a_query_joins_rows_kept_on_both_hosts_and_still_answers_after_the_mesh_stopped(
+    job: ProcessJob,
+) -> None:
+    state = job.state(cached_path=None)
+    assert state.query_engine is None
+    procs = state.hosts.spawn_procs(per_host={"workers": 2}, name="sql_procs")
+    workers = procs.spawn("sql_workers", Worker)
+    workers.initialized.get(timeout=60)
+    for _ in range(3):
+        workers.ping.call().get(timeout=60)
+
+    received = (
+        "SELECT a.rank, a.full_name, msg.from_actor_id FROM messages msg "
+        "JOIN actors a ON msg.to_actor_id = a.id JOIN meshes m ON a.mesh_id = m.id "
+        "WHERE m.given_name = 'sql_workers' AND msg.endpoint = 'ping'"
+    )
+    rows = _rows(state, received, 12)
+    assert len(rows) == 12  # 3 calls x 4 actors, received on two hosts
+    assert sorted({r["rank"] for r in rows}) == [0, 1, 2, 3]
+    agents = {h.agent for h in state.hosts._hosts}
+    assert {r["full_name"].rpartition("/")[0] for r in rows} == agents
+    sent = _rows(
+        state,
+        "SELECT sm.sender_actor_id, sm.view_json FROM sent_messages sm "
+        "JOIN meshes m ON sm.actor_mesh_id = m.id WHERE m.given_name = 'sql_workers'",
+        3,
+    )
+    assert len(sent) == 3
+    assert {r["from_actor_id"] for r in rows} == {s["sender_actor_id"] for s in sent}
+    assert sent[0]["view_json"] == (  # Monarch's compact JSON text
+        '{"labels":["hosts","workers"],"slice":{"offset":0,"sizes":[2,2],"strides":[2,1]}}'
+    )
+    view = json.loads(sent[0]["view_json"])
+    assert view["labels"] == ["hosts", "workers"]
+    assert view["slice"]["sizes"] == [2, 2]
+
+    statuses = _rows(
+        state,
+        "SELECT a.rank, ase.new_status FROM actor_status_events ase "
+        "JOIN actors a ON ase.actor_id = a.id JOIN meshes m ON a.mesh_id = m.id "
+        "WHERE m.given_name = 'sql_workers'",
+        12,
+    )
+    assert {r["new_status"] for r in statuses} == {"Created", "Initializing", "Idle"}
+
+    procs.stop().get(timeout=60)
+    after = state.query_engine_client.query(received)["rows"]
+    assert sorted((r["rank"], r["full_name"]) for r in after) == sorted(
+        (r["rank"], r["full_name"]) for r in rows
+    )
+
+
+def test_meshes_record_their_class_shape_and_parent_view(job: ProcessJob) -> None:
+    state = job.state(cached_path=None)
+    procs = state.hosts.spawn_procs(per_host={"workers": 3}, name="view_procs")
+    sliced = procs.slice(workers=slice(1, 3)).spawn("sliced_workers", Worker)
+    sliced.initialized.get(timeout=60)
+    meshes = {
+        r["given_name"]: r
+        for r in _rows(
+            state,
+            "SELECT id, class, given_name, full_name, shape_json, parent_mesh_id, "
+            "parent_view_json FROM meshes",
+            3,
+        )
+    }
+    host, proc, actor = meshes["hosts"], meshes["view_procs"], meshes["sliced_workers"]
+    assert (host["class"], proc["class"], actor["class"]) == ("Host", "Proc", "Python<Worker>")
+    assert actor["parent_mesh_id"] == proc["id"]
+    assert proc["parent_mesh_id"] == host["id"]
+    assert actor["full_name"].startswith("sliced_workers")
+    assert actor["full_name"] != "sliced_workers"
+    assert json.loads(actor["shape_json"]) == {
+        "inner": {"labels": ["hosts", "workers"], "sizes": [2, 2]}
+    }
+    parent_view = json.loads(actor["parent_view_json"])
+    assert parent_view["labels"] == ["hosts", "workers"]
+    assert parent_view["slice"]["offset"] == 1
+    assert parent_view["slice"]["sizes"] == [2, 2]
+    ranks = _rows(state, f"SELECT rank FROM actors WHERE mesh_id = {actor['id']}", 4)
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
+
+
+def test_user_spans_and_pyspy_dumps_are_queryable(job: ProcessJob) -> None:
+    state = job.state(cached_path=None)
+    workers = state.hosts.spawn_procs(per_host={"workers": 1}).spawn("span_workers", Worker)
+    workers.traced_step.call("step-7").get(timeout=60)
+    spans = _rows(
+        state,
+        "SELECT name, fields_json FROM spans WHERE fields_json LIKE '%step-7%'",
+        2,
+    )
+    assert [r["name"] for r in spans] == ["python_user_span"] * 2  # one per host's worker
+    assert {json.loads(r["fields_json"])["name"] for r in spans} == {"step-7"}
+
+    dump = {"Ok": {"pid": 5, "binary": "python", "stack_traces": [{"thread_id": 1, "frames": [
+        {"name": "train", "filename": "t.py", "line": 12}]}]}}  # fmt: skip
+    client = state.query_engine_client
+    assert client.store_pyspy_dump("dump-a", "hosts[0]", json.dumps(dump)) == {
+        "status": "ok",
+        "dump_id": "dump-a",
+    }
+    frames = client.query("SELECT name, line FROM pyspy_frames WHERE dump_id = 'dump-a'")
+    assert frames["rows"] == [{"name": "train", "line": 12}]
+
+
+def test_a_host_that_does_not_answer_is_left_out_after_the_timeout(job: ProcessJob) -> None:
+    state = job.state(cached_path=None)
+    workers = state.hosts.spawn_procs(per_host={"workers": 1}).spawn("quiet_workers", Worker)
+    workers.ping.call().get(timeout=60)
+    sql = (
+        "SELECT a.full_name FROM messages msg JOIN actors a ON msg.to_actor_id = a.id "
+        "JOIN meshes m ON a.mesh_id = m.id WHERE m.given_name = 'quiet_workers'"
+    )
+    assert len(_rows(state, sql, 2)) == 2
+    stopped = job._workers["hosts"][1].pid
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        rows = state.query_engine_client.query(sql, timeout=1.0)["rows"]
+        assert time.monotonic() - start < 10
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    assert len(rows) == 1  # only the answering host's message
+    assert rows[0]["full_name"].startswith(state.hosts._hosts[0].agent)
