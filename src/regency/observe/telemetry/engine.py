@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from regency._errors import RegencyError
 from regency._lowlevel import SERVICE_TELEMETRY_ROWS, Part, PeerLostError, runtime
 from regency.observe.telemetry.hoststore import ScanRows
 from regency.observe.telemetry.rows import Row
@@ -37,7 +38,7 @@ log = logging.getLogger("regency.telemetry")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class QueryError(ValueError):
+class QueryError(RegencyError, ValueError):
     """A query the engine refused (a syntax error, an unknown column, ...), with its message."""
 
 
