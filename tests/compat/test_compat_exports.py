@@ -26,8 +26,9 @@ CONFIG_NAMES = [
 JOB_NAMES = [
     "DEFAULT_JOB_PATH", "JobState", "JobTrait", "LocalJob", "MeshAdminConfig", "ProcessJob",
     "SlurmJob", "TelemetryConfig", "exec_command", "hosts_from_config", "job_load", "job_loads",
+    "load_current_job", "set_current_job",
 ]  # fmt: skip
-JOB_NAMES_REGENCY_LACKS = ["PortForwarder", "load_current_job", "set_current_job", "shell"]
+JOB_NAMES_REGENCY_LACKS = ["PortForwarder", "shell"]
 RDMA_NAMES = [
     "RDMAAction", "RDMABuffer", "RDMAReadTransferWarning", "RDMATcpFallbackWarning",
     "RDMAWriteTransferWarning", "get_rdma_backend", "is_ibverbs_available", "is_rdma_available",
@@ -84,7 +85,7 @@ def test_job_exports(name):
 
 
 @pytest.mark.deviation(
-    "regency.job has no PortForwarder, shell or job contexts (set/load_current_job)",
+    "regency.job has no PortForwarder or shell",
     skip="regency",
 )
 @pytest.mark.parametrize("name", JOB_NAMES_REGENCY_LACKS)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from regency._errors import RegencyError
-from regency.job._trait import DEFAULT_JOB_PATH
+from regency.job._trait import DEFAULT_JOB_PATH, resolve_cache_link
 
 _NO_JOB = 2  # exit status when there is no usable job
 _LOST = 255  # exit status when a host was lost mid-command
@@ -226,6 +226,6 @@ def run_kill(args: argparse.Namespace) -> int:
         return _NO_JOB
     job.kill()
     with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+        resolve_cache_link(path).unlink()  # a context's state file, never the context link
     print(f"regency kill: killed the {type(job).__name__} cached at {path}", file=sys.stderr)
     return 0

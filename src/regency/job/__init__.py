@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from regency import _public
 from regency.job._attach import AttachError, attach_to_workers
+from regency.job._context import load_current_job, set_current_job
 from regency.job._errors import JobError
 from regency.job._exec import CommandResult, exec_command
 from regency.job._hosts_from_config import hosts_from_config
@@ -66,8 +67,10 @@ __all__ = [
     "hosts_from_config",
     "job_load",
     "job_loads",
+    "load_current_job",
     "run_worker_loop_forever",
     "run_worker_loop_until_shutdown",
+    "set_current_job",
     "start_worker_loop_forever",
     "sync_workspace",
     "worker_command",
