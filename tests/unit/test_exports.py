@@ -119,6 +119,7 @@ EXPORTS: dict[str, list[str]] = {
         "worker_command",
         "worker_env",
     ],
+    "regency.job.spmd": ["SPMDJob", "TorchrunCommand", "parse_torchrun", "serve"],
     "regency.observe": [
         "AdminServer",
         "admin_token",

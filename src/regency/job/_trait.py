@@ -130,6 +130,11 @@ class JobTrait(abc.ABC):
             self._create()
         self.apply_id = uuid.uuid4().hex
 
+    @property
+    def active(self) -> bool:
+        """Whether this job was applied or adopted from a cache (as in Monarch, `kill` keeps it)."""
+        return self.apply_id is not None
+
     def state(self, cached_path: str | Path | None = DEFAULT_JOB_PATH) -> JobState:
         """Attach to the job's hosts, creating them if needed, and return their meshes.
 
