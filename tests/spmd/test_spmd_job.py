@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -99,3 +101,36 @@ def test_a_failing_rank_raises_and_the_hosts_serve_another_run(
         assert [r["argv"] for r in _records(out).values()] == [["again"], ["again"]]
     finally:
         hosts.kill()
+
+
+def test_an_applied_spmd_job_runs_from_a_later_script(script: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (tmp_path / "spmdjobs.py").write_text(
+        "from regency.job import ProcessJob\n"
+        "from regency.job.spmd import SPMDJob\n"
+        f"job = SPMDJob(ProcessJob({{'hosts': 2}}), ['torchrun', {str(script)!r}, {str(out)!r}])\n"
+    )
+    (tmp_path / "run.py").write_text(
+        "from regency.job import load_current_job\nload_current_job().run_spmd()\n"
+    )
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *argv],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    try:
+        applied = run("-m", "regency", "apply", "spmdjobs.job")
+        assert applied.returncode == 0, applied.stderr
+        ran = run("run.py")
+        assert ran.returncode == 0, ran.stderr
+        assert sorted(_records(out)) == [0, 1]
+        assert {r["GROUP_RANK"] for r in _records(out).values()} == {"0", "1"}
+    finally:
+        killed = run("-m", "regency", "kill")
+        assert killed.returncode == 0, killed.stderr
