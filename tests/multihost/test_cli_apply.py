@@ -157,6 +157,27 @@ def test_contexts_hold_separate_jobs(project: Path) -> None:
                 job_load(path).kill()
 
 
+def test_kill_names_the_context_whose_job_to_kill(project: Path) -> None:
+    assert _regency(project, "context", "use", "small").returncode == 0
+    applied = _regency(project, "apply", "jobs.other")
+    assert applied.returncode == 0, applied.stderr
+    state = project / ".regency/small/state.pkl"
+    workers = _workers(state)
+    try:
+        assert _regency(project, "context", "use", "default").returncode == 0
+        killed = _regency(project, "kill", "small")
+        assert killed.returncode == 0, killed.stderr
+        assert "killed the ProcessJob cached at .regency/small/state.pkl" in killed.stderr
+        assert _gone(workers)
+        assert not state.exists()
+        again = _regency(project, "kill", "small")
+        assert again.returncode == 2
+        assert "no job cached at .regency/small/state.pkl" in again.stderr
+    finally:
+        if not _gone(workers):
+            job_load(state).kill()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -167,6 +188,7 @@ def test_contexts_hold_separate_jobs(project: Path) -> None:
         (("apply", "nosuchmodule.job"), "No module named 'nosuchmodule'"),
         (("context", "rm", "nosuch"), "no context named 'nosuch'"),
         (("context", "use", "../up"), "context name '../up' is not allowed"),
+        (("kill", "../up"), "context name '../up' is not allowed"),
     ],
 )
 def test_bad_input_is_named(project: Path, args: tuple[str, ...], message: str) -> None:

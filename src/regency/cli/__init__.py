@@ -14,8 +14,8 @@ from ``regency.job.load_current_job()`` (see ``docs/multihost.md``).
 
 ``regency exec [--all | --one | --point DIM=I ...] [--mesh NAME] [--job PATH] -- CMD ...`` runs a
 command on the hosts of the job cached by an earlier ``job.state()`` (``.regency/job_state.pkl``),
-streaming each host's lines prefixed with its rank; ``regency kill [--job PATH]`` tears that job
-down and removes the cache.
+streaming each host's lines prefixed with its rank; ``regency kill [NAME] [--job PATH]`` tears that
+job (or context ``NAME``'s) down and removes the cache.
 
 ``regency logs [--job PATH] [--run ID | --list] [--tail N]`` prints the log files of forwarded
 procs: this machine's, or those of the cached job's hosts (see ``docs/observability.md``).

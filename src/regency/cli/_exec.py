@@ -54,8 +54,10 @@ def add_kill_parser(commands: Any) -> None:
         "kill",
         help="tear the cached job down",
         description="Kill the job cached by job.state() (its workers and every process they "
-        "started) and remove the cache file.",
+        "started) and remove the cache file. With NAME, the job of that context (see "
+        "regency context); without, the active context's.",
     )
+    parser.add_argument("name", nargs="?", metavar="NAME", help="a context whose job to kill")
     _add_job_arg(parser)
 
 
@@ -218,7 +220,13 @@ def _exec(args: argparse.Namespace, cmd: list[str]) -> int:
 
 def run_kill(args: argparse.Namespace) -> int:
     """``regency kill``: kill the cached job and remove its cache file."""
-    path = Path(args.job)
+    from regency.job._context import context_state
+
+    try:
+        path = Path(args.job) if args.name is None else context_state(args.name)
+    except ValueError as exc:
+        print(f"regency kill: {exc}", file=sys.stderr)
+        return _NO_JOB
     try:
         job = _load_job(path)
     except UsageError as exc:
