@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -11,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from regency.actor import ActorError
-from regency.job import ProcessJob
+from regency.job import ProcessJob, job_load
 from regency.job._process import _alive
 from regency.job.spmd import SPMDJob, serve
 
@@ -23,7 +26,7 @@ SCRIPT = textwrap.dedent(
     import json, os, sys
     keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT"]
     out, *rest = sys.argv[1:]
-    record = {k: os.environ[k] for k in keys} | {"argv": rest, "pid": os.getpid()}
+    record = {k: os.environ[k] for k in keys} | {"argv": rest}
     if rest == ["fail"] and os.environ["RANK"] == "1":
         sys.exit(3)
     with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
@@ -36,6 +39,19 @@ def _records(out: Path) -> dict[int, dict[str, object]]:
     return {
         int(path.stem[4:]): json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))
     }
+
+
+def _processes_in(folder: Path) -> list[int]:
+    """The pids of the processes whose working directory is ``folder``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if Path(os.readlink(entry / "cwd")) == folder:
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
 
 
 @pytest.fixture
@@ -124,13 +140,27 @@ def test_an_applied_spmd_job_runs_from_a_later_script(script: Path, tmp_path: Pa
             check=False,
         )
 
+    def workers() -> list[tuple[int, int]]:
+        job = job_load(tmp_path / ".regency/default/state.pkl")
+        assert isinstance(job, SPMDJob)
+        assert isinstance(job.job, ProcessJob)
+        return [(w.pid, w.started) for w in job.job._workers["hosts"]]
+
+    applied = run("-m", "regency", "apply", "spmdjobs.job")
+    assert applied.returncode == 0, applied.stderr
+    started = workers()
     try:
-        applied = run("-m", "regency", "apply", "spmdjobs.job")
-        assert applied.returncode == 0, applied.stderr
         ran = run("run.py")
         assert ran.returncode == 0, ran.stderr
         assert sorted(_records(out)) == [0, 1]
         assert {r["GROUP_RANK"] for r in _records(out).values()} == {"0", "1"}
+        assert workers() == started, "the script ran on the applied hosts, it started none"
     finally:
         killed = run("-m", "regency", "kill")
         assert killed.returncode == 0, killed.stderr
+    assert not any(_alive(pid, since) for pid, since in started)
+    left = _processes_in(tmp_path)
+    for pid in left:  # workers in their own sessions: end them with what they started
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+    assert left == [], "run.py started no hosts of its own that kill missed"

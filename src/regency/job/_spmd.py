@@ -19,7 +19,7 @@ from typing import Any
 from regency.job._local import LocalJob
 from regency.job._process import ProcessJob
 from regency.job._slurm import SlurmJob
-from regency.job._trait import JobState, JobTrait
+from regency.job._trait import DEFAULT_JOB_PATH, JobState, JobTrait
 
 _TORCHRUN = ("torchrun", "torch.distributed.run")
 _PYTHON = ("python", "python3")
@@ -143,10 +143,14 @@ class SPMDJob(JobTrait):
         Blocks until every rank's script has ended; a rank whose script raises or exits
         non-zero makes it raise (an ``ActorError`` naming the rank). The procs are stopped
         afterwards; the hosts stay, for another run or ``kill()``.
+
+        A job not applied yet (one from ``load_current_job()``) first looks for the running job
+        in the default cache, as ``state()`` does: it runs on the hosts ``regency apply``
+        started. A job ``serve`` applied leaves that cache alone.
         """
         from regency.spmd import SPMDActor
 
-        workers = self.state(cached_path=None).workers
+        workers = self.state(cached_path=None if self.active else DEFAULT_JOB_PATH).workers
         procs = workers.spawn_procs(per_host={"gpus": self.torchrun.nproc_per_node})
         try:
             actors: Any = procs.spawn("_SPMDActor", SPMDActor)
