@@ -179,3 +179,11 @@ def test_load_current_job_names_a_bad_spec(job_project, spec, error, message):
     with pytest.raises(error) as info:
         job.load_current_job()
     assert str(info.value) == message
+
+
+def test_active_once_applied():
+    local = job.LocalJob()
+    assert local.active is False
+    local.state(cached_path=None)
+    assert local.active is True
+    local.kill()

@@ -112,8 +112,8 @@ def _load_job(path: Path) -> Any:
 
     if not path.exists():
         raise UsageError(
-            f"no job cached at {path}: run a script that calls job.state() first "
-            "(or give --job PATH)"
+            f"no job cached at {path}: run `regency apply MODULE.ATTR` or a script that calls "
+            "job.state() first (or give --job PATH)"
         )
     try:
         return job_load(path)
