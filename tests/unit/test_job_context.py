@@ -127,3 +127,20 @@ def test_a_link_leaving_the_folder_is_not_followed(project: Path, tmp_path: Path
     (project / DEFAULT_JOB_PATH).symlink_to(Path("..") / "elsewhere" / "state.pkl")
     with pytest.raises(UnsafePathError, match="symlink"):
         job_load(DEFAULT_JOB_PATH)
+
+
+def test_an_existing_folder_only_this_user_writes_is_used(project: Path) -> None:
+    (project / ".regency" / "slurm").mkdir(parents=True)
+    (project / ".regency" / "slurm" / "regency_job-1.out").write_text("log")  # no context
+    (project / ".regency").chmod(0o755)  # as a SlurmJob's log folder leaves it
+    set_current_job("ctxjob.job")
+    assert isinstance(load_current_job(), LocalJob)
+    assert contexts.contexts() == ["default"]
+
+
+def test_a_folder_others_may_write_is_refused(project: Path) -> None:
+    (project / ".regency").mkdir()
+    (project / ".regency").chmod(0o777)
+    with pytest.raises(UnsafePathError, match="writable by other users"):
+        set_current_job("ctxjob.job")
+    assert not (project / DEFAULT_JOB_PATH).is_symlink()

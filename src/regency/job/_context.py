@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from regency._private_paths import private_dir
+from regency._private_paths import check_unswappable, private_dir
 from regency.job._trait import DEFAULT_JOB_PATH, JobTrait, job_load
 
 STATE_FILE = "state.pkl"
@@ -30,6 +30,18 @@ def _link() -> Path:
 
 def _root() -> Path:
     return _link().parent
+
+
+def _own_root() -> Path:
+    """``.regency``: created private (0700) if missing, else checked that no one else can change it.
+
+    An existing one of mode 0755 (as ``SlurmJob``'s log folder makes it) will do.
+    """
+    root = _root()
+    if not root.exists():
+        return private_dir(root)
+    check_unswappable(root, closed=True)
+    return root
 
 
 def check_context_name(name: str) -> str:
@@ -66,7 +78,7 @@ def _use(name: str) -> None:
     A plain cache file there moves into the ``default`` context first, as in Monarch.
     """
     link = _link()
-    private_dir(_root())
+    _own_root()
     if link.exists() and not link.is_symlink():
         private_dir(_root() / DEFAULT_CONTEXT)
         link.rename(_root() / DEFAULT_CONTEXT / STATE_FILE)
@@ -137,8 +149,8 @@ def load_current_job() -> JobTrait:
 
 def context_create(name: str) -> None:
     """Create context ``name`` (an empty folder; :func:`context_use` activates it)."""
-    private_dir(_root())
-    private_dir(_root() / check_context_name(name))
+    check_context_name(name)
+    private_dir(_own_root() / name)
 
 
 def context_use(name: str) -> None:
