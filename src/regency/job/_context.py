@@ -16,7 +16,12 @@ import os
 import shutil
 from pathlib import Path
 
-from regency._private_paths import check_unswappable, private_dir
+from regency._private_paths import (
+    check_unswappable,
+    private_dir,
+    read_private_file,
+    write_private_file,
+)
 from regency.job._trait import DEFAULT_JOB_PATH, JobTrait, job_load
 
 STATE_FILE = "state.pkl"
@@ -40,7 +45,14 @@ def _own_root() -> Path:
     root = _root()
     if not root.exists():
         return private_dir(root)
-    check_unswappable(root, closed=True)
+    return _checked_root()
+
+
+def _checked_root() -> Path:
+    """``.regency``, refused (:class:`UnsafePathError`) when another user can change it."""
+    root = _root()
+    if root.exists():
+        check_unswappable(root, closed=True)
     return root
 
 
@@ -108,10 +120,11 @@ def set_current_job(module_path: str) -> None:
     ``.regency/job_state.pkl`` a link to the active context's ``state.pkl``. Nothing is imported
     yet: :func:`load_current_job` does that.
     """
+    _own_root()
     name = _ensure_link()
     spec = _root() / name / SPEC_FILE
     private_dir(spec.parent)
-    spec.write_text(module_path)
+    write_private_file(spec, module_path.encode())
 
 
 def _import_job(module_path: str) -> JobTrait:
@@ -135,11 +148,14 @@ def load_current_job() -> JobTrait:
     (``.regency/job_state.pkl``), or applies it. Raises :class:`FileNotFoundError` when the
     context has no spec (run ``regency apply module.attr`` first), :class:`ValueError`,
     :class:`AttributeError` or :class:`TypeError` when the spec names no job object, and what
-    importing its module raises.
+    importing its module raises. A ``.regency`` another user can change, or a spec file not
+    private to this user, raises :class:`~regency._private_paths.UnsafePathError` before
+    anything is imported (the spec names code to run).
     """
+    _checked_root()
     spec = _spec_file()
     try:
-        module_path = spec.read_text().strip()
+        module_path = read_private_file(spec).decode().strip()
     except FileNotFoundError:
         raise FileNotFoundError(
             f"No spec found at {spec}. Run 'regency apply <module.path>' first."
