@@ -25,7 +25,7 @@ from _attacker import Attacker, attacker, shared_dir
 
 from regency._private_paths import UnsafePathError, private_dir, read_private_file
 from regency.job import ProcessJob, load_current_job, set_current_job
-from regency.job._context import context_use
+from regency.job._context import context_rm, context_use
 from regency.job._trait import job_load
 from regency.job._workspace import AddToPath, _resolve, default_remote_dir, pack, unpack
 
@@ -251,6 +251,8 @@ def test_planted_context_link_is_neither_followed_nor_used(
         load_current_job()  # never imports what that spec names
     with pytest.raises(UnsafePathError, match=rf"{root} is owned by uid {attacker.uid}"):
         context_use("evil")
+    with pytest.raises(UnsafePathError, match=rf"{root} is owned by uid {attacker.uid}"):
+        context_rm("evil")
     assert not marker.exists(), "the planted pickle ran"
     assert os.readlink(root / "job_state.pkl") == "evil/state.pkl", "left for the user"
 

@@ -197,7 +197,7 @@ def context_rm(name: str) -> bool:
 
     If it was the active context, ``default`` becomes the active one.
     """
-    folder = _root() / check_context_name(name)
+    folder = _checked_root() / check_context_name(name)
     if not folder.is_dir() or folder.is_symlink():
         return False
     state = folder / STATE_FILE
