@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from regency.job import ProcessJob, job_load
 from regency.job._process import _alive
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 JOBS = textwrap.dedent(
     """
@@ -53,7 +54,7 @@ def _regency(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=False,
     )
 
@@ -69,7 +70,8 @@ def _gone(workers: list[tuple[int, int]]) -> bool:
 
 
 @pytest.fixture
-def project(tmp_path: Path) -> Path:
+def project(tmp_path: Path, leftover_processes: Callable[[], list[int]]) -> Path:
+    """A project folder with job specs; hosts a failing test left there are killed after it."""
     (tmp_path / "jobs.py").write_text(JOBS)
     (tmp_path / "use.py").write_text(USE)
     return tmp_path
@@ -97,7 +99,7 @@ def test_apply_then_exec_scripts_and_kill_reuse_one_job(project: Path) -> None:
             cwd=project,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
             check=False,
         )
         assert used.returncode == 0, used.stderr
