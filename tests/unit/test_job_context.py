@@ -144,3 +144,13 @@ def test_a_folder_others_may_write_is_refused(project: Path) -> None:
     with pytest.raises(UnsafePathError, match="writable by other users"):
         set_current_job("ctxjob.job")
     assert not (project / DEFAULT_JOB_PATH).is_symlink()
+
+
+@pytest.mark.parametrize(
+    "target", ["/etc/state.pkl", "other.pkl", "ctx/other.pkl", "a/b/state.pkl", "../state.pkl"]
+)
+def test_only_a_link_to_a_context_state_is_followed(project: Path, target: str) -> None:
+    (project / ".regency").mkdir(mode=0o700)
+    (project / DEFAULT_JOB_PATH).symlink_to(target)
+    with pytest.raises(UnsafePathError, match="symlink"):
+        job_load(DEFAULT_JOB_PATH)

@@ -351,17 +351,18 @@ def resolve_cache_link(path: Path) -> Path:
 
     ``.regency/job_state.pkl`` is a symlink to ``<context>/state.pkl`` once job contexts are in
     use (``regency apply``, ``regency context``). Only such a link is followed: one owned by
-    this user whose target is relative and stays in the link's folder. Any other symlink is
+    this user whose target is ``NAME/state.pkl`` in the link's folder. Any other symlink is
     returned as it is, so reading it is refused as before.
     """
     try:
         st = os.lstat(path)
     except OSError:
         return path
-    if not stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
+    if not stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
         return path
     target = Path(os.readlink(path))
-    if target.is_absolute() or ".." in target.parts or len(target.parts) != 2:
+    parts = target.parts
+    if len(parts) != 2 or parts[1] != "state.pkl" or parts[0] in ("/", ".", ".."):
         return path
     return path.parent / target
 
