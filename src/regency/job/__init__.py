@@ -12,6 +12,10 @@ for you and cache themselves so a re-run reconnects::
     ...
     job.kill()
 
+A job described once in a module is reused by later commands: ``regency apply myjob.job``
+starts it, and scripts get it back with :func:`load_current_job` (job contexts). A torchrun
+command becomes a job with :func:`regency.job.spmd.serve`.
+
 See ``docs/multihost.md``.
 """
 
