@@ -26,9 +26,8 @@ CONFIG_NAMES = [
 JOB_NAMES = [
     "DEFAULT_JOB_PATH", "JobState", "JobTrait", "LocalJob", "MeshAdminConfig", "PortForwarder",
     "ProcessJob", "SlurmJob", "TelemetryConfig", "exec_command", "hosts_from_config", "job_load",
-    "job_loads", "shell",
+    "job_loads", "load_current_job", "set_current_job", "shell",
 ]  # fmt: skip
-JOB_NAMES_REGENCY_LACKS = ["load_current_job", "set_current_job"]
 RDMA_NAMES = [
     "RDMAAction", "RDMABuffer", "RDMAReadTransferWarning", "RDMATcpFallbackWarning",
     "RDMAWriteTransferWarning", "get_rdma_backend", "is_ibverbs_available", "is_rdma_available",
@@ -83,14 +82,6 @@ def test_config_exports(name):
 def test_job_exports(name):
     assert hasattr(job, name)
 
-
-@pytest.mark.deviation(
-    "regency.job has no job contexts (set/load_current_job)",
-    skip="regency",
-)
-@pytest.mark.parametrize("name", JOB_NAMES_REGENCY_LACKS)
-def test_job_exports_regency_lacks(name):
-    assert hasattr(job, name)
 
 
 @pytest.mark.parametrize("name", RDMA_NAMES)

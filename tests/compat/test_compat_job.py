@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 
 import pytest
-from compat_impl import actor, job
+from compat_impl import IMPL, actor, job
 from compat_util import CALL_TIMEOUT
 
 Actor = actor.Actor
@@ -125,3 +126,64 @@ def test_process_job_host_slice_cannot_shut_down(process_job):
     _, state = process_job
     with pytest.raises(RuntimeError, match="reference instead of owned"):
         state.hosts.slice(hosts=0).shutdown().get(timeout=CALL_TIMEOUT)
+
+
+CONTEXT_JOB_MODULE = """
+from {impl}.job import LocalJob
+
+job = LocalJob(("trainers",))
+count = 3
+"""
+
+
+@pytest.fixture
+def job_project(tmp_path, monkeypatch):
+    """A project folder as the current directory with an importable job module."""
+    (tmp_path / "compat_ctxjob.py").write_text(CONTEXT_JOB_MODULE.format(impl=IMPL))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("compat_ctxjob", None)
+
+
+def test_load_current_job_without_a_spec_says_to_apply(job_project):
+    with pytest.raises(FileNotFoundError) as info:
+        job.load_current_job()
+    folder = os.path.dirname(job.DEFAULT_JOB_PATH)
+    assert str(info.value) == (
+        f"No spec found at {folder}/default/spec. Run '{IMPL} apply <module.path>' first."
+    )
+
+
+def test_set_current_job_links_the_cache_to_the_default_context(job_project):
+    job.set_current_job("compat_ctxjob.job")
+    assert os.readlink(job.DEFAULT_JOB_PATH) == "default/state.pkl"
+    spec = os.path.join(os.path.dirname(job.DEFAULT_JOB_PATH), "default", "spec")
+    with open(spec) as f:
+        assert f.read() == "compat_ctxjob.job"
+    loaded = job.load_current_job()
+    assert isinstance(loaded, job.LocalJob)
+    assert loaded.apply_id is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "error", "message"),
+    [
+        ("nodot", ValueError, "module_path must be 'module.attr', got 'nodot'"),
+        ("compat_ctxjob.nope", AttributeError, "Module 'compat_ctxjob' has no 'nope' attribute"),
+        ("compat_ctxjob.count", TypeError, "'compat_ctxjob.count' must be a JobTrait, got int"),
+    ],
+)
+def test_load_current_job_names_a_bad_spec(job_project, spec, error, message):
+    job.set_current_job(spec)
+    with pytest.raises(error) as info:
+        job.load_current_job()
+    assert str(info.value) == message
+
+
+def test_active_once_applied():
+    local = job.LocalJob()
+    assert local.active is False
+    local.state(cached_path=None)
+    assert local.active is True
+    local.kill()

@@ -24,7 +24,8 @@ import pytest
 from _attacker import Attacker, attacker, shared_dir
 
 from regency._private_paths import UnsafePathError, private_dir, read_private_file
-from regency.job import ProcessJob
+from regency.job import ProcessJob, load_current_job, set_current_job
+from regency.job._context import context_rm, context_use
 from regency.job._trait import job_load
 from regency.job._workspace import AddToPath, _resolve, default_remote_dir, pack, unpack
 
@@ -227,6 +228,33 @@ def test_planted_job_cache_is_not_unpickled_by_regency_exec(
     assert done.returncode != 0, done
     assert "owned by uid" in done.stderr, done.stderr
     assert not marker.exists(), "the planted pickle ran"
+
+
+def test_planted_context_link_is_neither_followed_nor_used(
+    attacker: Attacker, shared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "pwned"
+    root = shared_dir / ".regency"
+    attacker.sh(
+        f"mkdir -m 0777 {root} {root}/evil && cat > {root}/evil/state.pkl && "
+        f"echo jobs.job > {root}/evil/spec && ln -s evil/state.pkl {root}/job_state.pkl",
+        stdin=_payload(marker),
+    )
+    monkeypatch.chdir(shared_dir)
+    with pytest.raises(UnsafePathError, match="symlink"):
+        job_load(".regency/job_state.pkl")  # a link another user owns is not followed
+    with pytest.raises(UnsafePathError, match="symlink"):
+        ProcessJob({"hosts": 1}).state()
+    with pytest.raises(UnsafePathError, match=rf"{root} is owned by uid {attacker.uid}"):
+        set_current_job("jobs.job")  # never writes its spec into that folder
+    with pytest.raises(UnsafePathError, match=rf"{root} is owned by uid {attacker.uid}"):
+        load_current_job()  # never imports what that spec names
+    with pytest.raises(UnsafePathError, match=rf"{root} is owned by uid {attacker.uid}"):
+        context_use("evil")
+    with pytest.raises(UnsafePathError, match=rf"{root} is owned by uid {attacker.uid}"):
+        context_rm("evil")
+    assert not marker.exists(), "the planted pickle ran"
+    assert os.readlink(root / "job_state.pkl") == "evil/state.pkl", "left for the user"
 
 
 def test_group_or_world_writable_cache_is_refused(tmp_path: Path) -> None:

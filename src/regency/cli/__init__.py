@@ -7,10 +7,15 @@ the ``REGENCY_JOB_SECRET`` environment variable (hex); without one the command e
 2. With ``--idle-timeout`` it exits (status 0) once no controller has been attached for that
 long; with ``--exit-with-controller``, once the controller it serves goes.
 
+``regency apply [MODULE.ATTR]`` imports a job object (``myjob.job``), saves it as the active
+context's job and brings it up; ``regency context create|use|rm|ls NAME`` manages the contexts
+(``.regency/NAME/``) that ``.regency/job_state.pkl`` links to, and scripts get the active job
+from ``regency.job.load_current_job()`` (see ``docs/multihost.md``).
+
 ``regency exec [--all | --one | --point DIM=I ...] [--mesh NAME] [--job PATH] -- CMD ...`` runs a
 command on the hosts of the job cached by an earlier ``job.state()`` (``.regency/job_state.pkl``),
-streaming each host's lines prefixed with its rank; ``regency kill [--job PATH]`` tears that job
-down and removes the cache.
+streaming each host's lines prefixed with its rank; ``regency kill [NAME] [--job PATH]`` tears that
+job (or context ``NAME``'s) down and removes the cache.
 
 ``regency shell [--mesh NAME] [--point DIM=I ...] [--local] [--job PATH] [-e K=V] [--workdir DIR]``
 opens an interactive shell on a pty of one host of the cached job, or of this machine with
@@ -54,6 +59,7 @@ from regency.cli._secrets import read_secret
 
 
 def _parser() -> argparse.ArgumentParser:
+    from regency.cli._context import add_apply_parser, add_context_parser
     from regency.cli._debug import add_debug_parser
     from regency.cli._exec import add_exec_parser, add_kill_parser
     from regency.cli._logs import add_logs_parser
@@ -86,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit once the controller served goes (default: wait for the next one)",
     )
+    add_apply_parser(commands)
+    add_context_parser(commands)
     add_exec_parser(commands)
     add_kill_parser(commands)
     add_shell_parser(commands)
@@ -102,6 +110,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``regency`` command line; return the exit status."""
     args = _parser().parse_args(argv)
+    if args.command == "apply":
+        from regency.cli._context import run_apply
+
+        return run_apply(args)
+    if args.command == "context":
+        from regency.cli._context import run_context
+
+        return run_context(args)
     if args.command == "exec":
         from regency.cli._exec import run_exec
 

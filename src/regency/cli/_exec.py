@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from regency._errors import RegencyError
-from regency.job._trait import DEFAULT_JOB_PATH
+from regency.job._trait import DEFAULT_JOB_PATH, resolve_cache_link
 
 _NO_JOB = 2  # exit status when there is no usable job
 _LOST = 255  # exit status when a host was lost mid-command
@@ -54,8 +54,10 @@ def add_kill_parser(commands: Any) -> None:
         "kill",
         help="tear the cached job down",
         description="Kill the job cached by job.state() (its workers and every process they "
-        "started) and remove the cache file.",
+        "started) and remove the cache file. With NAME, the job of that context (see "
+        "regency context); without, the active context's.",
     )
+    parser.add_argument("name", nargs="?", metavar="NAME", help="a context whose job to kill")
     _add_job_arg(parser)
 
 
@@ -110,8 +112,8 @@ def _load_job(path: Path) -> Any:
 
     if not path.exists():
         raise UsageError(
-            f"no job cached at {path}: run a script that calls job.state() first "
-            "(or give --job PATH)"
+            f"no job cached at {path}: run `regency apply MODULE.ATTR` or a script that calls "
+            "job.state() first (or give --job PATH)"
         )
     try:
         return job_load(path)
@@ -218,7 +220,13 @@ def _exec(args: argparse.Namespace, cmd: list[str]) -> int:
 
 def run_kill(args: argparse.Namespace) -> int:
     """``regency kill``: kill the cached job and remove its cache file."""
-    path = Path(args.job)
+    from regency.job._context import context_state
+
+    try:
+        path = Path(args.job) if args.name is None else context_state(args.name)
+    except ValueError as exc:
+        print(f"regency kill: {exc}", file=sys.stderr)
+        return _NO_JOB
     try:
         job = _load_job(path)
     except UsageError as exc:
@@ -226,6 +234,6 @@ def run_kill(args: argparse.Namespace) -> int:
         return _NO_JOB
     job.kill()
     with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+        resolve_cache_link(path).unlink()  # a context's state file, never the context link
     print(f"regency kill: killed the {type(job).__name__} cached at {path}", file=sys.stderr)
     return 0

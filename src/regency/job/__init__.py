@@ -12,6 +12,10 @@ for you and cache themselves so a re-run reconnects::
     ...
     job.kill()
 
+A job described once in a module is reused by later commands: ``regency apply myjob.job``
+starts it, and scripts get it back with :func:`load_current_job` (job contexts). A torchrun
+command becomes a job with :func:`regency.job.spmd.serve`.
+
 See ``docs/multihost.md``.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 from regency import _public
 from regency.job._attach import AttachError, attach_to_workers
+from regency.job._context import load_current_job, set_current_job
 from regency.job._errors import JobError
 from regency.job._exec import CommandResult, exec_command
 from regency.job._forwarder import PortForwarder
@@ -69,8 +74,10 @@ __all__ = [
     "hosts_from_config",
     "job_load",
     "job_loads",
+    "load_current_job",
     "run_worker_loop_forever",
     "run_worker_loop_until_shutdown",
+    "set_current_job",
     "shell",
     "start_worker_loop_forever",
     "sync_workspace",

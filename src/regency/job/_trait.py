@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import pickle
+import stat
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -132,6 +133,11 @@ class JobTrait(abc.ABC):
             self._create()
         self.apply_id = uuid.uuid4().hex
 
+    @property
+    def active(self) -> bool:
+        """Whether this job was applied or adopted from a cache (as in Monarch, `kill` keeps it)."""
+        return self.apply_id is not None
+
     def state(self, cached_path: str | Path | None = DEFAULT_JOB_PATH) -> JobState:
         """Attach to the job's hosts, creating them if needed, and return their meshes.
 
@@ -148,7 +154,7 @@ class JobTrait(abc.ABC):
             self._attached.append(self._state)
             self._state = self._connect()
             return self._state
-        path = Path(cached_path) if cached_path is not None else None
+        path = resolve_cache_link(Path(cached_path)) if cached_path is not None else None
         if self.apply_id is None and path is not None:
             cached = _load_cache(path)
             if cached is not None:
@@ -238,9 +244,10 @@ class JobTrait(abc.ABC):
     def dump(self, path: str | Path) -> None:
         """Pickle the job to ``path``: a new file of mode 0600 replacing any file there.
 
-        Missing parent directories are created (mode 0700).
+        Missing parent directories are created (mode 0700). A context link (see
+        :func:`resolve_cache_link`) is written through, to the context's state file.
         """
-        target = Path(path)
+        target = resolve_cache_link(Path(path))
         if not target.parent.exists():
             private_dir(target.parent)
         write_private_file(target, self.dumps())
@@ -338,9 +345,31 @@ def job_load(path: str | Path) -> JobTrait:
 
     The file is unpickled only when it is a regular file owned by this user that neither group
     nor others may write: otherwise :class:`~regency._private_paths.UnsafePathError` (a file
-    another user planted would run their code as this user).
+    another user planted would run their code as this user). A context link is followed
+    (:func:`resolve_cache_link`).
     """
-    return job_loads(read_private_file(path))
+    return job_loads(read_private_file(resolve_cache_link(Path(path))))
+
+
+def resolve_cache_link(path: Path) -> Path:
+    """The job cache file ``path`` stands for: the target of a context link, else ``path``.
+
+    ``.regency/job_state.pkl`` is a symlink to ``<context>/state.pkl`` once job contexts are in
+    use (``regency apply``, ``regency context``). Only such a link is followed: one owned by
+    this user whose target is ``NAME/state.pkl`` in the link's folder. Any other symlink is
+    returned as it is, so reading it is refused as before.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return path
+    if not stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
+        return path
+    target = Path(os.readlink(path))
+    parts = target.parts
+    if len(parts) != 2 or parts[1] != "state.pkl" or parts[0] in ("/", ".", ".."):
+        return path
+    return path.parent / target
 
 
 def _load_cache(path: Path) -> JobTrait | None:
