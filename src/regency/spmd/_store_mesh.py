@@ -17,7 +17,7 @@ import tempfile
 import threading
 from typing import IO, Protocol
 
-from regency._lowlevel import HostMesh
+from regency._lowlevel import HostMesh, share_secret
 from regency._transport.auth import SECRET_ENV
 from regency.job import attach_to_workers
 from regency.job._attach import secret_from_env
@@ -171,6 +171,9 @@ def host_mesh_from_store(
     Regency's additions: the job ``secret`` every connection proves (default:
     ``REGENCY_JOB_SECRET``, hex; without one, global rank 0 makes one and publishes it in the
     store, which then must be reachable only by the job, as torch.distributed already assumes),
+    which also becomes the secret of this process's own controller on every rank, so that every
+    rank can call the actors global rank 0 spawns (as torchstore's clients do: call it before
+    anything else of regency runs in the process, or ``RuntimeError``),
     and ``timeout``, the seconds a worker has to listen (else ``RuntimeError`` with its output)
     and global rank 0 waits for the workers to answer (``regency.job.AttachError`` names those
     that did not).
@@ -196,6 +199,7 @@ def host_mesh_from_store(
     hosts = the_world_size // the_local_world_size
     group_rank = the_rank // the_local_world_size
     key = _job_secret(store, secret, the_rank)
+    share_secret(key)
     if the_local_rank == 0:
         worker = f"{name}_{group_rank}"
         served = _start_worker(

@@ -24,13 +24,33 @@ from regency._runtime.kernel.service import Service
 
 _host_agent: HostAgent | None = None
 _proc_agent: ProcAgent | None = None
+_shared_secret: bytes | None = None
+
+
+def share_secret(secret: bytes) -> None:
+    """Make ``secret`` the secret of this process's controller, so that the controllers of
+    several processes holding it (the ranks of one torchrun job) reach each other's actors.
+
+    Call it before the runtime starts; once it runs, only its own secret is accepted
+    (``RuntimeError`` otherwise).
+    """
+    global _shared_secret
+    running = state.existing()
+    if running is not None:
+        if running.secret != secret:
+            raise RuntimeError(
+                "regency already runs in this process with a secret of its own; share the "
+                "job's secret before anything else of regency starts its runtime"
+            )
+        return
+    _shared_secret = secret
 
 
 def bootstrap_controller() -> None:
     """Create the controller's runtime (called once, lazily, under the state lock)."""
     global _host_agent, _proc_agent
     job_id = os.urandom(4).hex()
-    secret = os.urandom(32)
+    secret = _shared_secret if _shared_secret is not None else os.urandom(32)
     runtime = ProcRuntime(f"unix:@regency-{job_id}-controller", secret, job_id)
     context.install_client(ClientInstance(runtime, is_root=True))
     state.install(runtime, runtime.address, runtime.address)
