@@ -2,13 +2,15 @@
 
 Usage: store_mesh.py RANK WORLD_SIZE LOCAL_WORLD_SIZE STORE_PORT TRANSPORT NAME. Rank 0 spawns
 one proc per host, asks each for its pid, and prints the mesh's extent and those pids as JSON;
-every other rank prints ``None`` and stays until rank 0 is done (its worker serves until then).
+every other rank calls that actor mesh too (rank 0 hands it over through the store), prints the
+pids it answered with, and stays until rank 0 is done (its worker serves until then).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 from datetime import timedelta
 
@@ -38,13 +40,19 @@ def main() -> None:
         name=name,
     )
     if mesh is None:
-        print("None", flush=True)
+        # Every rank can call the actors rank 0 spawned (its controller shares the secret).
+        where = pickle.loads(store.get("where"))
+        print(sorted(where.where.call().get(timeout=60).values()), flush=True)
+        store.set(f"called/{rank}", "1")
         store.get("done")
         store.set(f"left/{rank}", "1")
         return
     procs = mesh.spawn_procs(per_host={"gpus": 1})
-    found = procs.spawn("where", Where).where.call().get(timeout=60)
+    where = procs.spawn("where", Where)
+    found = where.where.call().get(timeout=60)
+    store.set("where", pickle.dumps(where))
     print(json.dumps({"extent": dict(mesh.extent), "where": list(found.values())}), flush=True)
+    store.wait([f"called/{r}" for r in range(1, world)])
     procs.stop().get(timeout=30)
     shutdown_context().get()
     store.set("done", "1")
