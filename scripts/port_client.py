@@ -86,8 +86,10 @@ def main() -> int:
     parser.add_argument("--scratch", type=Path, help="where to copy it (default: a new temp dir)")
     parser.add_argument("--monarch", action="store_true", help="run it unchanged, on Monarch")
     parser.add_argument("--python", default=sys.executable, help="the interpreter for pytest")
-    parser.add_argument("pytest_args", nargs="*", help="arguments for pytest (after --)")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    pytest_args = argv[split + 1 :]
     if not args.library.is_dir():
         parser.error(f"{args.library} is not a directory")
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="regency-port-")) / "library"
@@ -104,7 +106,7 @@ def main() -> int:
         paths.append(args.overlay.resolve())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in paths)}
     print(f"running the tests of {scratch}", file=sys.stderr)
-    command = [args.python, "-m", "pytest", "-p", "pytest_asyncio", *args.pytest_args]
+    command = [args.python, "-m", "pytest", "-p", "pytest_asyncio", *pytest_args]
     return subprocess.run(command, cwd=scratch, env=env, check=False).returncode
 
 
