@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from regency.actor import context
 from regency.spmd import host_mesh_from_store
 
 pytestmark = pytest.mark.timeout(180)
@@ -120,3 +121,11 @@ class _NoStore:
 
     def get(self, key: str) -> bytes:
         raise AssertionError(f"get({key!r}) was called")
+
+
+def test_a_process_already_running_regency_is_refused() -> None:
+    context()  # this process's controller runs, with a secret of its own
+    with pytest.raises(RuntimeError, match="already runs in this process with a secret of its"):
+        host_mesh_from_store(
+            _NoStore(), rank=1, local_rank=1, world_size=2, local_world_size=2, secret=b"s" * 32
+        )
