@@ -16,7 +16,7 @@ import pytest
 from regency.actor import context
 from regency.spmd import host_mesh_from_store
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 SCRIPT = Path(__file__).parent / "scripts" / "store_mesh.py"
 
@@ -63,7 +63,7 @@ def _run_job(world: int, local_world: int, transport: str) -> tuple[list[str], s
         for rank in range(world)
     ]
     try:
-        outs = [rank.communicate(timeout=150)[0] for rank in ranks]
+        outs = [rank.communicate(timeout=260)[0] for rank in ranks]
     finally:
         for rank in ranks:
             rank.kill()

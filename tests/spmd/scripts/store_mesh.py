@@ -29,7 +29,7 @@ class Where(Actor):
 def main() -> None:
     rank, world, local_world, port = (int(a) for a in sys.argv[1:5])
     transport, name = sys.argv[5:7]
-    store = TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=60))
+    store = TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=200))
     mesh = host_mesh_from_store(
         store,
         transport=transport,
@@ -38,22 +38,23 @@ def main() -> None:
         world_size=world,
         local_world_size=local_world,
         name=name,
+        timeout=120,
     )
     if mesh is None:
         # Every rank can call the actors rank 0 spawned (its controller shares the secret).
         where = pickle.loads(store.get("where"))
-        print(sorted(where.where.call().get(timeout=60).values()), flush=True)
+        print(sorted(where.where.call().get(timeout=150).values()), flush=True)
         store.set(f"called/{rank}", "1")
         store.get("done")
         store.set(f"left/{rank}", "1")
         return
     procs = mesh.spawn_procs(per_host={"gpus": 1})
     where = procs.spawn("where", Where)
-    found = where.where.call().get(timeout=60)
+    found = where.where.call().get(timeout=150)
     store.set("where", pickle.dumps(where))
     print(json.dumps({"extent": dict(mesh.extent), "where": list(found.values())}), flush=True)
     store.wait([f"called/{r}" for r in range(1, world)])
-    procs.stop().get(timeout=30)
+    procs.stop().get(timeout=60)
     shutdown_context().get()
     store.set("done", "1")
     store.wait([f"left/{r}" for r in range(1, world)])
