@@ -51,6 +51,8 @@ The actor layer:
 The host layer:
 
 - :func:`proc_log_root` -- where a host keeps its procs' log files (one directory per run).
+- :func:`share_secret` -- the secret this process's controller will run with, shared by the
+  ranks of a job whose every process is a controller (``regency.spmd.host_mesh_from_store``).
 - :class:`Attach` and :func:`serve_worker` / :func:`start_worker` /
   :func:`serve_worker_until_shutdown` -- the worker daemon that ``regency.job`` attaches to.
 """
@@ -77,6 +79,7 @@ from regency._runtime.actors.ports import Channel, Port, PortReceiver
 from regency._runtime.actors.singletons import get_or_spawn_controller
 from regency._runtime.actors.stacks import stacks_of
 from regency._runtime.actors.value_mesh import ValueMesh
+from regency._runtime.host.controller import share_secret
 from regency._runtime.host.output import proc_log_root
 from regency._runtime.host.worker_daemon import Attach
 from regency._runtime.host.worker_daemon import serve as serve_worker
@@ -143,6 +146,7 @@ __all__ = [
     "runtime",
     "serve_worker",
     "serve_worker_until_shutdown",
+    "share_secret",
     "stacks_of",
     "start_worker",
     "this_host_mesh",

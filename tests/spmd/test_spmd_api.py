@@ -15,6 +15,7 @@ from regency.spmd._env import check_master, elastic_env
 EXPORTED = [
     "SPMDActor",
     "ScriptExit",
+    "host_mesh_from_store",
     "TORCH_PRELOAD",
     "setup_torch_elastic_env",
     "setup_torch_elastic_env_async",

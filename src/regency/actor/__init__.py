@@ -52,6 +52,7 @@ from regency.actor._extras import (
 )
 from regency.actor._functions import (
     context,
+    context_or_none,
     current_actor_name,
     current_rank,
     current_size,
@@ -94,6 +95,7 @@ __all__ = [
     "concurrent_endpoint",
     "config",
     "context",
+    "context_or_none",
     "current_actor_name",
     "current_rank",
     "current_size",

@@ -22,6 +22,22 @@ def context() -> Context:
     return current_context()
 
 
+def context_or_none() -> Context | None:
+    """The current context, or ``None`` where no runtime has started; never starts one.
+
+    The running actor's context, or the root client's once this controller's runtime has
+    started: what Monarch's private context variable tells
+    (``monarch._src.actor.actor_mesh._context.get()``). Unlike :func:`context`, it does not
+    start the runtime, so a library can ask whether it already runs inside one.
+    """
+    ctx = _context.current_or_none()
+    if ctx is not None:
+        return ctx
+    if state.existing() is None:
+        return None
+    return Context(_context.client())
+
+
 def current_rank() -> Point:
     """Return the running actor's position within the slice the message was cast to."""
     return current_context().message_rank

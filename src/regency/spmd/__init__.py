@@ -24,11 +24,13 @@ from regency.spmd._actor import SPMDActor
 from regency.spmd._env import TORCH_PRELOAD
 from regency.spmd._script import ScriptExit
 from regency.spmd._setup import setup_torch_elastic_env, setup_torch_elastic_env_async
+from regency.spmd._store_mesh import host_mesh_from_store
 
 __all__ = [
     "TORCH_PRELOAD",
     "SPMDActor",
     "ScriptExit",
+    "host_mesh_from_store",
     "setup_torch_elastic_env",
     "setup_torch_elastic_env_async",
 ]

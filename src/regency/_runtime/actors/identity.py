@@ -135,6 +135,20 @@ class InstanceBase:
         """Record that this instance owns ``mesh``."""
         self.owned.append(mesh)
 
+    @property
+    def children(self) -> list[Stoppable]:
+        """The meshes this instance spawned and has not stopped, oldest first (a new list).
+
+        Its proc meshes and actor meshes: what Monarch keeps as the private ``_children``. A
+        mesh leaves the list once stopped (by its ``stop()``, or by its actors' owner stopping
+        them), so a test clean-up can stop every proc mesh left over::
+
+            for child in context().actor_instance.children:
+                if isinstance(child, ProcMesh):
+                    child.stop().get()
+        """
+        return list(self.owned)
+
     def disown(self, mesh: Stoppable) -> None:
         """Forget an owned mesh once it is stopped."""
         with contextlib.suppress(ValueError):

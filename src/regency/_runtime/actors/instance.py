@@ -32,7 +32,9 @@ class ClientInstance(InstanceBase):
 
     def __init__(self, runtime: ProcRuntime, is_root: bool) -> None:
         super().__init__()
-        self.uid = 1 if is_root else new_uid()
+        # Unique even for the root: the controllers of several processes (the ranks of one
+        # torchrun job) may message the same actor, whose mailbox orders messages per sender.
+        self.uid = new_uid()
         self.name = "root" if is_root else f"client[{runtime.address}]"
         self.class_name = None
         self.rank = context.empty_point()

@@ -25,6 +25,21 @@ from regency._runtime.kernel.service import Service
 _host_agent: HostAgent | None = None
 _proc_agent: ProcAgent | None = None
 
+
+def share_secret(secret: bytes) -> None:
+    """Make ``secret`` the secret of this process's controller, so that the controllers of
+    several processes holding it (the ranks of one torchrun job) reach each other's actors.
+
+    Call it before the runtime starts; once it runs (or another secret was adopted), only that
+    secret is accepted (``RuntimeError`` otherwise).
+    """
+    if not state.adopt_secret(secret):
+        raise RuntimeError(
+            "regency already runs in this process with a secret of its own; share the "
+            "job's secret before anything else of regency starts its runtime"
+        )
+
+
 EXIT_STOP_TIMEOUT = 1.0
 """Seconds each proc gets to stop when the controller's interpreter exits (then it is killed):
 Monarch's exit budget (its atexit shutdown waits 1 s), whatever ``stop_timeout`` says."""
@@ -34,7 +49,8 @@ def bootstrap_controller() -> None:
     """Create the controller's runtime (called once, lazily, under the state lock)."""
     global _host_agent, _proc_agent
     job_id = os.urandom(4).hex()
-    secret = state.adopted_secret() or os.urandom(32)  # a mesh received from a controller
+    # Another controller's, to join it (a mesh received from it, or a torchrun job's).
+    secret = state.adopted_secret() or os.urandom(32)
     runtime = ProcRuntime(f"unix:@regency-{job_id}-controller", secret, job_id)
     context.install_client(ClientInstance(runtime, is_root=True))
     log_records.prefix_records_with_actor()
