@@ -182,6 +182,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "regency.tensor",
             "regency._tensor",
             "regency.mesh_controller",
+            "regency.random",
             "regency.observe",
         ),
     ),
@@ -196,6 +197,7 @@ FACE_ONLY = (
     "regency.spmd",
     "regency.tensor",
     "regency._tensor",
+    "regency.random",
     "regency.observe",
 )
 RUNTIME = "regency._runtime"

@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
     FakeTensorMode,
 )
+from torch.utils._python_dispatch import _disable_current_modes
 
 from regency._tensor.errors import data_dependent
 
@@ -88,7 +89,10 @@ def propagate(
     # Fake mode logs a failing meta function before re-raising; the error itself is ours to raise.
     _fake_log.disabled = True
     try:
-        with fake_mode():
+        # The modes of outer activate() blocks are still on the stack while the innermost one
+        # dispatches: off, or they would run this fake call on their workers for real (a
+        # nested activation issued every factory twice, once per block).
+        with _disable_current_modes(), fake_mode():
             result = fake_call()
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         raise data_dependent(str(op)) from e
