@@ -183,6 +183,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "regency._tensor",
             "regency.mesh_controller",
             "regency.random",
+            "regency.builtins",
             "regency.observe",
         ),
     ),
@@ -197,6 +198,7 @@ FACE_ONLY = (
     "regency.spmd",
     "regency.tensor",
     "regency._tensor",
+    "regency.builtins",
     "regency.random",
     "regency.observe",
 )
