@@ -184,6 +184,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "regency.mesh_controller",
             "regency.random",
             "regency.builtins",
+            "regency.timer",
             "regency.observe",
         ),
     ),
@@ -199,6 +200,7 @@ FACE_ONLY = (
     "regency.tensor",
     "regency._tensor",
     "regency.builtins",
+    "regency.timer",
     "regency.random",
     "regency.observe",
 )
