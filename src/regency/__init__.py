@@ -40,6 +40,7 @@ _TENSOR_NAMES = (
     "reduce",
     "reduce_",
     "remote",
+    "show",
     "slice_mesh",
     "to_mesh",
 )

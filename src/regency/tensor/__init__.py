@@ -32,6 +32,7 @@ from regency._tensor.fetching import fetch_shard, inspect
 from regency._tensor.mesh_tensor import MeshTensor as Tensor
 from regency._tensor.process_group import RemoteProcessGroup
 from regency._tensor.remote import Remote, call_on_shard_and_fetch, remote
+from regency._tensor.show import show
 from regency._tensor.streams import Stream, get_active_stream
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "reduce",
     "reduce_",
     "remote",
+    "show",
     "slice_mesh",
     "to_mesh",
 ]
