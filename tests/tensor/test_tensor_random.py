@@ -111,3 +111,32 @@ def test_make_deterministic_switches_the_workers_only(procs: ProcMesh) -> None:
     with no_mesh.activate():
         assert all(bool(f) for f in r)
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+needs_cuda = pytest.mark.skipif(GPUS < 1, reason=f"needs a CUDA GPU (this machine has {GPUS})")
+
+
+@needs_cuda
+def test_cuda_seeding_and_states_replay_cuda_draws(procs: ProcMesh) -> None:
+    with procs.activate():
+        remote_random.manual_seed_cuda_remote(12345)
+        t1 = torch.rand(5, 5, device="cuda")
+        remote_random.manual_seed_all_cuda_remote(12345)
+        t2 = torch.rand(5, 5, device="cuda")
+        states = remote_random.get_rng_state_all_cuda_remote()
+        t3 = torch.rand(5, 5, device="cuda")
+        remote_random.set_rng_state_all_cuda_remote(states)
+        t4 = torch.rand(5, 5, device="cuda")
+        saved = mesh_random.get_state()
+        t5 = torch.rand(5, 5, device="cuda")
+        mesh_random.set_state(saved)
+        t6 = torch.rand(5, 5, device="cuda")
+        r = fetch_shard((t1, t2, t3, t4, t5, t6, states, saved.cuda), gpus=1).result()
+    assert torch.equal(r[0], r[1])
+    assert torch.equal(r[2], r[3])
+    assert not torch.equal(r[0], r[2])
+    assert torch.equal(r[4], r[5])
+    assert isinstance(r[6], list)
+    assert len(r[6]) == 1
+    assert r[7].shape == (16,)

@@ -62,3 +62,20 @@ def test_the_timer_runs_locally_and_refuses_a_stop_without_start() -> None:
         get_execution_timer_average_ms("missing")
     ExecutionTimer.reset()
     assert ExecutionTimer.summary() == {}
+
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(GPUS < 1, reason=f"needs a CUDA GPU (this machine has {GPUS})")
+def test_cuda_sections_are_timed_with_events(procs: ProcMesh) -> None:
+    with procs.activate():
+        a = torch.rand(2000, 2000, device="cuda")
+        timer_start("cuda_mm")
+        for _ in range(10):
+            a = a @ a / 2000.0
+        timer_stop("cuda_mm")
+        table = summary.call().get()
+    for stats in table.values():
+        assert stats["cuda_mm"]["count"] == 1
+        assert stats["cuda_mm"]["mean_ms"] > 0.0
