@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import _disable_current_modes
 
 from regency._tensor.errors import data_dependent
+from regency._tensor.trees import Node, registered
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,9 @@ def describe(obj: Any) -> Any:
         return type(obj)(describe(x) for x in obj)
     if isinstance(obj, dict):
         return {k: describe(v) for k, v in obj.items()}
+    registration = registered(obj)
+    if registration is not None:  # a user class registered with torch's pytree
+        return Node.of(obj, registration, describe)
     return obj
 
 
