@@ -26,6 +26,7 @@ _public.publish(__name__, globals())
 # Monarch's top-level tensor names; importing them imports torch, so only on first use.
 _TENSOR_NAMES = (
     "DataDependentError",
+    "OpaqueRef",
     "RemoteException",
     "RemoteProcessGroup",
     "Stream",
@@ -40,6 +41,7 @@ _TENSOR_NAMES = (
     "reduce",
     "reduce_",
     "remote",
+    "show",
     "slice_mesh",
     "to_mesh",
 )

@@ -41,8 +41,7 @@ TOP_NAMES = [
     "configured", "get_global_config", "get_runtime_config",
 ]  # fmt: skip
 TOP_NAMES_REGENCY_LACKS = [
-    "OpaqueRef", "Simulator", "function_resolvers", "mast_reserve", "set_meta", "show",
-    "world_mesh",
+    "Simulator", "function_resolvers", "mast_reserve", "set_meta", "world_mesh",
 ]  # fmt: skip
 
 
@@ -60,7 +59,7 @@ def test_top_level_names_are_the_submodules_objects():
 
 
 @pytest.mark.deviation(
-    "regency has no simulator, notebook reservations, opaque refs, torchshow or world_mesh",
+    "regency has no simulator, notebook reservations or world_mesh",
     skip="regency",
 )
 @pytest.mark.parametrize("name", TOP_NAMES_REGENCY_LACKS)

@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from regency._lowlevel import carry
-from regency._tensor import access, sites
+from regency._tensor import access, sites, trees
 from regency._tensor import commands as c
 from regency._tensor.engine import BIG_DELETE, View, new_ref
 from regency._tensor.errors import data_dependent, misuse
@@ -286,7 +286,17 @@ class _Walk:
         if isinstance(obj, dict):
             pairs2 = {k: self.encode(v, k) for k, v in obj.items()}
             return {k: p[0] for k, p in pairs2.items()}, tuple((k, p[1]) for k, p in pairs2.items())
+        registration = trees.registered(obj)
+        if registration is not None:  # a user class registered with torch's pytree
+            keys: list[Any] = []
+            node = trees.Node.of(obj, registration, lambda x: _encoded(self.encode(x, name), keys))
+            return node, (node.kind, node.context, tuple(keys))
         return obj, obj
+
+
+def _encoded(pair: tuple[Any, Any], keys: list[Any]) -> Any:
+    keys.append(pair[1])
+    return pair[0]
 
 
 def fake_args(obj: Any, metas: dict[int, TensorMeta]) -> Any:
@@ -303,6 +313,8 @@ def refs_replaced(obj: Any, value_of: Callable[[int], Any]) -> Any:
         return type(obj)(refs_replaced(x, value_of) for x in obj)
     if isinstance(obj, dict):
         return {k: refs_replaced(v, value_of) for k, v in obj.items()}
+    if isinstance(obj, trees.Node):
+        return obj.rebuilt(lambda x: refs_replaced(x, value_of))
     return obj
 
 
@@ -402,4 +414,6 @@ def _leaf(
         return type(obj)(_leaf(x, None, returns, inputs, view, outs) for x in obj)
     if isinstance(obj, dict):
         return {k: _leaf(v, None, returns, inputs, view, outs) for k, v in obj.items()}
+    if isinstance(obj, trees.Node):
+        return obj.rebuilt(lambda x: _leaf(x, None, returns, inputs, view, outs))
     return obj

@@ -16,8 +16,10 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
     FakeTensorMode,
 )
+from torch.utils._python_dispatch import _disable_current_modes
 
 from regency._tensor.errors import data_dependent
+from regency._tensor.trees import Node, registered
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,10 @@ def propagate(
     # Fake mode logs a failing meta function before re-raising; the error itself is ours to raise.
     _fake_log.disabled = True
     try:
-        with fake_mode():
+        # The modes of outer activate() blocks are still on the stack while the innermost one
+        # dispatches: off, or they would run this fake call on their workers for real (a
+        # nested activation issued every factory twice, once per block).
+        with _disable_current_modes(), fake_mode():
             result = fake_call()
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         raise data_dependent(str(op)) from e
@@ -109,6 +114,9 @@ def describe(obj: Any) -> Any:
         return type(obj)(describe(x) for x in obj)
     if isinstance(obj, dict):
         return {k: describe(v) for k, v in obj.items()}
+    registration = registered(obj)
+    if registration is not None:  # a user class registered with torch's pytree
+        return Node.of(obj, registration, describe)
     return obj
 
 

@@ -13,6 +13,7 @@ import torch
 
 from regency._errors import RegencyError
 from regency._tensor.commands import GroupRef, Ref
+from regency._tensor.trees import Node, registered
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,8 @@ def resolve(obj: Any) -> Any:
         return [resolve(x) for x in obj]
     if isinstance(obj, dict):
         return {k: resolve(v) for k, v in obj.items()}
+    if isinstance(obj, Node):
+        return obj.rebuilt(resolve)
     return obj
 
 
@@ -65,6 +68,9 @@ def tensor_leaves(obj: Any) -> list[torch.Tensor]:
         return [t for x in obj for t in tensor_leaves(x)]
     if isinstance(obj, dict):
         return [t for x in obj.values() for t in tensor_leaves(x)]
+    registration = registered(obj)
+    if registration is not None:
+        return [t for x in registration.flatten_fn(obj)[0] for t in tensor_leaves(x)]
     return []
 
 

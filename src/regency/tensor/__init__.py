@@ -30,13 +30,17 @@ from regency._tensor.engine import coalescing
 from regency._tensor.errors import DataDependentError, RemoteException
 from regency._tensor.fetching import fetch_shard, inspect
 from regency._tensor.mesh_tensor import MeshTensor as Tensor
+from regency._tensor.opaque import OpaqueObject, OpaqueRef, opaque_method
 from regency._tensor.process_group import RemoteProcessGroup
 from regency._tensor.remote import Remote, call_on_shard_and_fetch, remote
+from regency._tensor.show import show
 from regency._tensor.streams import Stream, get_active_stream
 
 __all__ = [
     "Borrow",
     "DataDependentError",
+    "OpaqueObject",
+    "OpaqueRef",
     "Remote",
     "RemoteException",
     "RemoteProcessGroup",
@@ -49,9 +53,11 @@ __all__ = [
     "get_active_stream",
     "inspect",
     "no_mesh",
+    "opaque_method",
     "reduce",
     "reduce_",
     "remote",
+    "show",
     "slice_mesh",
     "to_mesh",
 ]
