@@ -10,10 +10,10 @@ head acknowledges (a leaf at once, a head once its children did), and so do the 
 that are heads; acknowledgements leave at most once per ``ACK_DELAY``.
 
 Every process (the controller and each proc) runs its jobs one at a time, FIFO; a job also needs
-one of its machine's cores. In ``cluster`` mode every host has its own cores (``per_host + 1``,
-the controller its own machine); in ``machine`` mode all processes share ``cores`` (this
-2-core machine). Per-hop costs (:class:`Costs`, seconds) are CPU jobs except the links, which
-are pure delay.
+one of its machine's cores. A frame between hosts costs ``tls`` more CPU at both ends. In
+``cluster`` mode every host has its own cores (``per_host + 1``, the controller its own
+machine); in ``machine`` mode all processes share ``cores`` (this 2-core machine). Per-hop costs
+(:class:`Costs`, seconds) are CPU jobs except the links, which are pure delay.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ class Costs:
     merge: float  # a head or the controller, per child reply it merges
     assemble: float  # the controller, per value of the ValueMesh it builds
     ack: float  # one acknowledgement, at its sender and again at its receiver
+    tls: float  # a frame between hosts, at its sender and again at its receiver (TLS records)
     link_local: float  # delay of one hop between processes of one host (unix socket)
-    link_tls: float  # delay of one hop between hosts (TCP with TLS), encryption included
+    link_tls: float  # delay of one hop between hosts (TCP), besides the CPU of ``tls``
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,9 @@ class Simulation:
             pool = self._pool(node)
             self._procs[node] = _Process(pool)
             if pool not in self._free:
-                cores = self.shape.per_host + 1 if self.shape.mode == "cluster" else self.shape.cores
+                cores = (
+                    self.shape.per_host + 1 if self.shape.mode == "cluster" else self.shape.cores
+                )
                 self._free[pool], self._waiting[pool] = cores, []
         return self._procs[node]
 
@@ -207,9 +210,13 @@ def simulate(shape: Shape, costs: Costs) -> Outcome:
         same = shape.host_of(a) == shape.host_of(b)
         return costs.link_local if same else costs.link_tls
 
+    def tls(a: int, b: int) -> float:
+        return 0.0 if shape.host_of(a) == shape.host_of(b) else costs.tls
+
     def send(node: int, kids: list[int], extra: float) -> None:
         for kid in kids:
-            sim.job(node, costs.send + extra, lambda t, k=kid: sim.at(t + link(node, k), arrive(k)))
+            cost = costs.send + extra + tls(node, kid)
+            sim.job(node, cost, lambda t, k=kid: sim.at(t + link(node, k), arrive(k)))
 
     def arrive(node: int) -> Callable[[], None]:
         def received(_: float) -> None:
@@ -220,21 +227,23 @@ def simulate(shape: Shape, costs: Costs) -> Outcome:
                 sim.at(sim.now + wait, lambda: sim.job(node, costs.ack, lambda _: None))
                 sim.at(sim.now + wait, lambda: sim.job(parent[node], costs.ack, lambda _: None))
 
-        return lambda: sim.job(node, costs.recv, received)
+        up = parent[node]
+        return lambda: sim.job(node, costs.recv + tls(up, node), received)
 
     def reply_part(node: int) -> None:
         pending[node] -= 1
         if pending[node]:
             return
         if node == ROOT:
-            sim.job(ROOT, costs.assemble * shape.procs, lambda t: done.append(t))
+            sim.job(ROOT, costs.assemble * shape.procs, done.append)
             return
         up = parent[node]
+        hop = tls(node, up)
         sim.job(
             node,
-            costs.send,
+            costs.send + hop,
             lambda t: sim.at(
-                t + link(node, up), lambda: sim.job(up, costs.recv + costs.merge, merged(up))
+                t + link(node, up), lambda: sim.job(up, costs.recv + hop + costs.merge, merged(up))
             ),
         )
 

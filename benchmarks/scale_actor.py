@@ -7,9 +7,10 @@ standard library.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
-ENDPOINTS = ("ping", "pid", "incr", "total", "sleep")
+ENDPOINTS = ("ping", "pid", "tid", "incr", "total", "sleep")
 
 
 class ScaleBehavior:
@@ -25,6 +26,10 @@ class ScaleBehavior:
     def pid(self) -> int:
         """Return the worker's process id."""
         return os.getpid()
+
+    def tid(self) -> int:
+        """Return the native id of the thread that runs this actor's handlers."""
+        return threading.get_native_id()
 
     def incr(self) -> None:
         """Count one broadcast."""

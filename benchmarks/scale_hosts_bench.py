@@ -292,6 +292,7 @@ def main() -> None:
     parser.add_argument("--hosts", default=",".join(map(str, HOSTS)), help="host counts")
     parser.add_argument("--per-host", type=int, default=1, help="procs per host")
     parser.add_argument("--idle", type=float, default=5.0, help="seconds of the idle window")
+    parser.add_argument("--fanout", type=int, default=16, help="cast_fanout (16: the default)")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
     why = netns_unavailable()
@@ -299,10 +300,17 @@ def main() -> None:
         sys.exit(f"namespace hosts are unavailable: {why}")
     export_bench_path()
     import regency.actor as api
+    from regency import config
 
+    config.configure(cast_fanout=args.fanout)  # the procs inherit it
     actor = make_scale_actor(api)
     sizes = [int(n) for n in args.hosts.split(",") if n]
-    result: dict[str, Any] = {"per_host": args.per_host, "sizes": {}, "skipped": {}}
+    result: dict[str, Any] = {
+        "per_host": args.per_host,
+        "fanout": args.fanout,
+        "sizes": {},
+        "skipped": {},
+    }
     for n in sizes:
         need, have = n * host_mb(args.per_host) + RESERVE_MB, available_mb()
         if need > have:

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from cast_model import ROOT, Costs, Shape, build_tree, depth, plan, simulate  # noqa: E402
+from cast_model import ROOT, Costs, Shape, build_tree, depth, plan, simulate
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -24,6 +24,7 @@ COSTS = Costs(
     merge=0.0,
     assemble=0.0,
     ack=0.0,
+    tls=0.0,
     link_local=0.0,
     link_tls=100e-3,
 )
@@ -48,7 +49,8 @@ def test_flat_cast_critical_path_is_the_last_send_then_one_hop() -> None:
     out = simulate(Shape(hosts=2, per_host=1), COSTS)
     expected = 1e-6 + 2 * 10e-6 + 100e-3 + 100e-6 + 10e-3
     assert out.delivered == pytest.approx(expected)
-    assert out.depth == 1 and out.controller_frames == 2
+    assert out.depth == 1
+    assert out.controller_frames == 2
     # The gather: host 0's reply (sent one frame earlier) crosses back first; the controller
     # receives it (recv) and host 1's, queued behind it, then (recv).
     first_back = 1e-6 + 10e-6 + 100e-3 + 100e-6 + 10e-3 + 10e-6 + 100e-3
@@ -61,7 +63,8 @@ def test_relayed_cast_pays_forward_at_the_head() -> None:
     out = simulate(Shape(hosts=3, per_host=1, fanout=2), COSTS)
     head_out = 1e-6 + 10e-6 + 100e-3 + 100e-6 + 10e-6 + 1e-3
     assert out.delivered == pytest.approx(head_out + 100e-3 + 100e-6 + 10e-3)
-    assert out.depth == 2 and out.controller_frames == 2
+    assert out.depth == 2
+    assert out.controller_frames == 2
 
 
 def test_shared_cores_serialise_what_a_cluster_runs_in_parallel() -> None:
@@ -84,3 +87,12 @@ def test_shared_cores_serialise_what_a_cluster_runs_in_parallel() -> None:
 def test_bad_shapes_are_refused_by_name(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Shape(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_frame_between_hosts_costs_tls_at_both_ends_and_none_within_a_host() -> None:
+    costs = Costs(**{**COSTS.__dict__, "tls": 1.0})
+    # The controller is a machine of its own: its frame to the host and the reply cross.
+    across = simulate(Shape(hosts=1, per_host=1), costs)
+    plain = simulate(Shape(hosts=1, per_host=1), COSTS)
+    assert across.delivered - plain.delivered == pytest.approx(2.0)  # sent, then received
+    assert across.gathered - plain.gathered == pytest.approx(4.0)  # and the reply's two ends

@@ -1,0 +1,205 @@
+"""Measure the per-hop costs of ``cast_model.Costs`` on this machine, through regency's real stack.
+
+CPU costs come from ``/proc/PID/task/TID/schedstat`` (CPU time each thread ran, so a loaded
+machine stretches the wall time but not these figures); link delays from round trips minus
+the CPU they contain.
+
+1. *Flat casts* to N = 1, 2, 4, 8 procs of ``this_host()`` (fan-out 16: the controller sends
+   every frame): ``K`` streamed broadcasts and ``G`` gathers one at a time. Least squares over
+   N: the controller's CPU per broadcast has slope ``send`` (a frame out, the cheapest frame
+   cost measured; a frame in, ``recv``, is taken to cost the same); its CPU per gather has
+   intercept ``prepare`` and slope ``send + recv + merge``, which gives ``merge`` (a reply's
+   handling, the ValueMesh's share included). A proc's CPU per gather is ``recv + deliver +
+   send``, which gives ``deliver`` (the actor's thread hop, the handler, its reply).
+2. *Relayed casts*: 8 procs with ``cast_fanout`` 2 against 16; the procs' extra CPU per
+   broadcast over the frames they relayed (8 - 2) is ``send + forward``; acknowledgements,
+   batched per 10 ms, are in it. One ``ack`` (a small port message) costs ``send + recv``.
+3. *Links*: ``call_one`` round trips to an actor on a proc of this host (unix socket) and on a
+   network-namespace host (TCP with TLS). The extra CPU (controller + proc) of the TLS round
+   trip over the local one is 4 x ``tls`` (two frames, each at both ends); (round trip - CPU)
+   / 2, never below 0, is a hop's delay, ``link_local`` and ``link_tls``.
+
+Usage (as root for the namespace host): PYTHONPATH=src .venv/bin/python \
+    benchmarks/cast_costs.py --json benchmarks/results/cast-costs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+from benchlib import export_bench_path
+from cast_model import Costs
+from multihost_bench import netns_unavailable
+from scale_bench import fit
+from scale_hosts_bench import CALL_TIMEOUT_S, make_scale_actor, own_cpu_ns, worker_cluster
+
+SIZES = (1, 2, 4, 8)
+BROADCASTS = 1000
+GATHERS = 200
+ROUND_TRIPS = 400
+
+
+def thread_ns(pid: int, tid: int) -> int:
+    """CPU time (ns) one thread has run."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
+        return int(stat.read().split()[0])
+
+
+def process_ns(pid: int) -> int:
+    """CPU time (ns) of every thread of ``pid``."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += thread_ns(pid, int(tid))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+class Meter:
+    """CPU of the controller, of the procs' actor threads and of the procs' other threads."""
+
+    def __init__(self, mesh: Any) -> None:
+        self.pids = [int(p) for p in mesh.pid.call().get(timeout=CALL_TIMEOUT_S).values()]
+        self.tids = [int(t) for t in mesh.tid.call().get(timeout=CALL_TIMEOUT_S).values()]
+
+    def read(self) -> tuple[int, int, int]:
+        """(controller, actor threads, other proc threads) in ns."""
+        actor = sum(thread_ns(p, t) for p, t in zip(self.pids, self.tids, strict=True))
+        procs = sum(process_ns(p) for p in self.pids)
+        return own_cpu_ns(), actor, procs - actor
+
+
+def per_op(before: tuple[int, int, int], after: tuple[int, int, int], ops: int) -> list[float]:
+    """Seconds of CPU per operation for each of the three figures."""
+    return [(b - a) / ops / 1e9 for a, b in zip(before, after, strict=True)]
+
+
+def flat(api: Any, actor: type, n: int) -> dict[str, float]:
+    """Broadcast and gather CPU with ``n`` procs of this host."""
+    procs = api.this_host().spawn_procs(per_host={"gpus": n})
+    try:
+        mesh = procs.spawn("costs", actor)
+        meter = Meter(mesh)
+        for _ in range(20):
+            mesh.ping.call().get(timeout=CALL_TIMEOUT_S)
+        before = meter.read()
+        for _ in range(BROADCASTS):
+            mesh.incr.broadcast()
+        mesh.total.call().get(timeout=CALL_TIMEOUT_S)
+        cast = per_op(before, meter.read(), BROADCASTS)
+        before = meter.read()
+        for _ in range(GATHERS):
+            mesh.ping.call().get(timeout=CALL_TIMEOUT_S)
+        gather = per_op(before, meter.read(), GATHERS)
+        return {
+            "cast_controller": cast[0],
+            "cast_actor_per_proc": cast[1] / n,
+            "cast_io_per_proc": cast[2] / n,
+            "gather_controller": gather[0],
+            "gather_actor_per_proc": gather[1] / n,
+            "gather_io_per_proc": gather[2] / n,
+            "procs_cast_total": cast[1] + cast[2],
+        }
+    finally:
+        procs.stop().get(timeout=CALL_TIMEOUT_S)
+
+
+def relayed_procs_cpu(api: Any, actor: type, n: int, fanout: int) -> float:
+    """The procs' CPU (s) per broadcast to ``n`` procs of this host at ``fanout``."""
+    from regency import config
+
+    with config.configured(cast_fanout=fanout):
+        return flat(api, actor, n)["procs_cast_total"]
+
+
+def hop_delay(procs: Any, actor: type, **where: int) -> dict[str, float]:
+    """Median ``call_one`` round trip to the actor at ``where`` and the delay of one hop."""
+    one = procs.spawn("hop", actor).slice(**where)
+    meter = Meter(one)
+    for _ in range(20):
+        one.ping.call_one().get(timeout=CALL_TIMEOUT_S)
+    times, before = [], meter.read()
+    for _ in range(ROUND_TRIPS):
+        begin = time.perf_counter()
+        one.ping.call_one().get(timeout=CALL_TIMEOUT_S)
+        times.append(time.perf_counter() - begin)
+    cpu = sum(per_op(before, meter.read(), ROUND_TRIPS))
+    rtt = statistics.median(times)
+    return {"rtt": rtt, "cpu": cpu, "link": max(0.0, (rtt - cpu) / 2)}
+
+
+def main() -> None:
+    """Measure, fit, print (and write) the costs and the raw figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="also write the result here")
+    args = parser.parse_args()
+    why = netns_unavailable()
+    if why is not None:
+        sys.exit(f"namespace hosts are unavailable: {why}")
+    export_bench_path()
+    import regency.actor as api
+    from regency.job import attach_to_workers
+
+    actor = make_scale_actor(api)
+    raw: dict[str, Any] = {"flat": {}}
+    for n in SIZES:
+        raw["flat"][str(n)] = flat(api, actor, n)
+        print(f"flat {n}: {raw['flat'][str(n)]}", file=sys.stderr, flush=True)
+    sizes = [float(n) for n in SIZES]
+    rows = [raw["flat"][str(n)] for n in SIZES]
+    cast_fit = fit(sizes, [r["cast_controller"] for r in rows])
+    gather_fit = fit(sizes, [r["gather_controller"] for r in rows])
+    frame = cast_fit["b"]
+    proc_call = statistics.median(
+        r["gather_actor_per_proc"] + r["gather_io_per_proc"] for r in rows
+    )
+    relayed = relayed_procs_cpu(api, actor, 8, 2)
+    direct = relayed_procs_cpu(api, actor, 8, 16)
+    raw["relayed_8_fanout_2"], raw["direct_8_fanout_16"] = relayed, direct
+    local_procs = api.this_host().spawn_procs(per_host={"gpus": 1})
+    raw["hop_local"] = hop_delay(local_procs, actor, gpus=0)
+    local_procs.stop().get(timeout=CALL_TIMEOUT_S)
+    with worker_cluster(1) as (_, addresses, secret):
+        hosts = attach_to_workers(addresses, secret=secret, timeout=CALL_TIMEOUT_S)
+        remote = hosts.spawn_procs(per_host={"gpus": 1})
+        raw["hop_tls"] = hop_delay(remote, actor, hosts=0, gpus=0)
+        remote.stop().get(timeout=CALL_TIMEOUT_S)
+    costs = Costs(
+        prepare=max(0.0, gather_fit["a"]),
+        send=frame,
+        recv=frame,
+        forward=max(0.0, (relayed - direct) / (8 - 2) - frame),
+        deliver=max(0.0, proc_call - 2 * frame),
+        merge=max(0.0, gather_fit["b"] - 2 * frame),
+        assemble=0.0,  # in ``merge``: the controller's per-reply work is measured as one
+        ack=2 * frame,
+        tls=max(0.0, (raw["hop_tls"]["cpu"] - raw["hop_local"]["cpu"]) / 4),
+        link_local=raw["hop_local"]["link"],
+        link_tls=raw["hop_tls"]["link"],
+    )
+    result = {
+        "costs_s": asdict(costs),
+        "fits": {"cast_controller": cast_fit, "gather_controller": gather_fit},
+        "proc_cpu_per_call_s": proc_call,
+        "raw": raw,
+        "load_average": os.getloadavg(),
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    text = json.dumps(result, indent=1)
+    if args.json:
+        with open(args.json, "w") as out:
+            out.write(text + "\n")
+    print(text)
+    api.shutdown_context().get()
+
+
+if __name__ == "__main__":
+    main()
