@@ -6,9 +6,9 @@ the CPU they contain.
 
 1. *Flat casts* to N = 1, 2, 4, 8 procs of ``this_host()`` (fan-out 16: the controller sends
    every frame): ``K`` streamed broadcasts and ``G`` gathers one at a time. Least squares over
-   N: the controller's CPU per broadcast has slope ``send`` (a frame out, the cheapest frame
+   N: the controller's CPU per broadcast has intercept ``prepare`` and slope ``send`` (a frame out, the cheapest frame
    cost measured; a frame in, ``recv``, is taken to cost the same); its CPU per gather has
-   intercept ``prepare`` and slope ``send + recv + merge``, which gives ``merge`` (a reply's
+   slope ``send + recv + merge``, which gives ``merge`` (a reply's
    handling, the ValueMesh's share included). A proc's CPU per gather is ``recv + deliver +
    send``, which gives ``deliver`` (the actor's thread hop, the handler, its reply).
 2. *Relayed casts*: 8 procs with ``cast_fanout`` 2 against 16; the procs' extra CPU per
@@ -173,7 +173,7 @@ def main() -> None:
         raw["hop_tls"] = hop_delay(remote, actor, hosts=0, gpus=0)
         remote.stop().get(timeout=CALL_TIMEOUT_S)
     costs = Costs(
-        prepare=max(0.0, gather_fit["a"]),
+        prepare=max(0.0, cast_fit["a"]),
         send=frame,
         recv=frame,
         forward=max(0.0, (relayed - direct) / (8 - 2) - frame),

@@ -10,7 +10,8 @@ saying so in the JSON, when it does not. Per size:
 - ``attach_s``: start-up of the workers is not timed; ``attach_to_workers`` is, then
   ``spawn_s``: ``spawn_procs`` + ``spawn`` + a first ``ping.call()`` that every actor answered;
 - ``gather_*``: ``mesh.ping.call().get()`` median and p90 (ms), the controller's CPU per gather
-  (µs, all its threads, from ``/proc/self/task/*/schedstat``);
+  (µs, all its threads, from ``/proc/self/task/*/schedstat``) and the time its threads waited
+  for a core (``core_wait``: where that is a large part of the latency, cores are the limit);
 - ``broadcast_*``: ``K`` ``mesh.incr.broadcast()`` then ``mesh.total.call()`` that must count
   ``K`` from every actor: deliveries/s and the controller's CPU per broadcast (µs; the final
   gather's CPU taken off);
@@ -101,6 +102,16 @@ def own_cpu_ns() -> int:
     return cpu_ns([os.getpid()])
 
 
+def own_wait_ns() -> int:
+    """Time (ns) this process's threads waited, runnable, for a core (``schedstat`` field 2)."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            with open(f"/proc/self/task/{tid}/schedstat") as stat:
+                total += int(stat.read().split()[1])
+    return total
+
+
 @contextmanager
 def worker_cluster(n: int) -> Iterator[tuple[Any, list[str], bytes]]:
     """``n`` namespace hosts, a worker listening on each: ``(cluster, addresses, secret)``.
@@ -160,9 +171,11 @@ def measure_main(api: Any, actor: type, hosts: Any, n: int, per_host: int) -> di
         actors = n * per_host
         reps = max(20, min(100, 2000 // actors))
         timed_calls(mesh.ping.call, 5)
-        before = own_cpu_ns()
+        before, waited = own_cpu_ns(), own_wait_ns()
         times = timed_calls(mesh.ping.call, reps)
         figures["gather_controller_cpu_us"] = (own_cpu_ns() - before) / reps / 1e3
+        # Waiting for a core: the share of a gather the machine's load, not regency, costs.
+        figures["gather_controller_core_wait_us"] = (own_wait_ns() - waited) / reps / 1e3
         figures["gather_median_ms"] = statistics.median(times) * 1e3
         figures["gather_p90_ms"] = percentile(times, 90) * 1e3
         count = max(100, min(2000, 20000 // actors))
