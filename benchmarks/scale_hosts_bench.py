@@ -106,9 +106,11 @@ def own_wait_ns() -> int:
     """Time (ns) this process's threads waited, runnable, for a core (``schedstat`` field 2)."""
     total = 0
     for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            with open(f"/proc/self/task/{tid}/schedstat") as stat:
-                total += int(stat.read().split()[1])
+        with (
+            contextlib.suppress(FileNotFoundError, ProcessLookupError),
+            open(f"/proc/self/task/{tid}/schedstat") as stat,
+        ):
+            total += int(stat.read().split()[1])
     return total
 
 
