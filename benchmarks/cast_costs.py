@@ -6,11 +6,11 @@ the CPU they contain.
 
 1. *Flat casts* to N = 1, 2, 4, 8 procs of ``this_host()`` (fan-out 16: the controller sends
    every frame): ``K`` streamed broadcasts and ``G`` gathers one at a time. Least squares over
-   N: the controller's CPU per broadcast has intercept ``prepare`` and slope ``send`` (a frame out, the cheapest frame
-   cost measured; a frame in, ``recv``, is taken to cost the same); its CPU per gather has
-   slope ``send + recv + merge``, which gives ``merge`` (a reply's
-   handling, the ValueMesh's share included). A proc's CPU per gather is ``recv + deliver +
-   send``, which gives ``deliver`` (the actor's thread hop, the handler, its reply).
+   N: the controller's CPU per broadcast has intercept ``prepare`` and slope ``send`` (a frame
+   out, the cheapest frame cost measured; a frame in, ``recv``, is taken to cost the same); its
+   CPU per gather has slope ``send + recv + merge``, which gives ``merge`` (a reply's handling,
+   the ValueMesh's share included). A proc's CPU per gather is ``recv + deliver + send``, which
+   gives ``deliver`` (the actor's thread hop, the handler, its reply).
 2. *Relayed casts*: 8 procs with ``cast_fanout`` 2 against 16; the procs' extra CPU per
    broadcast over the frames they relayed (8 - 2) is ``send + forward``; acknowledgements,
    batched per 10 ms, are in it. One ``ack`` (a small port message) costs ``send + recv``.
