@@ -130,6 +130,7 @@ class Simulation:
         self._procs: dict[int, _Process] = {}
         self._free: dict[int, int] = {}
         self._waiting: dict[int, list[int]] = {}  # pool -> processes ready for a core, FIFO
+        self.cpu: dict[int, float] = {}  # node -> the CPU its jobs took
 
     def _pool(self, node: int) -> int:
         return 0 if self.shape.mode == "machine" else self.shape.host_of(node)
@@ -166,6 +167,7 @@ class Simulation:
             node = self._waiting[pool].pop(0)
             self._free[pool] -= 1
             cost, then = self._procs[node].queue.pop(0)
+            self.cpu[node] = self.cpu.get(node, 0.0) + cost
             self.at(self.now + cost, lambda n=node, t=then: self._finish(n, t))
 
     def _finish(self, node: int, then: Callable[[float], None]) -> None:
@@ -193,6 +195,7 @@ class Outcome:
     gathered: float
     depth: int
     controller_frames: int
+    controller_cpu: float  # the controller's CPU for the call, acknowledgements included
 
 
 def simulate(shape: Shape, costs: Costs) -> Outcome:
@@ -253,7 +256,7 @@ def simulate(shape: Shape, costs: Costs) -> Outcome:
     depth_below = _heights(children)
     sim.job(ROOT, costs.prepare, lambda _: send(ROOT, children[ROOT], 0.0))
     sim.run()
-    return Outcome(max(delivered), done[0], depth(children), len(children[ROOT]))
+    return Outcome(max(delivered), done[0], depth(children), len(children[ROOT]), sim.cpu[ROOT])
 
 
 def _heights(children: dict[int, list[int]]) -> dict[int, int]:

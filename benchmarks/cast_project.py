@@ -3,7 +3,10 @@
 Reads the measured per-hop costs (``cast_costs.py``'s JSON) and one or more sweeps of
 ``scale_hosts_bench.py``. For each size of each sweep it runs the model on this machine's
 shape (``machine`` mode: every process shares its 2 cores; the sweep's fan-out and procs per
-host) and sets the predicted call + gather latency next to the measured median. Then, on a
+host) and sets the predicted call + gather latency next to the measured median, and the
+predicted CPU the controller spends per gather next to the measured (which the machine's load
+does not stretch), with the time the controller waited for a core (where that is a large
+part of the latency, cores are the limit and the latency cannot validate the model). Then, on a
 cluster whose hosts each have their own cores, it projects a cast (to the last delivery) and a
 call + gather to 1,024 hosts x 8 procs, at the default fan-out and at others, and says which
 cost dominates: each cost in turn set to zero, how much of the projected latency goes.
@@ -32,8 +35,9 @@ def validate(costs: Costs, sweep: dict[str, Any], cores: int) -> list[dict[str, 
     rows = []
     for hosts, figures in sweep["sizes"].items():
         shape = Shape(int(hosts), sweep["per_host"], sweep.get("fanout", 16), "machine", cores)
-        predicted = simulate(shape, costs).gathered * 1e3
-        measured = figures["gather_median_ms"]
+        out = simulate(shape, costs)
+        predicted, measured = out.gathered * 1e3, figures["gather_median_ms"]
+        cpu, cpu_measured = out.controller_cpu * 1e6, figures["gather_controller_cpu_us"]
         rows.append(
             {
                 "hosts": int(hosts),
@@ -42,6 +46,11 @@ def validate(costs: Costs, sweep: dict[str, Any], cores: int) -> list[dict[str, 
                 "predicted_ms": predicted,
                 "measured_ms": measured,
                 "error_pct": (predicted - measured) / measured * 100,
+                "core_wait_us": figures.get("gather_controller_core_wait_us", float("nan")),
+                "load_average": figures["load_average_after"],
+                "controller_cpu_predicted_us": cpu,
+                "controller_cpu_measured_us": cpu_measured,
+                "controller_cpu_error_pct": (cpu - cpu_measured) / cpu_measured * 100,
             }
         )
     return rows

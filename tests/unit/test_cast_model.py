@@ -55,6 +55,8 @@ def test_flat_cast_critical_path_is_the_last_send_then_one_hop() -> None:
     # receives it (recv) and host 1's, queued behind it, then (recv).
     first_back = 1e-6 + 10e-6 + 100e-3 + 100e-6 + 10e-3 + 10e-6 + 100e-3
     assert out.gathered == pytest.approx(first_back + 2 * 100e-6)
+    # The controller's CPU: prepare, two frames out, two replies in.
+    assert out.controller_cpu == pytest.approx(1e-6 + 2 * 10e-6 + 2 * 100e-6)
 
 
 def test_relayed_cast_pays_forward_at_the_head() -> None:
