@@ -14,10 +14,13 @@ the CPU they contain.
 2. *Relayed casts*: 8 procs with ``cast_fanout`` 2 against 16; the procs' extra CPU per
    broadcast over the frames they relayed (8 - 2) is ``send + forward``; acknowledgements,
    batched per 10 ms, are in it. One ``ack`` (a small port message) costs ``send + recv``.
-3. *Links*: ``call_one`` round trips to an actor on a proc of this host (unix socket) and on a
-   network-namespace host (TCP with TLS). The extra CPU (controller + proc) of the TLS round
-   trip over the local one is 4 x ``tls`` (two frames, each at both ends); (round trip - CPU)
-   / 2, never below 0, is a hop's delay, ``link_local`` and ``link_tls``.
+3. *TLS*: the flat gathers again over 1 and 4 network-namespace hosts (one proc each, TCP with
+   TLS). A gather sends each host a frame and gets one back, four TLS ends: the controller's
+   extra CPU per host (its slope over 1 -> 4 hosts less the slope over 1 -> 4 local procs) plus
+   a proc's extra CPU per gather, over 4, is ``tls``.
+4. *Links*: ``call_one`` round trips to an actor on a proc of this host (unix socket) and on a
+   namespace host: (round trip - the CPU of the controller and the proc) / 2, never below 0, is
+   a hop's delay, ``link_local`` and ``link_tls``.
 
 Usage (as root for the namespace host): PYTHONPATH=src .venv/bin/python \
     benchmarks/cast_costs.py --json benchmarks/results/cast-costs.json
@@ -41,6 +44,7 @@ from scale_bench import fit
 from scale_hosts_bench import CALL_TIMEOUT_S, make_scale_actor, own_cpu_ns, worker_cluster
 
 SIZES = (1, 2, 4, 8)
+TLS_SIZES = (1, 4)  # namespace hosts of the flat gathers over TLS (a subset of SIZES)
 BROADCASTS = 1000
 GATHERS = 200
 ROUND_TRIPS = 400
@@ -82,9 +86,12 @@ def per_op(before: tuple[int, int, int], after: tuple[int, int, int], ops: int) 
     return [(b - a) / ops / 1e9 for a, b in zip(before, after, strict=True)]
 
 
-def flat(api: Any, actor: type, n: int) -> dict[str, float]:
-    """Broadcast and gather CPU with ``n`` procs of this host."""
-    procs = api.this_host().spawn_procs(per_host={"gpus": n})
+def flat(api: Any, actor: type, n: int, hosts: Any = None) -> dict[str, float]:
+    """Broadcast and gather CPU with ``n`` procs: of this host, or one on each of ``hosts``."""
+    if hosts is None:
+        procs = api.this_host().spawn_procs(per_host={"gpus": n})
+    else:
+        procs = hosts.slice(hosts=slice(0, n)).spawn_procs(per_host={"gpus": 1})
     try:
         mesh = procs.spawn("costs", actor)
         meter = Meter(mesh)
@@ -167,11 +174,30 @@ def main() -> None:
     local_procs = api.this_host().spawn_procs(per_host={"gpus": 1})
     raw["hop_local"] = hop_delay(local_procs, actor, gpus=0)
     local_procs.stop().get(timeout=CALL_TIMEOUT_S)
-    with worker_cluster(1) as (_, addresses, secret):
+    raw["flat_tls"] = {}
+    with worker_cluster(max(TLS_SIZES)) as (_, addresses, secret):
         hosts = attach_to_workers(addresses, secret=secret, timeout=CALL_TIMEOUT_S)
-        remote = hosts.spawn_procs(per_host={"gpus": 1})
+        remote = hosts.slice(hosts=slice(0, 1)).spawn_procs(per_host={"gpus": 1})
         raw["hop_tls"] = hop_delay(remote, actor, hosts=0, gpus=0)
         remote.stop().get(timeout=CALL_TIMEOUT_S)
+        for n in TLS_SIZES:
+            raw["flat_tls"][str(n)] = flat(api, actor, n, hosts)
+    # A gather sends each host one frame and gets one back: four TLS ends per host, at the
+    # controller (its CPU's slope over hosts) and at the proc (its CPU per gather), over the
+    # same with unix sockets.
+    local = {n: raw["flat"][str(n)] for n in TLS_SIZES}
+    remote_rows = {n: raw["flat_tls"][str(n)] for n in TLS_SIZES}
+    low, high = min(TLS_SIZES), max(TLS_SIZES)
+
+    def slope(rows: dict[int, dict[str, float]]) -> float:
+        return (rows[high]["gather_controller"] - rows[low]["gather_controller"]) / (high - low)
+
+    def proc_cpu(rows: dict[int, dict[str, float]]) -> float:
+        return statistics.fmean(
+            r["gather_actor_per_proc"] + r["gather_io_per_proc"] for r in rows.values()
+        )
+
+    tls_ends = slope(remote_rows) - slope(local) + proc_cpu(remote_rows) - proc_cpu(local)
     costs = Costs(
         prepare=max(0.0, cast_fit["a"]),
         send=frame,
@@ -181,7 +207,7 @@ def main() -> None:
         merge=max(0.0, gather_fit["b"] - 2 * frame),
         assemble=0.0,  # in ``merge``: the controller's per-reply work is measured as one
         ack=2 * frame,
-        tls=max(0.0, (raw["hop_tls"]["cpu"] - raw["hop_local"]["cpu"]) / 4),
+        tls=max(0.0, tls_ends / 4),
         link_local=raw["hop_local"]["link"],
         link_tls=raw["hop_tls"]["link"],
     )
