@@ -38,6 +38,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import statistics
 import subprocess
 import sys
@@ -138,9 +139,12 @@ def worker_cluster(n: int) -> Iterator[tuple[Any, list[str], bytes]]:
             )
             for host in cluster.hosts
         ]
-        addresses = []
+        addresses, deadline = [], time.monotonic() + WORKER_START_S
         for host, proc in zip(cluster.hosts, workers, strict=True):
             assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], deadline - time.monotonic())
+            if not ready:
+                raise TimeoutError(f"worker on {host.netns} did not listen in {WORKER_START_S} s")
             line = proc.stdout.readline()  # printed once bound; "" when the worker exited
             found = LISTENING.search(line)
             if found is None:
