@@ -3,7 +3,8 @@
 Reads the measured per-hop costs (``cast_costs.py``'s JSON) and one or more sweeps of
 ``scale_hosts_bench.py``. For each size of each sweep it runs the model on this machine's
 shape (``machine`` mode: every process shares its 2 cores; the sweep's fan-out and procs per
-host) and sets the predicted call + gather latency next to the measured median, and the
+host) and sets the predicted call + gather latency next to the measured median and tenth
+percentile (the gathers that found the cores free, where the sweep recorded it), and the
 predicted CPU the controller spends per gather next to the measured (which the machine's load
 does not stretch), with the time the controller waited for a core (where that is a large
 part of the latency, cores are the limit and the latency cannot validate the model). Then, on a
@@ -46,6 +47,8 @@ def validate(costs: Costs, sweep: dict[str, Any], cores: int) -> list[dict[str, 
                 "predicted_ms": predicted,
                 "measured_ms": measured,
                 "error_pct": (predicted - measured) / measured * 100,
+                "measured_p10_ms": figures.get("gather_p10_ms", float("nan")),
+                "error_p10_pct": (predicted / figures.get("gather_p10_ms", float("nan")) - 1) * 100,
                 "core_wait_us": figures.get("gather_controller_core_wait_us", float("nan")),
                 "load_average": figures["load_average_after"],
                 "controller_cpu_predicted_us": cpu,
