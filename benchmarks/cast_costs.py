@@ -11,9 +11,14 @@ the CPU they contain.
    CPU per gather has slope ``send + recv + merge``, which gives ``merge`` (a reply's handling,
    the ValueMesh's share included). A proc's CPU per gather is ``recv + deliver + send``, which
    gives ``deliver`` (the actor's thread hop, the handler, its reply).
-2. *Relayed casts*: 8 procs with ``cast_fanout`` 2 against 16; the procs' extra CPU per
-   broadcast over the frames they relayed (8 - 2) is ``send + forward``; acknowledgements,
-   batched per 10 ms, are in it. One ``ack`` (a small port message) costs ``send + recv``.
+2. *Narrow trees*: 2, 4, 8 and 16 procs of this host at ``cast_fanout`` 2: the controller sends
+   2 frames and receives 2 replies whatever N, so the slope over N of its CPU per broadcast is
+   ``route`` (per destination a frame carries) and that per gather, less ``route``, is
+   ``assemble`` (per value a reply carries, the ValueMesh's included); the flat slopes above
+   then give ``send = recv`` (a frame of one destination, less ``route``) and ``merge`` (less
+   ``assemble``). At 8 procs, the procs' extra CPU per broadcast against fan-out 16 over the
+   frames they relayed (8 - 2) is ``send + forward`` (acknowledgements, batched per 10 ms, in
+   it). One ``ack`` (a small port message) costs ``send + recv``.
 3. *TLS*: the flat gathers again over 1 and 4 network-namespace hosts (one proc each, TCP with
    TLS). A gather sends each host a frame and gets one back, four TLS ends: the controller's
    extra CPU per host (its slope over 1 -> 4 hosts less the slope over 1 -> 4 local procs) plus
@@ -44,6 +49,7 @@ from scale_bench import fit
 from scale_hosts_bench import CALL_TIMEOUT_S, make_scale_actor, own_cpu_ns, worker_cluster
 
 SIZES = (1, 2, 4, 8)
+ROUTE_SIZES = (2, 4, 8, 16)  # local procs at fan-out 2 (8 is also the relayed case)
 TLS_SIZES = (1, 4)  # namespace hosts of the flat gathers over TLS (a subset of SIZES)
 BROADCASTS = 1000
 GATHERS = 200
@@ -119,12 +125,12 @@ def flat(api: Any, actor: type, n: int, hosts: Any = None) -> dict[str, float]:
         procs.stop().get(timeout=CALL_TIMEOUT_S)
 
 
-def relayed_procs_cpu(api: Any, actor: type, n: int, fanout: int) -> float:
-    """The procs' CPU (s) per broadcast to ``n`` procs of this host at ``fanout``."""
+def tree(api: Any, actor: type, n: int, fanout: int) -> dict[str, float]:
+    """:func:`flat`'s figures for ``n`` procs of this host at ``fanout``."""
     from regency import config
 
     with config.configured(cast_fanout=fanout):
-        return flat(api, actor, n)["procs_cast_total"]
+        return flat(api, actor, n)
 
 
 def hop_delay(procs: Any, actor: type, **where: int) -> dict[str, float]:
@@ -168,9 +174,17 @@ def main() -> None:
     proc_call = statistics.median(
         r["gather_actor_per_proc"] + r["gather_io_per_proc"] for r in rows
     )
-    relayed = relayed_procs_cpu(api, actor, 8, 2)
-    direct = relayed_procs_cpu(api, actor, 8, 16)
-    raw["relayed_8_fanout_2"], raw["direct_8_fanout_16"] = relayed, direct
+    # At fan-out 2 the controller sends 2 frames and gets 2 replies whatever N: what grows with
+    # N is per destination a frame carries (route) and per value a reply carries (assemble).
+    raw["fanout_2"] = {str(n): tree(api, actor, n, 2) for n in ROUTE_SIZES}
+    narrow = [raw["fanout_2"][str(n)] for n in ROUTE_SIZES]
+    route_sizes = [float(n) for n in ROUTE_SIZES]
+    route_fit = fit(route_sizes, [r["cast_controller"] for r in narrow])
+    values_fit = fit(route_sizes, [r["gather_controller"] for r in narrow])
+    route = max(0.0, route_fit["b"])
+    assemble = max(0.0, values_fit["b"] - route)
+    relayed = raw["fanout_2"]["8"]["procs_cast_total"]
+    direct = raw["flat"]["8"]["procs_cast_total"]
     local_procs = api.this_host().spawn_procs(per_host={"gpus": 1})
     raw["hop_local"] = hop_delay(local_procs, actor, gpus=0)
     local_procs.stop().get(timeout=CALL_TIMEOUT_S)
@@ -200,12 +214,13 @@ def main() -> None:
     tls_ends = slope(remote_rows) - slope(local) + proc_cpu(remote_rows) - proc_cpu(local)
     costs = Costs(
         prepare=max(0.0, cast_fit["a"]),
-        send=frame,
-        recv=frame,
+        send=max(0.0, frame - route),
+        recv=max(0.0, frame - route),
         forward=max(0.0, (relayed - direct) / (8 - 2) - frame),
         deliver=max(0.0, proc_call - 2 * frame),
-        merge=max(0.0, gather_fit["b"] - 2 * frame),
-        assemble=0.0,  # in ``merge``: the controller's per-reply work is measured as one
+        merge=max(0.0, gather_fit["b"] - 2 * frame + route - assemble),
+        assemble=assemble,
+        route=route,
         ack=2 * frame,
         tls=max(0.0, tls_ends / 4),
         link_local=raw["hop_local"]["link"],
@@ -213,7 +228,12 @@ def main() -> None:
     )
     result = {
         "costs_s": asdict(costs),
-        "fits": {"cast_controller": cast_fit, "gather_controller": gather_fit},
+        "fits": {
+            "cast_controller": cast_fit,
+            "gather_controller": gather_fit,
+            "cast_controller_fanout_2": route_fit,
+            "gather_controller_fanout_2": values_fit,
+        },
         "proc_cpu_per_call_s": proc_call,
         "raw": raw,
         "load_average": os.getloadavg(),

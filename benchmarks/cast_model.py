@@ -37,7 +37,8 @@ class Costs:
     forward: float  # a head, per frame it passes on, besides its ``send`` (plan, keep for ack)
     deliver: float  # a destination's actor runs the message (and, for a call, makes its reply)
     merge: float  # a head or the controller, per child reply it merges
-    assemble: float  # the controller, per value of the ValueMesh it builds
+    assemble: float  # per value a merged reply carries, at its receiver (and the ValueMesh's)
+    route: float  # per destination a cast frame carries, or value a reply carries, at its sender
     ack: float  # one acknowledgement, at its sender and again at its receiver
     tls: float  # a frame between hosts, at its sender and again at its receiver (TLS records)
     link_local: float  # delay of one hop between processes of one host (unix socket)
@@ -218,7 +219,7 @@ def simulate(shape: Shape, costs: Costs) -> Outcome:
 
     def send(node: int, kids: list[int], extra: float) -> None:
         for kid in kids:
-            cost = costs.send + extra + tls(node, kid)
+            cost = costs.send + extra + tls(node, kid) + costs.route * size[kid]
             sim.job(node, cost, lambda t, k=kid: sim.at(t + link(node, k), arrive(k)))
 
     def arrive(node: int) -> Callable[[], None]:
@@ -238,25 +239,39 @@ def simulate(shape: Shape, costs: Costs) -> Outcome:
         if pending[node]:
             return
         if node == ROOT:
-            sim.job(ROOT, costs.assemble * shape.procs, done.append)
+            done.append(sim.now)
             return
-        up = parent[node]
+        up, values = parent[node], size[node]
         hop = tls(node, up)
+        took = costs.recv + hop + costs.merge + costs.assemble * values
         sim.job(
             node,
-            costs.send + hop,
-            lambda t: sim.at(
-                t + link(node, up), lambda: sim.job(up, costs.recv + hop + costs.merge, merged(up))
-            ),
+            costs.send + hop + costs.route * values,
+            lambda t: sim.at(t + link(node, up), lambda: sim.job(up, took, merged(up))),
         )
 
     def merged(node: int) -> Callable[[float], None]:
         return lambda _: reply_part(node)
 
     depth_below = _heights(children)
+    size = _sizes(children)
     sim.job(ROOT, costs.prepare, lambda _: send(ROOT, children[ROOT], 0.0))
     sim.run()
     return Outcome(max(delivered), done[0], depth(children), len(children[ROOT]), sim.cpu[ROOT])
+
+
+def _sizes(children: dict[int, list[int]]) -> dict[int, int]:
+    """Destinations in each node's subtree, itself included (the controller: all of them)."""
+    sizes: dict[int, int] = {}
+
+    def size(node: int) -> int:
+        if node not in sizes:
+            sizes[node] = (node != ROOT) + sum(map(size, children[node]))
+        return sizes[node]
+
+    for node in children:
+        size(node)
+    return sizes
 
 
 def _heights(children: dict[int, list[int]]) -> dict[int, int]:

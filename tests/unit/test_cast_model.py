@@ -25,6 +25,7 @@ COSTS = Costs(
     assemble=0.0,
     ack=0.0,
     tls=0.0,
+    route=0.0,
     link_local=0.0,
     link_tls=100e-3,
 )
@@ -98,3 +99,12 @@ def test_a_frame_between_hosts_costs_tls_at_both_ends_and_none_within_a_host() -
     plain = simulate(Shape(hosts=1, per_host=1), COSTS)
     assert across.delivered - plain.delivered == pytest.approx(2.0)  # sent, then received
     assert across.gathered - plain.gathered == pytest.approx(4.0)  # and the reply's two ends
+
+
+def test_frames_pay_per_destination_they_carry_and_replies_per_value() -> None:
+    # Fan-out 2 over 5 procs: the controller's frames carry 3 and 2 destinations; the replies
+    # coming back carry 3 and 2 values. route and assemble are charged per destination/value.
+    costs = Costs(**{**COSTS.__dict__, "route": 1.0, "assemble": 10.0})
+    plain = simulate(Shape(hosts=5, per_host=1, fanout=2), COSTS)
+    out = simulate(Shape(hosts=5, per_host=1, fanout=2), costs)
+    assert out.controller_cpu - plain.controller_cpu == pytest.approx(5 * 1.0 + 5 * 10.0)
