@@ -12,8 +12,11 @@ cluster whose hosts each have their own cores, it projects a cast (to the last d
 call + gather to 1,024 hosts x 8 procs, at the default fan-out and at others, and says which
 cost dominates: each cost in turn set to zero, how much of the projected latency goes.
 
-Usage: .venv/bin/python benchmarks/cast_project.py results/cast-costs.json \
-    results/scale-hosts.json [more sweeps ...] [--json results/cast-projection.json]
+Usage: .venv/bin/python benchmarks/cast_project.py --costs results/cast-costs.json \
+    [--costs another run's ...] results/scale-hosts.json [more sweeps ...] \
+    [--json results/cast-projection.json]
+
+With several ``--costs`` files each cost is the median over them.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -86,19 +90,25 @@ def dominance(costs: Costs) -> dict[str, dict[str, float]]:
 def main() -> None:
     """Read, validate, project; print (and write) the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("costs")
     parser.add_argument("sweeps", nargs="+")
+    parser.add_argument(
+        "--costs", action="append", required=True, help="cast_costs.py's JSON (repeat: medians)"
+    )
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
-    with open(args.costs) as source:
-        costs = Costs(**json.load(source)["costs_s"])
+    runs = []
+    for path in args.costs:
+        with open(path) as source:
+            runs.append(json.load(source)["costs_s"])
+    costs = Costs(**{name: statistics.median(run[name] for run in runs) for name in runs[0]})
     rows = []
     for path in args.sweeps:
         with open(path) as source:
             rows += validate(costs, json.load(source), args.cores)
     result = {
         "costs_s": asdict(costs),
+        "costs_from": args.costs,
         "validation": rows,
         "projection": [project(costs, f) for f in FANOUTS],
         "dominance_at_fanout_16": dominance(costs),
