@@ -43,7 +43,7 @@ def failures(monkeypatch: pytest.MonkeyPatch) -> Failures:
 
 @pytest.fixture
 def netns_cluster() -> Iterator[NetnsCluster]:
-    """Three network namespaces ``rgy-h0..2`` on bridge ``rgy-br0`` (10.200.0.0/24)."""
+    """Three network namespaces ``rgy-h0..2`` on bridge ``rgy-br0`` (10.200.0.0/16)."""
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(f"network namespaces unavailable: {reason}")

@@ -3,8 +3,10 @@
 ``NetnsCluster(n)`` builds ``n`` network namespaces ``rgy-h0`` .. ``rgy-h{n-1}``, each with a
 veth pair whose root-side end (``rgy-v{i}``) is a port of the Linux bridge ``rgy-br0``. The
 bridge holds ``10.200.0.1/24`` in the root namespace (where the test process, the controller,
-lives); host ``i`` holds ``10.200.0.{10+i}/24`` on its ``eth0`` and has ``lo`` up, so
-processes in a namespace can bind ``127.0.0.1`` as well as their host address.
+lives); host ``i`` holds ``10.200.0.{10+i}/16`` on its ``eth0`` (from host 246 on the count
+carries into the third byte: ``10.200.1.0``, ...; see :func:`host_ip`) and has ``lo`` up, so
+processes in a namespace can bind ``127.0.0.1`` as well as their host address. Up to
+:data:`MAX_HOSTS` hosts (a Linux bridge takes 1,024 ports); the scale benchmark uses 256.
 
 ``NetnsCluster(n, isolated=True)`` leaves the bridge without an address in the root namespace
 and routes ``10.200.0.0/24`` there as ``unreachable`` (without that, a default route could lead
@@ -22,7 +24,7 @@ Only one ``NetnsCluster`` exists per machine at a time (an exclusive ``flock`` o
 cluster first removes whatever an earlier, crashed run left behind (namespaces named
 ``rgy-h*`` and the processes in them, the bridge, stray veths), and on exit tears everything
 down again, also when the test failed. It touches nothing else: only names starting with
-``rgy-`` and addresses in ``10.200.0.0/24`` that it creates.
+``rgy-`` and addresses in ``10.200.0.0/16`` that it creates.
 
 Needs root and ``ip`` (iproute2) with namespace support; ``unavailable_reason()`` says why not.
 """
@@ -43,10 +45,17 @@ from typing import IO, Any
 PREFIX = "rgy-"
 BRIDGE = f"{PREFIX}br0"
 BRIDGE_IP = "10.200.0.1"
-SUBNET_BITS = 24
+SUBNET_BITS = 16
 LOCK_PATH = "/run/regency-netns.lock"
-MAX_HOSTS = 16
+MAX_HOSTS = 1000
+FIRST_HOST = 10  # host 0's last address byte
 ISOLATED_ROUTE = f"10.200.0.0/{SUBNET_BITS}"
+
+
+def host_ip(index: int) -> str:
+    """Host ``index``'s address: ``10.200.0.10`` for host 0, counting on into ``10.200.1.0``."""
+    number = FIRST_HOST + index
+    return f"10.200.{number // 256}.{number % 256}"
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -123,7 +132,7 @@ class NetnsCluster:
             _ip("addr", "add", f"{BRIDGE_IP}/{SUBNET_BITS}", "dev", BRIDGE)
         _ip("link", "set", BRIDGE, "up")
         for i in range(self.n):
-            host = Host(i, f"{PREFIX}h{i}", f"10.200.0.{10 + i}", f"{PREFIX}v{i}")
+            host = Host(i, f"{PREFIX}h{i}", host_ip(i), f"{PREFIX}v{i}")
             self.hosts.append(host)
             _ip("netns", "add", host.netns)
             _ip(*f"link add {host.link} type veth peer name eth0 netns {host.netns}".split())

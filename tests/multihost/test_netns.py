@@ -11,7 +11,16 @@ import sys
 import textwrap
 
 import pytest
-from netns import BRIDGE, BRIDGE_IP, LOCK_PATH, PREFIX, NetnsCluster, unavailable_reason
+from netns import (
+    BRIDGE,
+    BRIDGE_IP,
+    LOCK_PATH,
+    PREFIX,
+    SUBNET_BITS,
+    NetnsCluster,
+    host_ip,
+    unavailable_reason,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,10 +83,10 @@ def test_each_host_has_its_own_address_and_loopback(netns_cluster: NetnsCluster)
         text=True,
         check=False,
     ).stdout
-    assert f"{BRIDGE_IP}/24" in bridge
+    assert f"{BRIDGE_IP}/{SUBNET_BITS}" in bridge
     for host in netns_cluster.hosts:
         addrs = netns_cluster.run(host, ["ip", "-4", "-o", "addr"]).stdout
-        assert f"{host.ip}/24" in addrs
+        assert f"{host.ip}/{SUBNET_BITS}" in addrs
         assert "127.0.0.1/8" in addrs
         others = [h.ip for h in netns_cluster.hosts if h is not host]
         assert not any(f"{ip}/" in addrs for ip in others)
@@ -223,3 +232,15 @@ def test_leftovers_of_a_crashed_run_are_removed_at_start() -> None:
         orphan.stdout.close()
         assert len(cluster.hosts) == 2
     assert _ours() == ([], [])
+
+
+@pytest.mark.timeout(5)
+def test_host_addresses_carry_into_the_third_byte_past_host_245() -> None:
+    """256 hosts (the scale benchmark's cluster) need addresses beyond one /24."""
+    assert [host_ip(i) for i in (0, 245, 246, 255)] == [
+        "10.200.0.10",
+        "10.200.0.255",
+        "10.200.1.0",
+        "10.200.1.9",
+    ]
+    assert len({host_ip(i) for i in range(1000)}) == 1000
