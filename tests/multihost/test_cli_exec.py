@@ -171,7 +171,9 @@ def test_kill_leaves_no_process_and_no_cache(tmp_path: Path) -> None:
     job = _start_job(tmp_path)
     try:
         members = job_processes(job)
-        assert len(members) >= 4, "two workers, each with its zygote"
+        # Two workers; a cached job's workers stop their zygotes when the controller that
+        # started them exits, and wait bare for the next one.
+        assert len(members) >= 2, "two workers"
         done = _regency(tmp_path, "kill")
         assert done.returncode == 0, done.stderr
         left = [pid for pid, started in members if _alive(pid, started)]
