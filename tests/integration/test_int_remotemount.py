@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from regency.actor import Actor, endpoint, this_host
+from regency.actor import Actor, context, endpoint, this_host
 from regency.gather_mount import gather_mount
 from regency.remotemount import remotemount
 from regency.remotemount._fuse import fuse_problem, is_mounted
@@ -124,9 +124,11 @@ def test_a_file_changed_without_refresh_reads_eio(source: Path, tmp_path: Path) 
 
 
 def test_open_on_a_missing_source_names_it(tmp_path: Path) -> None:
+    before = len(context().actor_instance.children)
     handler = remotemount(this_host(), str(tmp_path / "nope"), str(tmp_path / "mnt"))
     with pytest.raises(Exception, match="is not a directory"):
         handler.open()
+    assert len(context().actor_instance.children) == before  # nothing left running
 
 
 def test_gather_mount_reads_the_host_directory_live(tmp_path: Path) -> None:
@@ -147,3 +149,19 @@ def test_gather_mount_reads_the_host_directory_live(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError, match="already mounted"):
             gather_mount(this_host(), str(out), str(local))
     assert not is_mounted(str(local))
+
+
+def test_close_stops_every_proc_the_mount_started(source: Path, tmp_path: Path) -> None:
+    before = len(context().actor_instance.children)
+    handler = remotemount(this_host(), str(source), str(tmp_path / "mnt"))
+    handler.open()
+    handler.close()
+    assert len(context().actor_instance.children) == before
+    with pytest.raises(RuntimeError, match="is closed"):
+        handler.refresh()
+    handler.open()  # a closed handle opens again
+    try:
+        assert (tmp_path / "mnt" / "clientonly_pkg").is_dir()
+    finally:
+        handler.close()
+    assert len(context().actor_instance.children) == before

@@ -51,33 +51,64 @@ class MountHandler:
     def __init__(self, host_mesh: Any, sourcepath: str, mntpoint: str | None = None) -> None:
         self.sourcepath = sourcepath
         self.mntpoint = mntpoint
+        self._host_mesh = host_mesh
+        self._procs: Any = None
+        self._client: Any = None
+        self._start_client()
+
+    def _start_client(self) -> None:
         self._procs = this_host().spawn_procs(name="remotemount_client")
         self._client = self._procs.spawn(
-            "MountHandlerClient", MountHandlerClient, host_mesh, sourcepath, mntpoint
+            "MountHandlerClient",
+            MountHandlerClient,
+            self._host_mesh,
+            self.sourcepath,
+            self.mntpoint,
         )
+
+    def _live_client(self) -> Any:
+        if self._client is None:
+            raise RuntimeError(f"the mount of {self.sourcepath} at {self.mntpoint} is closed")
+        return self._client
 
     def open(self, via_gateway: bool = False) -> None:
         """Mount the directory on every host (the tree at once, small files' blocks sent ahead).
 
         ``via_gateway`` is accepted as in Monarch and changes nothing: blocks travel as actor
-        messages, which reach the hosts however the job's channels do.
+        messages, which reach the hosts however the job's channels do. A closed handle opens
+        again; one that fails to open is closed.
         """
-        self._client.open.call_one(self._client).get()
+        if self._client is None:
+            self._start_client()
+        try:
+            self._client.open.call_one(self._client).get()
+        except BaseException:
+            self.close()  # a mount that failed to open leaves nothing running
+            raise
 
     def close(self) -> None:
-        """Unmount on every host and stop the procs that served the mount."""
-        self._client.close.call_one().get()
+        """Unmount on every host and stop the procs that served the mount.
+
+        The client's own proc stops too (Monarch leaves it running); a closed handle opens again.
+        """
+        if self._client is None:
+            return
+        try:
+            self._client.close.call_one().get()
+        finally:
+            procs, self._procs, self._client = self._procs, None, None
+            procs.stop().get()
 
     def refresh(self, sourcepath: str | None = None) -> None:
         """Bring a live mount up to date with the source; unchanged files keep their blocks.
 
         ``sourcepath`` is accepted as in Monarch and unused: the mount's source is fixed.
         """
-        self._client.refresh.call_one().get()
+        self._live_client().refresh.call_one().get()
 
     def stats(self) -> dict[str, int]:
         """Bytes sent so far (regency's addition): ``index_bytes``, ``block_bytes``, ``blocks``."""
-        stats: dict[str, int] = self._client.stats.call_one().get()
+        stats: dict[str, int] = self._live_client().stats.call_one().get()
         return stats
 
 
