@@ -107,6 +107,22 @@ def _parse_env(items: list[str]) -> dict[str, str]:
     return env
 
 
+def _running_state(path: Path) -> Any:
+    """The state of the job cached at ``path``, attached; a :class:`UsageError` saying why not."""
+    from regency.job._attach import AttachError
+
+    job = _load_job(path)
+    if not job._running():
+        raise UsageError(
+            f"the job cached at {path} ({type(job).__name__}) is not running any more; "
+            "`regency kill` removes the cache"
+        )
+    try:
+        return job.state(cached_path=path)
+    except AttachError as exc:
+        raise UsageError(f"cannot reach the job's hosts: {exc}") from exc
+
+
 def _load_job(path: Path) -> Any:
     from regency.job._trait import job_load
 
@@ -171,22 +187,11 @@ def run_exec(args: argparse.Namespace) -> int:
 def _exec(args: argparse.Namespace, cmd: list[str]) -> int:
     from regency._runtime.actors.errors import SupervisionError
     from regency._runtime.actors.meshes import HostInfo, HostMesh
-    from regency.job._attach import AttachError
     from regency.job._exec import print_line, rank_env, run_on_hosts
     from regency.shape import Extent, Shape
 
-    path = Path(args.job)
     env = _parse_env(args.env)
-    job = _load_job(path)
-    if not job._running():
-        raise UsageError(
-            f"the job cached at {path} ({type(job).__name__}) is not running any more; "
-            "`regency kill` removes the cache"
-        )
-    try:
-        state = job.state(cached_path=path)
-    except AttachError as exc:
-        raise UsageError(f"cannot reach the job's hosts: {exc}") from exc
+    state = _running_state(Path(args.job))
     targets = _targets(dict(state._meshes), args)
     hosts = [state._meshes[t.mesh]._hosts[t.base] for t in targets]
     mesh = HostMesh(

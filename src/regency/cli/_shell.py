@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from regency.cli._exec import UsageError, _add_job_arg, _load_job, _parse_env, _targets
+from regency.cli._exec import UsageError, _add_job_arg, _parse_env, _running_state, _targets
 
 _NO_JOB = 2  # exit status when there is no usable job
 
@@ -64,21 +64,10 @@ def _job_host(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
     The rank env is the host's ``REGENCY_RANK_<DIM>`` / ``REGENCY_SIZE_<DIM>`` in its mesh.
     """
     from regency._runtime.actors.meshes import HostInfo, HostMesh
-    from regency.job._attach import AttachError
     from regency.job._exec import rank_env
     from regency.shape import Extent, Shape
 
-    path = Path(args.job)
-    job = _load_job(path)
-    if not job._running():
-        raise UsageError(
-            f"the job cached at {path} ({type(job).__name__}) is not running any more; "
-            "`regency kill` removes the cache"
-        )
-    try:
-        state = job.state(cached_path=path)
-    except AttachError as exc:
-        raise UsageError(f"cannot reach the job's hosts: {exc}") from exc
+    state = _running_state(Path(args.job))
     meshes = dict(state._meshes)
     if args.mesh is None and meshes:
         first = next(iter(meshes))
