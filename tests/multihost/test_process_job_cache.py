@@ -78,7 +78,8 @@ def _check_runs(first: dict[str, list], second: dict[str, list], job: ProcessJob
         _check_replies(first, second, job)
     finally:
         log_dir = job.log_dir
-        assert len(job_processes(job)) >= 4, "two workers, each with its zygote"
+        # Two workers (their zygotes end, within seconds, with the controller that started them).
+        assert len(job_processes(job)) >= 2, "two workers"
         kill_and_check(job)
         job.kill()  # idempotent
     assert not job._running()
