@@ -31,6 +31,14 @@ class UnsafePathError(RegencyError, PermissionError):
     """A path regency would trust is not private to the current user."""
 
 
+def _file_problem(st: os.stat_result, target: Path) -> str | None:
+    """What makes ``target`` (its ``st``) unsafe to trust as a private file, or None."""
+    problem = _owner_problem(st, "file", target)
+    if problem is None and not stat.S_ISREG(st.st_mode):
+        problem = f"{target} is not a regular file"
+    return problem
+
+
 def _owner_problem(st: os.stat_result, what: str, path: Path) -> str | None:
     uid = os.geteuid()
     if st.st_uid != uid:
@@ -111,9 +119,7 @@ def check_owned_file(path: str | Path, what: str) -> None:
         st = os.lstat(target)
     except FileNotFoundError:
         return
-    problem = _owner_problem(st, "file", target)
-    if problem is None and not stat.S_ISREG(st.st_mode):
-        problem = f"{target} is not a regular file"
+    problem = _file_problem(st, target)
     if problem is not None:
         raise UnsafePathError(
             f"refusing to use {what}: {problem}; another user may have planted it: remove it "
@@ -183,9 +189,7 @@ def read_private_file(path: str | Path) -> bytes:
         raise
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        problem = _owner_problem(st, "file", target)
-        if problem is None and not stat.S_ISREG(st.st_mode):
-            problem = f"{target} is not a regular file"
+        problem = _file_problem(st, target)
         if problem is not None:
             raise UnsafePathError(
                 f"refusing to read {problem}; another user may have planted it: remove it"

@@ -136,11 +136,7 @@ class Launcher:
             control.close()
             self._children_died()
         if zygote is not None:
-            try:
-                zygote.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                zygote.kill()
-                zygote.wait(timeout=5)
+            _reap(zygote)
 
     # -- starting procs ------------------------------------------------------------------------
 
@@ -242,8 +238,13 @@ class Launcher:
             with contextlib.suppress(OSError):
                 control.shutdown(socket.SHUT_RDWR)
         if zygote is not None:
-            try:
-                zygote.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                zygote.kill()
-                zygote.wait(timeout=5)
+            _reap(zygote)
+
+
+def _reap(zygote: subprocess.Popen[bytes]) -> None:
+    """Wait for a zygote told to exit (its input closed); kill it if it does not in 5 s."""
+    try:
+        zygote.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        zygote.kill()
+        zygote.wait(timeout=5)
