@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 
 import pytest
 
-from regency.observe.telemetry import engine, hoststore
+from regency.observe.telemetry import engine, hoststore, rows
 from regency.observe.telemetry.client import pyspy_rows
 from regency.observe.telemetry.engine import QueryError, run, tables_named
 from regency.observe.telemetry.rows import RowStore
@@ -117,10 +116,27 @@ def test_each_table_keeps_at_most_max_rows_the_newest() -> None:
     assert [row[0] for row in store.scan(["messages"])["messages"]] == [102, 103, 104]
 
 
-def test_retention_drops_old_events_but_keeps_actors_and_meshes() -> None:
+class _Clock:
+    """A monotonic clock the test moves by hand (retention ages rows by it)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    fake = _Clock()
+    monkeypatch.setattr(rows, "time", fake)
+    return fake
+
+
+def test_retention_drops_old_events_but_keeps_actors_and_meshes(clock: _Clock) -> None:
     store = RowStore(100, 0.2)
     store.add({"actors": [_actor(0)], "messages": [_message(0)]})
-    time.sleep(0.3)
+    clock.now += 0.3
     store.add({"messages": [_message(1)]})
     found = store.scan(["actors", "messages"])
     assert found["actors"] == [_actor(0)]
@@ -136,9 +152,9 @@ def test_a_worker_keeps_the_rows_of_its_last_four_jobs() -> None:
     assert kept.counts()["actors"] == 1
 
 
-def test_a_store_takes_the_latest_retention() -> None:
+def test_a_store_takes_the_latest_retention(clock: _Clock) -> None:
     hoststore.store("test-retention", 10, 3600).add({"messages": [_message(0)]})
-    time.sleep(0.3)
+    clock.now += 0.3
     later = hoststore.store("test-retention", 10, 0.2)
     assert later.scan(["messages"]) == {"messages": []}
 
