@@ -7,6 +7,7 @@ process whose stdin and stdout are pipes (or a tmux pane) the test drives.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -23,43 +24,54 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 ENV = {**os.environ, "PYTHONPATH": SRC}
 
 
-def _run_shell(script_input: bytes, kwargs: str = "", timeout: float = 120) -> tuple[int, str]:
-    """Run ``shell(this_host(), ...)`` in a child whose stdin is ``script_input``."""
-    code = textwrap.dedent(f"""
-        import sys
-        from regency.actor import this_host
-        from regency.job import shell
-        status = shell(this_host(), {kwargs})
-        print(f"\\nSTATUS={{status}}", file=sys.stderr)
-    """)
-    read_end, write_end = os.pipe()
-    with subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdin=read_end,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=ENV,
-    ) as child:
-        os.close(read_end)
-        os.write(write_end, script_input)
-        try:
-            out, err = child.communicate(timeout=timeout)
-        finally:
-            os.close(write_end)
-    status = [line for line in err.decode().splitlines() if line.startswith("STATUS=")]
-    assert status, err.decode()[-3000:]
-    return int(status[-1].removeprefix("STATUS=")), out.decode(errors="replace")
+def _read_until(stream: int, text: bytes, deadline: float, to_end: bool = False) -> bytes:
+    """Read ``stream`` (a pipe's fd) until ``text`` has appeared, or to its end; return it."""
+    seen = b""
+    while to_end or text not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{text!r} never appeared in {seen[-2000:]!r}"
+        ready, _, _ = select.select([stream], [], [], left)
+        if ready:
+            chunk = os.read(stream, 65536)
+            if not chunk and to_end:
+                return seen
+            assert chunk, f"output ended before {text!r}: {seen[-2000:]!r}"
+            seen += chunk
+    return seen
 
 
 @pytest.mark.timeout(150)
 def test_shell_runs_on_a_pty_with_env_and_workdir_and_returns_the_exit_status(tmp_path):
-    status, out = _run_shell(
-        b'tty; printf "var=%s dir=%s\\n" "$GREETING" "$PWD"; exit 7\n',
-        f"env={{'GREETING': 'hello', 'SHELL': '/bin/bash'}}, workdir={str(tmp_path)!r}",
-    )
-    assert status == 7
-    assert f"var=hello dir={tmp_path}" in out
-    assert "/dev/pts/" in out  # a real terminal on the host
+    # Typed as a person would: the next line only once the output of the last one is shown.
+    code = textwrap.dedent(f"""
+        import sys
+        from regency.actor import this_host
+        from regency.job import shell
+        env = {{"GREETING": "hello", "SHELL": "/bin/bash"}}
+        status = shell(this_host(), env=env, workdir={str(tmp_path)!r})
+        print(f"STATUS={{status}}", file=sys.stderr)
+    """)
+    with subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+    ) as child:
+        assert child.stdin is not None
+        assert child.stdout is not None
+        deadline = time.monotonic() + 120
+        child.stdin.write(b'tty; printf "var=%s dir=%s\\n" "$GREETING" "$PWD"\n')
+        child.stdin.flush()
+        shown = _read_until(child.stdout.fileno(), f"var=hello dir={tmp_path}".encode(), deadline)
+        child.stdin.write(b"exit 7\n")  # stdin stays open: its end would hang the shell up
+        child.stdin.flush()
+        rest = _read_until(child.stdout.fileno(), b"", deadline, to_end=True)
+        child.wait(timeout=max(1.0, deadline - time.monotonic()))
+        assert child.stderr is not None
+        err = child.stderr.read()
+    assert "STATUS=7" in err.decode(), err.decode()[-3000:]
+    assert b"/dev/pts/" in shown + rest  # a real terminal on the host
 
 
 @pytest.mark.timeout(150)
