@@ -141,6 +141,7 @@ class StopProcs:
     addrs: tuple[str, ...]
     reason: str
     done: PortRef
+    index: int = 0  # the rank of the answer to ``done``: which host agent answered
 
 
 @dataclass(frozen=True, slots=True)

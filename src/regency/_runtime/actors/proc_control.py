@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -163,19 +164,54 @@ def shutdown_hosts(agents: Sequence[str]) -> Future[None]:
     return Future._from_pending(handler.pending)
 
 
+class StopCountdown:
+    """Port handler completing a pending once every host agent asked to stop procs answered,
+    or was lost: a lost host's procs are gone with it (an agent that dropped its connection
+    to this process, e.g. because it took it for gone, will never answer)."""
+
+    def __init__(self, agents: Sequence[str]) -> None:
+        self.pending = Pending()
+        self.agents = list(agents)
+        self._left = set(range(len(self.agents)))
+        self._lock = threading.Lock()
+        self.port = -1
+        if not self._left:
+            self.pending.set_result(None)
+
+    def deliver(self, rank: int, flags: int, parts: Sequence[Part]) -> None:
+        self._done(rank)
+
+    def peer_lost(self, addr: str, reason: str) -> None:
+        for index, agent in enumerate(self.agents):
+            if agent == addr:
+                self._done(index)
+
+    def _done(self, index: int) -> None:
+        with self._lock:
+            if index not in self._left:
+                return
+            self._left.discard(index)
+            if self._left:
+                return
+        state.runtime().close_port(self.port, self.agents)
+        self.pending.set_result(None)
+
+
 def stop_procs(infos: Sequence[ProcInfo], reason: str) -> Future[None]:
     """Stop procs through their host agents (politely, then by force)."""
     rt = state.runtime()
     by_agent: dict[str, list[str]] = {}
     for info in infos:
         by_agent.setdefault(info.agent, []).append(info.addr)
-    tracker, port = open_countdown(len(by_agent), [], "stopping procs")
+    tracker = StopCountdown(list(by_agent))
+    port = rt.open_port(tracker, watch=tracker.agents)
+    tracker.port = port.port
     rt.losses.expect_stop([info.addr for info in infos], stop_reason(reason))
-    for agent, addrs in by_agent.items():
+    for index, (agent, addrs) in enumerate(by_agent.items()):
         try:
-            rt.send_control(agent, wire.SERVICE_HOST, StopProcs(tuple(addrs), reason, port))
+            rt.send_control(agent, wire.SERVICE_HOST, StopProcs(tuple(addrs), reason, port, index))
         except PeerLostError:
-            tracker.deliver(0, 0, [])  # a lost host's procs are gone with it
+            tracker.peer_lost(agent, "lost")
     return Future._from_pending(tracker.pending)
 
 

@@ -295,7 +295,7 @@ class HostAgent:
             config.get_seconds("stop_timeout"),
         )
         with contextlib.suppress(PeerLostError):
-            self.runtime.send_port(request.done, 0, 0, [pickle.dumps(None, protocol=5)])
+            self.runtime.send_port(request.done, request.index, 0, [pickle.dumps(None, protocol=5)])
 
     def _stop_children(
         self, addrs: list[str], reason: str, timeout: float, exiting: bool = False
