@@ -27,6 +27,7 @@ from regency._lowlevel import (
     SetTelemetry,
     host_agent_address,
     live_proc_addresses,
+    mesh_tree,
     root_address,
     runtime,
     tracing,
@@ -36,7 +37,8 @@ from regency.observe.telemetry.client import QueryEngineClient
 from regency.observe.telemetry.collector import Batch, Collector, identity
 from regency.observe.telemetry.engine import QueryEngine
 from regency.observe.telemetry.recorder import Recorder
-from regency.observe.telemetry.rows import RowStore
+from regency.observe.telemetry.rows import Row, RowStore
+from regency.observe.telemetry.snapshot import PeriodicSnapshots
 
 ROOT_UID = 1  # the root client's uid (its sends name it as their sender)
 
@@ -126,6 +128,20 @@ def query_engine() -> QueryEngine:
         raise RuntimeError("the job's telemetry is queried from its controller")
     job = rt.job_id
     return QueryEngine(job, lambda tables: _local_store(job).scan(tables), lambda: sorted(_hosts))
+
+
+def start_snapshots(interval: float) -> PeriodicSnapshots:
+    """Capture this controller's tree into the snapshot tables every ``interval`` seconds.
+
+    Captures are kept while telemetry is on, until the returned object's ``stop()``.
+    """
+    job = runtime().job_id
+
+    def keep(rows: dict[str, list[Row]]) -> None:
+        if running():
+            _local_store(job).add(rows)
+
+    return PeriodicSnapshots(interval, mesh_tree, keep)
 
 
 def running() -> bool:
