@@ -25,6 +25,7 @@ from regency._lowlevel import (
     PeerLostError,
     Service,
     SetTelemetry,
+    current_client,
     host_agent_address,
     live_proc_addresses,
     mesh_tree,
@@ -39,8 +40,6 @@ from regency.observe.telemetry.engine import QueryEngine
 from regency.observe.telemetry.recorder import Recorder
 from regency.observe.telemetry.rows import Row, RowStore
 from regency.observe.telemetry.snapshot import PeriodicSnapshots
-
-ROOT_UID = 1  # the root client's uid (its sends name it as their sender)
 
 log = logging.getLogger("regency.telemetry")
 
@@ -187,13 +186,15 @@ def _start() -> None:
 def _record_root(probe: tracing.Probe, address: str) -> None:
     """Record the client once, as Monarch does: actor ``<root>``, ``Created`` then ``Client``."""
     global _root_recorded
-    if _root_recorded:
+    client = current_client()
+    if _root_recorded or client is None:
         return
     _root_recorded = True
-    probe.actor(ROOT_UID, tracing.entity_id(f"client:{address}"), 0, f"{address},client[0]",
+    # Its uid, the sender its sends and status events name.
+    probe.actor(client.uid, tracing.entity_id(f"client:{address}"), 0, f"{address},client[0]",
                 "<root>")  # fmt: skip
-    probe.status(ROOT_UID, "Created")
-    probe.status(ROOT_UID, "Client")
+    probe.status(client.uid, "Created")
+    probe.status(client.uid, "Client")
 
 
 def _stop() -> None:
