@@ -159,11 +159,11 @@ def _actor_node(
         actor_state, failure, handled, depth = "stopped", None, None, None
         if proc_state == "unknown":
             actor_state = "unknown"
-    if latched is not None and actor_state != "failed":
+    if supervisor.stopping and actor_state != "failed":
+        actor_state = "stopped"  # its owner stopped the mesh (each rank latched "stopped")
+    elif latched is not None and actor_state != "failed":
         actor_state = "stopped" if is_stop_reason(latched) else "failed"
         failure = failure or latched
-    if supervisor.stopping and actor_state == "running":
-        actor_state = "stopped"
     return {
         "ref": ref_of("actor", supervisor.mesh_id, rank, supervisor.generation),
         "kind": "actor",
