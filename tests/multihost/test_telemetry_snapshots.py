@@ -108,6 +108,7 @@ def test_a_periodic_capture_links_each_actor_to_its_proc_host_and_root(make_job:
     procs = state.hosts.spawn_procs(per_host={"workers": 2}, name="snap_procs")
     workers = procs.spawn("snap_worker", Worker)
     workers.ping.call().get(timeout=60)
+    answered_us = time.time_ns() // 1000  # a capture after this finds both actors running
 
     found = _rows(
         state,
@@ -119,6 +120,7 @@ def test_a_periodic_capture_links_each_actor_to_its_proc_host_and_root(make_job:
         "JOIN proc_nodes pn ON pn.snapshot_id = p.snapshot_id AND pn.node_id = p.node_id "
         "JOIN snapshots s ON s.snapshot_id = a.snapshot_id "
         "WHERE a.is_system = false AND pn.proc_name LIKE 'snap_procs%' "
+        f"AND s.snapshot_ts > {answered_us} "
         "ORDER BY s.snapshot_ts DESC LIMIT 2",
         2,
     )

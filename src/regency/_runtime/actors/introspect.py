@@ -159,6 +159,8 @@ def _actor_node(
         actor_state, failure, handled, depth = "stopped", None, None, None
         if proc_state == "unknown":
             actor_state = "unknown"
+        elif proc_state == "running":
+            actor_state = "starting"  # its proc has not taken the spawn yet
     if supervisor.stopping and actor_state != "failed":
         actor_state = "stopped"  # its owner stopped the mesh (each rank latched "stopped")
     elif latched is not None and actor_state != "failed":
