@@ -129,6 +129,22 @@ def test_a_capture_comes_every_period_and_a_failed_one_does_not_stop_the_next() 
     assert taken[0]["snapshots"][0][0] != taken[1]["snapshots"][0][0]
 
 
+def test_nothing_is_captured_while_the_tree_is_none() -> None:
+    asked = threading.Event()
+    taken: list[dict[str, Any]] = []
+
+    def tree() -> None:
+        asked.set()
+
+    snapshots = PeriodicSnapshots(0.01, tree, taken.append)
+    try:
+        assert asked.wait(10)
+        snapshots.capture()
+    finally:
+        snapshots.stop()
+    assert taken == []
+
+
 def test_a_period_must_be_positive() -> None:
     with pytest.raises(ValueError, match="a snapshot interval must be > 0 seconds, got 0"):
         PeriodicSnapshots(0, dict, lambda rows: None)

@@ -93,14 +93,15 @@ def _user() -> str | None:
 class PeriodicSnapshots:
     """Captures ``tree()`` into ``sink`` every ``interval`` seconds, on a thread of its own.
 
-    ``sink`` takes the rows of one capture (by table); a capture that fails is logged and the
-    next one is tried on time. :meth:`stop` ends the thread.
+    ``tree()`` returns ``None`` when there is nothing to capture now (telemetry is off); ``sink``
+    takes the rows of one capture (by table). A capture that fails is logged and the next one
+    is tried on time. :meth:`stop` ends the thread.
     """
 
     def __init__(
         self,
         interval: float,
-        tree: Callable[[], Tree],
+        tree: Callable[[], Tree | None],
         sink: Callable[[dict[str, list[Row]]], None],
     ) -> None:
         if not interval > 0:
@@ -114,9 +115,10 @@ class PeriodicSnapshots:
         self._thread.start()
 
     def capture(self) -> None:
-        """Take one snapshot now."""
+        """Take one snapshot now (unless ``tree()`` has none)."""
         tree = self._tree()
-        self._sink(snapshot_rows(tree, time.time_ns() // 1000, self._started_at))
+        if tree is not None:
+            self._sink(snapshot_rows(tree, time.time_ns() // 1000, self._started_at))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -38,7 +38,7 @@ from regency.observe.telemetry.client import QueryEngineClient
 from regency.observe.telemetry.collector import Batch, Collector, identity
 from regency.observe.telemetry.engine import QueryEngine
 from regency.observe.telemetry.recorder import Recorder
-from regency.observe.telemetry.rows import Row, RowStore
+from regency.observe.telemetry.rows import RowStore
 from regency.observe.telemetry.snapshot import PeriodicSnapshots
 
 log = logging.getLogger("regency.telemetry")
@@ -135,12 +135,11 @@ def start_snapshots(interval: float) -> PeriodicSnapshots:
     Captures are kept while telemetry is on, until the returned object's ``stop()``.
     """
     job = runtime().job_id
-
-    def keep(rows: dict[str, list[Row]]) -> None:
-        if running():
-            _local_store(job).add(rows)
-
-    return PeriodicSnapshots(interval, mesh_tree, keep)
+    return PeriodicSnapshots(
+        interval,
+        lambda: mesh_tree() if running() else None,
+        lambda rows: _local_store(job).add(rows),
+    )
 
 
 def running() -> bool:
