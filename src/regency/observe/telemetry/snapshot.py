@@ -33,7 +33,11 @@ _ENDED = frozenset({"stopped", "failed"})
 
 
 def snapshot_rows(tree: Tree, at_us: int, started_at_us: int | None = None) -> dict[str, list[Row]]:
-    """The snapshot tables' rows of one capture of ``tree`` (``mesh_tree()``'s) at ``at_us``."""
+    """The snapshot tables' rows of one capture of ``tree`` (``mesh_tree()``'s) at ``at_us``.
+
+    ``started_at_us`` is the root's ``started_at`` (when the captures began); times are
+    microseconds since the epoch.
+    """
     sid = str(uuid.uuid4())
     rows: dict[str, list[Row]] = {
         "snapshots": [(sid, at_us)],
