@@ -255,13 +255,16 @@ def test_the_root_records_processing_when_supervision_refuses_its_call(job: Proc
             "SELECT ase.new_status FROM actor_status_events ase "
             "JOIN actors a ON ase.actor_id = a.id WHERE a.display_name = '<root>'"
         )
-        assert {r["new_status"] for r in _rows(state, root_events, 2)} == {"Created", "Client"}
+        before = [r["new_status"] for r in _rows(state, root_events, 2)]
+        assert {"Created", "Client"} <= set(before)
         with pytest.raises(SupervisionError, match="stopped"):
             workers.ping.call().get(timeout=60)
-        statuses = [r["new_status"] for r in _rows(state, root_events, 3)]
+        after = [r["new_status"] for r in _rows(state, root_events, len(before) + 1)]
     finally:
         actor_module.unhandled_fault_hook = unhandled_fault_hook
-    assert sorted(statuses) == ["Client", "Created", "Processing"]
+    # One more (this controller's earlier tests may have made some): the refused call's.
+    assert after.count("Processing") == before.count("Processing") + 1
+    assert len(after) == len(before) + 1
     # The root's sends name it by the id of its actors row.
     sent = _rows(
         state,
