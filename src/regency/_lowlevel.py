@@ -30,6 +30,8 @@ The kernel, for messages that are not actor calls:
 The actor layer:
 
 - :func:`current_context` -- who is running (the actor instance, its rank), booting the runtime.
+- :func:`current_client` -- the instance that sends for code outside any actor (the root
+  client in the controller), if the runtime was started.
 - The actor API's own classes (``Actor``, ``endpoint``, ``Future``, ``Port``, ``HostMesh``, ...):
   the same objects ``regency.actor`` exports; ``regency.job`` takes them from here because
   ``regency.actor`` imports it back (Monarch's names) and cannot be imported from it.
@@ -62,6 +64,7 @@ from __future__ import annotations
 import regency._runtime.host.controller  # noqa: F401  (registers the controller's boot)
 from regency._runtime.actors import tracing
 from regency._runtime.actors.breakpoints import when_endpoint_finishes
+from regency._runtime.actors.context import current_client
 from regency._runtime.actors.control import SetTelemetry
 from regency._runtime.actors.endpoint_def import Actor, concurrent_endpoint, endpoint
 from regency._runtime.actors.errors import ActorError, SupervisionError
@@ -131,6 +134,7 @@ __all__ = [
     "WorkerLease",
     "carry",
     "concurrent_endpoint",
+    "current_client",
     "current_context",
     "endpoint",
     "find",

@@ -116,6 +116,18 @@ def test_tree_shows_running_failed_and_restarted_actors_with_counts(
     assert _get(admin, "/v1/actor-000000000000", admin.token)[0] == 404
 
 
+def test_an_actor_mesh_its_owner_stopped_is_shown_stopped_not_failed(
+    admin: AdminServer, make_procs: Callable[..., ProcMesh]
+) -> None:
+    workers = make_procs(2).spawn("halted", Worker)
+    workers.pid.call().get(timeout=30)
+    workers.stop().get(timeout=30)
+    status, tree = _get(admin, "/v1/tree", admin.token)
+    assert status == 200
+    halted = _actors(tree, "halted")
+    assert [(a["state"], a["failure"]) for a in halted.values()] == [("stopped", None)] * 2
+
+
 def test_pyspy_route_gives_a_procs_stacks(
     admin: AdminServer, make_procs: Callable[..., ProcMesh]
 ) -> None:

@@ -90,7 +90,8 @@ def test_status_events_follow_an_actor_through_failure_and_stop(
         "ON ase.actor_id = a.id WHERE a.display_name = '<root>'",
         2,
     )
-    assert {r["new_status"] for r in root} == {"Created", "Client"}
+    # (and a "Processing" per call supervision refused, if an earlier test made one)
+    assert {r["new_status"] for r in root} - {"Processing"} == {"Created", "Client"}
     lifecycle = {"Created", "Initializing", "Idle"}
     assert statuses("failing", 10) == {r: lifecycle | {"Stopping", "Failed"} for r in "01"}
     assert statuses("stopping", 10) == {r: lifecycle | {"Stopping", "Stopped"} for r in "01"}

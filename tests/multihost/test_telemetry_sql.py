@@ -17,8 +17,9 @@ from typing import Any
 import cloudpickle
 import pytest
 
+import regency.actor as actor_module
 from regency import config
-from regency.actor import Actor, endpoint, span
+from regency.actor import Actor, SupervisionError, endpoint, get_meter, span
 from regency.job import JobState, ProcessJob, TelemetryConfig
 
 pytestmark = pytest.mark.timeout(180)
@@ -185,3 +186,91 @@ def test_a_host_that_does_not_answer_is_left_out_after_the_timeout(job: ProcessJ
         os.kill(stopped, signal.SIGCONT)
     assert len(rows) == 1  # only the answering host's message
     assert rows[0]["full_name"].startswith(state.hosts._hosts[0].agent)
+
+
+def test_mailbox_posts_and_get_meter_rows_carry_monarchs_names_and_scope(
+    job: ProcessJob,
+) -> None:
+    state = job.state(cached_path=None)
+    workers = state.hosts.spawn_procs(per_host={"workers": 1}).spawn("posts_workers", Worker)
+    for _ in range(3):
+        workers.ping.call().get(timeout=60)
+    get_meter().create_counter("example.requests").add(2, {"operation": "predict"})
+
+    ranks = {
+        r["id"]: r["rank"]
+        for r in _rows(
+            state,
+            "SELECT a.id, a.rank FROM actors a JOIN meshes m ON a.mesh_id = m.id "
+            "WHERE m.given_name = 'posts_workers'",
+            2,
+        )
+    }
+    deadline = time.monotonic() + 30
+    while True:  # each host's rows come with its procs' next interval
+        posts = [
+            r
+            for r in state.query_engine_client.query(
+                "SELECT attributes_json, resource_attributes_json, sum_u64, temporality, "
+                "is_monotonic, scope_name FROM metric_sums WHERE name = 'mailbox.posts'"
+            )["rows"]
+            if json.loads(r["attributes_json"])["dest_actor_id"] in ranks
+        ]
+        reached = {ranks[json.loads(r["attributes_json"])["dest_actor_id"]] for r in posts}
+        if reached == {0, 1} or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert reached == {0, 1}  # each worker, on its own host
+    assert {r["temporality"] for r in posts} == {"delta"}
+    assert all(r["is_monotonic"] and r["sum_u64"] > 0 for r in posts)
+    assert {r["scope_name"] for r in posts} == {"regency"}
+    (root,) = state.query_engine_client.query(
+        "SELECT id FROM actors WHERE display_name = '<root>'"
+    )["rows"]
+    senders = {json.loads(r["attributes_json"]).get("actor_id") for r in posts}
+    assert senders == {root["id"]}  # the controller sent the pings
+    resource = json.loads(posts[0]["resource_attributes_json"])
+    assert resource["telemetry.sdk.name"] == "opentelemetry"
+    assert resource["service.name"] == "regency"
+
+    (custom,) = _rows(
+        state,
+        "SELECT scope_name, attributes_json, sum_u64 FROM metric_sums "
+        "WHERE name = 'example.requests'",
+    )
+    assert custom["scope_name"] == "monarch"  # get_meter()'s meter is Monarch's "monarch"
+    assert custom["sum_u64"] == 2
+    assert json.loads(custom["attributes_json"]) == {"operation": "predict"}
+
+
+def test_the_root_records_processing_when_supervision_refuses_its_call(job: ProcessJob) -> None:
+    unhandled_fault_hook = actor_module.unhandled_fault_hook
+    actor_module.unhandled_fault_hook = lambda failure: None
+    try:
+        state = job.state(cached_path=None)
+        workers = state.hosts.spawn_procs(per_host={"workers": 1}).spawn("gone_workers", Worker)
+        workers.ping.call().get(timeout=60)
+        workers.stop().get(timeout=60)
+        root_events = (
+            "SELECT ase.new_status FROM actor_status_events ase "
+            "JOIN actors a ON ase.actor_id = a.id WHERE a.display_name = '<root>'"
+        )
+        before = [r["new_status"] for r in _rows(state, root_events, 2)]
+        assert {"Created", "Client"} <= set(before)
+        with pytest.raises(SupervisionError, match="stopped"):
+            workers.ping.call().get(timeout=60)
+        after = [r["new_status"] for r in _rows(state, root_events, len(before) + 1)]
+    finally:
+        actor_module.unhandled_fault_hook = unhandled_fault_hook
+    # One more (this controller's earlier tests may have made some): the refused call's.
+    assert after.count("Processing") == before.count("Processing") + 1
+    assert len(after) == len(before) + 1
+    # The root's sends name it by the id of its actors row.
+    sent = _rows(
+        state,
+        "SELECT a.display_name FROM sent_messages sm JOIN actors a "
+        "ON sm.sender_actor_id = a.id JOIN meshes m ON sm.actor_mesh_id = m.id "
+        "WHERE m.given_name = 'gone_workers'",
+        2,
+    )
+    assert {r["display_name"] for r in sent} == {"<root>"}

@@ -30,6 +30,8 @@ from regency._private_paths import (
 )
 from regency.observe import AdminServer, start_admin
 from regency.observe.telemetry import disable_telemetry, enable_telemetry, query_engine_client
+from regency.observe.telemetry.snapshot import PeriodicSnapshots
+from regency.observe.telemetry.switch import start_snapshots
 
 DEFAULT_JOB_PATH = ".regency/job_state.pkl"
 _STOP_TIMEOUT = 10.0
@@ -43,8 +45,10 @@ class TelemetryConfig:
     ``state()`` then switches telemetry on (:func:`regency.observe.telemetry.enable_telemetry`)
     in the controller and on every host, keeping spans and metrics for ``retention_secs`` (0:
     the ``telemetry_retention`` setting) in the local recorder, and serves the admin API (its
-    ``/v1/telemetry`` routes are ``JobState.telemetry_url``). ``include_dashboard``,
-    ``dashboard_port`` and ``snapshot_interval_secs`` are recorded and change nothing yet.
+    ``/v1/telemetry`` routes are ``JobState.telemetry_url``). Every ``snapshot_interval_secs``
+    (0: never) the controller captures the job's tree into the snapshot tables (``snapshots``,
+    ``nodes``, ...; :mod:`regency.observe.telemetry.snapshot`), the first one interval after
+    ``state()``. ``include_dashboard`` and ``dashboard_port`` are recorded and change nothing.
     """
 
     retention_secs: int = 3600
@@ -124,6 +128,7 @@ class JobTrait(abc.ABC):
         self._attached: list[JobState] = []  # the meshes earlier state() calls returned
         self._admin: AdminServer | None = None  # serving once enable_admin() and state()
         self._telemetry_on = False  # this controller's telemetry, switched on by state()
+        self._snapshots: PeriodicSnapshots | None = None  # capturing once state() with telemetry
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -183,6 +188,9 @@ class JobTrait(abc.ABC):
         admin, self._admin = getattr(self, "_admin", None), None
         if admin is not None:
             admin.stop()
+        snapshots, self._snapshots = getattr(self, "_snapshots", None), None
+        if snapshots is not None:
+            snapshots.stop()
         if getattr(self, "_telemetry_on", False):
             self._telemetry_on = False
             disable_telemetry()
@@ -258,6 +266,7 @@ class JobTrait(abc.ABC):
         state["_attached"] = []
         state["_admin"] = None  # so does its admin server
         state["_telemetry_on"] = False  # and its telemetry
+        state["_snapshots"] = None  # and its snapshot captures
         return state
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -305,6 +314,9 @@ class JobTrait(abc.ABC):
                 state.telemetry_url = f"{self._admin.url}/v1/telemetry/endpoints"
         if telemetry is not None:
             state.query_engine_client = query_engine_client()
+            interval = float(telemetry.snapshot_interval_secs)
+            if interval > 0 and getattr(self, "_snapshots", None) is None:
+                self._snapshots = start_snapshots(interval)
         return state
 
     def _forwarded(self, addresses: list[str]) -> dict[str, str]:

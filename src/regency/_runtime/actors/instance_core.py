@@ -158,8 +158,7 @@ class ActorCore(InstanceBase):
         """Record this actor in the job's ``actors`` table while telemetry is on."""
         probe = tracing.probe
         if probe is not None:
-            mesh = f"{self.name}-{self.mesh_id & tracing.ID_MASK:016x}"
-            full = f"{self.proc_id},{mesh}[{self.request.rank}]"
+            full = tracing.actor_full_name(self.proc_id, self.name, self.mesh_id, self.request.rank)
             probe.actor(self.uid, self.mesh_id, self.request.rank, full, str(self))
             probe.status(self.uid, "Created")
             probe.status(self.uid, "Initializing")

@@ -14,7 +14,7 @@ import hashlib
 import os
 from typing import Any
 
-from regency._runtime.actors import context
+from regency._runtime.actors import context, tracing
 from regency._runtime.actors.answers import Answers
 from regency._runtime.actors.control import ProcStats
 from regency._runtime.actors.meshes import ProcMesh
@@ -144,11 +144,13 @@ def _proc_node(mesh: ProcMesh, rank: int, addr: str, stats: dict[int, Any] | str
             if supervisor.procs[base].addr != addr:
                 continue
             live = stats.get(supervisor.mesh_id) if isinstance(stats, dict) else None
-            node["actors"].append(_actor_node(supervisor, actor_rank, base, live, proc_state))
+            node["actors"].append(_actor_node(supervisor, actor_rank, base, live, proc_state, addr))
     return node
 
 
-def _actor_node(supervisor: Any, rank: int, base: int, live: Any, proc_state: str) -> Node:
+def _actor_node(
+    supervisor: Any, rank: int, base: int, live: Any, proc_state: str, addr: str
+) -> Node:
     latched = supervisor.bad.get(base)
     if isinstance(live, dict):
         actor_state, failure = live["state"], live["failure"]
@@ -157,15 +159,18 @@ def _actor_node(supervisor: Any, rank: int, base: int, live: Any, proc_state: st
         actor_state, failure, handled, depth = "stopped", None, None, None
         if proc_state == "unknown":
             actor_state = "unknown"
-    if latched is not None and actor_state != "failed":
+        elif proc_state == "running":
+            actor_state = "starting"  # its proc has not taken the spawn yet
+    if supervisor.stopping and actor_state != "failed":
+        actor_state = "stopped"  # its owner stopped the mesh (each rank latched "stopped")
+    elif latched is not None and actor_state != "failed":
         actor_state = "stopped" if is_stop_reason(latched) else "failed"
         failure = failure or latched
-    if supervisor.stopping and actor_state == "running":
-        actor_state = "stopped"
     return {
         "ref": ref_of("actor", supervisor.mesh_id, rank, supervisor.generation),
         "kind": "actor",
         "name": supervisor.actor_name(rank),
+        "full_name": tracing.actor_full_name(addr, supervisor.name, supervisor.mesh_id, rank),
         "actor_mesh": supervisor.name,
         "class": supervisor.class_name,
         "rank": rank,

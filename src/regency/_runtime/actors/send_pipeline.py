@@ -258,6 +258,11 @@ class SendPipeline:
     def _refuse(self, endpoint: str, reply: PortRef | None, error: SupervisionError) -> None:
         """Fail a call that cannot be delivered: its future, or the sender if there is none."""
         rt = state.runtime()
+        probe = tracing.probe
+        if probe is not None and rt.address == state.root_address():
+            sender = context.current_instance()
+            if sender is context.current_client():  # the root client takes the supervision
+                probe.status(sender.uid, "Processing")  # event, as Monarch's client records
         if reply is not None and reply.addr == rt.address:
             handler = rt.port_handler(reply.port)
             if isinstance(handler, (OnceReply, GatherReply, StreamReply)):

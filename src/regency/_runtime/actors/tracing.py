@@ -244,6 +244,12 @@ class Probe:
         self.records.append((SENT, sender, mesh_id, labels, offset, sizes, strides, _now()))
 
 
+def actor_full_name(proc: str, mesh_name: str, mesh_id: int, rank: int) -> str:
+    """An actor's ``full_name`` in the job's tables (and its node in the snapshots): its
+    proc's address, its mesh's name and id, and its rank."""
+    return f"{proc},{mesh_name}-{mesh_id & ID_MASK:016x}[{rank}]"
+
+
 def entity_id(key: str) -> int:
     """The id of an actor or mesh in the job's tables: a 63-bit hash of ``key``, the same in
     every process."""

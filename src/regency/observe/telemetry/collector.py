@@ -15,17 +15,21 @@ controller).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
+from importlib import metadata
 from typing import Any
 
 from regency import config
 from regency._lowlevel import tracing
 from regency.observe.telemetry.aggregate import GAUGE, HISTOGRAM, Aggregator, attributes_text
+from regency.observe.telemetry.meter import METER_NAME
 from regency.observe.telemetry.tablerows import TableRows
 
 log = logging.getLogger("regency.telemetry")
@@ -46,6 +50,10 @@ ENDPOINT_ERRORS = "regency.endpoint.errors"
 MAILBOX_DEPTH = "regency.mailbox.depth"
 FAILURES = "regency.actor.failures"
 RESTARTS = "regency.mesh.restarts"
+# Monarch's name for what it counts too: messages posted to an actor's mailbox, by sender
+# (``actor_id``) and receiver (``dest_actor_id``), the ids of the job's ``actors`` table.
+MAILBOX_POSTS = "mailbox.posts"
+OWN_SCOPE = "regency"
 
 _MS = 1e-6  # ns -> ms
 _TABLE_RECORDS = frozenset({tracing.ROW, tracing.RECEIVED, tracing.SENT})
@@ -64,6 +72,7 @@ class Collector:
         # The resource attributes of its metric rows (OpenTelemetry's names).
         self._resource = {
             "service.name": "regency",
+            **_sdk(),
             "host.name": identity.get("host"),
             "process.pid": identity.get("pid"),
         }
@@ -114,6 +123,8 @@ class Collector:
         spans: list[SpanRow] = []
         failures: list[tuple[float, str, str, str]] = []
         agg = Aggregator()
+        custom = Aggregator()  # get_meter()'s instruments
+        posts: Counter[tuple[int, int]] = Counter()  # (sender uid, receiver uid) -> messages
         calls: list[tuple[Any, ...]] = []
         handled: list[tuple[Any, ...]] = []
         rows = TableRows()
@@ -123,6 +134,8 @@ class Collector:
             kind = record[0]
             if kind in _TABLE_RECORDS:
                 rows.record(record)
+                if kind == tracing.RECEIVED:
+                    posts[(record[3], record[1].uid)] += 1
             elif kind == tracing.HOST:
                 hosts.append(record[1])
             elif kind == tracing.CALL:
@@ -145,11 +158,15 @@ class Collector:
                 failures.append((at / 1e9, mesh, "restarted", f"restarted ranks {list(ranks)}"))
                 agg.add(RESTARTS, mesh, 1)
             elif kind == tracing.MEASURE:
-                self._measure(record, agg)
+                self._measure(record, custom)
         _calls(calls, agg, spans)
         self._handled(handled, agg, spans)
-        points = agg.points() if self._metrics else []
-        rows.points(points, since, now, self._resource)
+        _posts(posts, agg)
+        own = agg.points() if self._metrics else []
+        theirs = custom.points() if self._metrics else []
+        rows.points(own, since, now, self._resource, OWN_SCOPE)
+        rows.points(theirs, since, now, self._resource, METER_NAME)
+        points = own + theirs
         return {
             **self._identity,
             "t": since,
@@ -211,6 +228,31 @@ class Collector:
             name = f"{core.name}.{method}"
             agg.record_many(HANDLE_DURATION, name, [t * _MS for t in times])
             agg.gauge(MAILBOX_DEPTH, name, depth, attributes_text({"actor": self._name(core)}))
+
+
+def _posts(posts: Counter[tuple[int, int]], agg: Aggregator) -> None:
+    """``mailbox.posts``: the messages each receiver here took from each sender."""
+    for (sender, receiver), count in posts.items():
+        attributes: dict[str, int] = {"dest_actor_id": receiver & tracing.ID_MASK}
+        if sender:  # 0: not sent by an actor
+            attributes["actor_id"] = sender & tracing.ID_MASK
+        agg.add(MAILBOX_POSTS, None, count, attributes_text(attributes), times=count)
+
+
+@functools.cache
+def _sdk() -> dict[str, str]:
+    """OpenTelemetry's ``telemetry.sdk.*`` resource attributes, with its installed version.
+
+    Its API records the user's metrics (``get_meter()``) and its SDK exports over OTLP.
+    """
+    found = {"telemetry.sdk.language": "python", "telemetry.sdk.name": "opentelemetry"}
+    for package in ("opentelemetry-sdk", "opentelemetry-api"):
+        try:
+            found["telemetry.sdk.version"] = metadata.version(package)
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def _calls(records: list[tuple[Any, ...]], agg: Aggregator, spans: list[SpanRow]) -> None:

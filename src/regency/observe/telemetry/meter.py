@@ -18,6 +18,9 @@ from regency.observe.telemetry.aggregate import COUNTER, GAUGE, HISTOGRAM, UPDOW
 if TYPE_CHECKING:
     from opentelemetry import metrics
 
+METER_NAME = "monarch"
+"""The name of the meter :func:`get_meter` returns (Monarch's): its metrics' ``scope_name``."""
+
 _meter: Any = None
 
 
@@ -129,7 +132,11 @@ def _classes() -> dict[str, type]:
 
 
 def get_meter() -> metrics.Meter:
-    """The OpenTelemetry meter of this process (Monarch's ``get_meter``)."""
+    """The OpenTelemetry meter of this process (Monarch's ``get_meter``), named ``monarch``.
+
+    Its instruments' rows in the job's metric tables carry ``scope_name`` ``monarch``, as
+    Monarch's do (regency's own metrics carry ``regency``).
+    """
     global _meter
     if _meter is None:
         try:
@@ -138,6 +145,6 @@ def get_meter() -> metrics.Meter:
             raise ImportError(
                 f"get_meter() needs the OpenTelemetry API ({exc}): pip install 'regency[telemetry]'"
             ) from exc
-        _meter = meter_class("regency")
+        _meter = meter_class(METER_NAME)
     meter: metrics.Meter = _meter
     return meter

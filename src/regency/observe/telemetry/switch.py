@@ -25,8 +25,10 @@ from regency._lowlevel import (
     PeerLostError,
     Service,
     SetTelemetry,
+    current_client,
     host_agent_address,
     live_proc_addresses,
+    mesh_tree,
     root_address,
     runtime,
     tracing,
@@ -37,8 +39,7 @@ from regency.observe.telemetry.collector import Batch, Collector, identity
 from regency.observe.telemetry.engine import QueryEngine
 from regency.observe.telemetry.recorder import Recorder
 from regency.observe.telemetry.rows import RowStore
-
-ROOT_UID = 1  # the root client's uid (its sends name it as their sender)
+from regency.observe.telemetry.snapshot import PeriodicSnapshots
 
 log = logging.getLogger("regency.telemetry")
 
@@ -128,6 +129,19 @@ def query_engine() -> QueryEngine:
     return QueryEngine(job, lambda tables: _local_store(job).scan(tables), lambda: sorted(_hosts))
 
 
+def start_snapshots(interval: float) -> PeriodicSnapshots:
+    """Capture this controller's tree into the snapshot tables every ``interval`` seconds.
+
+    Captures are kept while telemetry is on, until the returned object's ``stop()``.
+    """
+    job = runtime().job_id
+    return PeriodicSnapshots(
+        interval,
+        lambda: mesh_tree() if running() else None,
+        lambda rows: _local_store(job).add(rows),
+    )
+
+
 def running() -> bool:
     """Whether telemetry is on in this process."""
     return _collector is not None
@@ -171,13 +185,15 @@ def _start() -> None:
 def _record_root(probe: tracing.Probe, address: str) -> None:
     """Record the client once, as Monarch does: actor ``<root>``, ``Created`` then ``Client``."""
     global _root_recorded
-    if _root_recorded:
+    client = current_client()
+    if _root_recorded or client is None:
         return
     _root_recorded = True
-    probe.actor(ROOT_UID, tracing.entity_id(f"client:{address}"), 0, f"{address},client[0]",
+    # Its uid, the sender its sends and status events name.
+    probe.actor(client.uid, tracing.entity_id(f"client:{address}"), 0, f"{address},client[0]",
                 "<root>")  # fmt: skip
-    probe.status(ROOT_UID, "Created")
-    probe.status(ROOT_UID, "Client")
+    probe.status(client.uid, "Created")
+    probe.status(client.uid, "Client")
 
 
 def _stop() -> None:

@@ -89,9 +89,14 @@ class TableRows:
         )
 
     def points(
-        self, points: Iterable[Point], since: float, now: float, resource: dict[str, Any]
+        self,
+        points: Iterable[Point],
+        since: float,
+        now: float,
+        resource: dict[str, Any],
+        scope: str,
     ) -> None:
-        """An interval's metric points (delta sums, last gauges, histograms)."""
+        """An interval's metric points (delta sums, last gauges, histograms) of ``scope``."""
         res = json.dumps(resource, sort_keys=True, separators=_COMPACT)
         start_us, end_us = int(since * 1e6), int(now * 1e6)
         for name, kind, endpoint, attributes, value, count, total, low, high, buckets in points:
@@ -99,7 +104,6 @@ class TableRows:
             if endpoint is not None:
                 attrs["endpoint"] = endpoint
             attrs_json = json.dumps(attrs, sort_keys=True, separators=_COMPACT)
-            scope = "regency"
             if kind == HISTOGRAM:
                 self._add(
                     "metric_histograms",
