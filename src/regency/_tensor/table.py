@@ -13,7 +13,7 @@ import torch
 
 from regency._errors import RegencyError
 from regency._tensor.commands import GroupRef, Ref
-from regency._tensor.trees import Node, registered
+from regency._tensor.trees import Node, registered, same_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ def resolve(obj: Any) -> Any:
             raise PoisonedInputError(value)
         return value
     if isinstance(obj, tuple):
-        return tuple(resolve(x) for x in obj)
+        return same_kind(obj, [resolve(x) for x in obj])
     if isinstance(obj, GroupRef):
         return GROUPS[0](obj.groups, IDENTITY["rank"])
     if isinstance(obj, list):

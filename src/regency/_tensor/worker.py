@@ -27,6 +27,7 @@ from regency._tensor.table import (
     resolve,
     tensor_leaves,
 )
+from regency._tensor.trees import same_kind
 from regency.actor import Actor, Port, current_rank, endpoint
 
 _ops: dict[str, Any] = {}
@@ -214,10 +215,8 @@ class TensorWorker(Actor):
 def _copies(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach().clone()
-    if isinstance(obj, tuple):
-        return tuple(_copies(x) for x in obj)
-    if isinstance(obj, list):
-        return [_copies(x) for x in obj]
+    if isinstance(obj, (tuple, list)):
+        return same_kind(obj, [_copies(x) for x in obj])
     if isinstance(obj, dict):
         return {k: _copies(v) for k, v in obj.items()}
     return obj
@@ -226,10 +225,8 @@ def _copies(obj: Any) -> Any:
 def _describe(obj: Any, meta: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return meta(obj)
-    if isinstance(obj, tuple):
-        return tuple(_describe(x, meta) for x in obj)
-    if isinstance(obj, list):
-        return [_describe(x, meta) for x in obj]
+    if isinstance(obj, (tuple, list)):
+        return same_kind(obj, [_describe(x, meta) for x in obj])
     if isinstance(obj, dict):
         return {k: _describe(v, meta) for k, v in obj.items()}
     return obj
