@@ -29,6 +29,7 @@ from regency._tensor.borrows import Borrow
 from regency._tensor.engine import coalescing
 from regency._tensor.errors import DataDependentError, RemoteException
 from regency._tensor.fetching import fetch_shard, inspect
+from regency._tensor.gradients import grad_function, grad_generator
 from regency._tensor.mesh_tensor import MeshTensor as Tensor
 from regency._tensor.opaque import OpaqueObject, OpaqueRef, opaque_method
 from regency._tensor.process_group import RemoteProcessGroup
@@ -51,6 +52,8 @@ __all__ = [
     "fetch_shard",
     "get_active_mesh",
     "get_active_stream",
+    "grad_function",
+    "grad_generator",
     "inspect",
     "no_mesh",
     "opaque_method",
