@@ -25,7 +25,14 @@ class Poisoned:
     text: str
 
 
-TABLE: dict[int, torch.Tensor | Poisoned] = {}
+class Resident:
+    """A worker-side object other than a tensor that a ref names (a pipe): it lives in the
+    table until the controller deletes its ref."""
+
+    __slots__ = ("__weakref__",)
+
+
+TABLE: dict[int, torch.Tensor | Poisoned | Resident] = {}
 GROUPS: list[Callable[[tuple[tuple[int, ...], ...], int], Any]] = []
 """The process-group lookup (``reduce_worker.group_for``, registered by that module)."""
 IDENTITY: dict[str, int] = {}

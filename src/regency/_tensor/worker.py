@@ -13,7 +13,7 @@ import torch
 
 from regency._lowlevel import PortRef
 from regency._tensor import commands as c
-from regency._tensor import events, handoff
+from regency._tensor import events, handoff, pipe_worker
 from regency._tensor.devices import assign_device
 from regency._tensor.move_worker import run_move
 from regency._tensor.reduce_worker import init_world, run_reduce
@@ -130,6 +130,14 @@ class TensorWorker(Actor):
                 failure = handoff.collect(cmd, self._rank)
                 if failure is not None:
                     self._errors.send(failure)
+            elif isinstance(cmd, c.PipeRecv):
+                failure = pipe_worker.recv(cmd, self._rank)
+                if failure is not None:
+                    self._errors.send(failure)
+            elif isinstance(cmd, c.CreatePipe):
+                pipe_worker.create(cmd, self._rank)
+            elif isinstance(cmd, c.PipeSend):
+                pipe_worker.send(cmd)
             else:
                 run_reduce(cmd, self._rank, self._stream)
 

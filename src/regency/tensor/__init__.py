@@ -32,6 +32,7 @@ from regency._tensor.fetching import fetch_shard, inspect
 from regency._tensor.gradients import grad_function, grad_generator
 from regency._tensor.mesh_tensor import MeshTensor as Tensor
 from regency._tensor.opaque import OpaqueObject, OpaqueRef, opaque_method
+from regency._tensor.pipes import Pipe, create_pipe, remote_generator
 from regency._tensor.process_group import RemoteProcessGroup
 from regency._tensor.remote import Remote, call_on_shard_and_fetch, remote
 from regency._tensor.show import show
@@ -42,6 +43,7 @@ __all__ = [
     "DataDependentError",
     "OpaqueObject",
     "OpaqueRef",
+    "Pipe",
     "Remote",
     "RemoteException",
     "RemoteProcessGroup",
@@ -49,6 +51,7 @@ __all__ = [
     "Tensor",
     "call_on_shard_and_fetch",
     "coalescing",
+    "create_pipe",
     "fetch_shard",
     "get_active_mesh",
     "get_active_stream",
@@ -60,6 +63,7 @@ __all__ = [
     "reduce",
     "reduce_",
     "remote",
+    "remote_generator",
     "show",
     "slice_mesh",
     "to_mesh",
