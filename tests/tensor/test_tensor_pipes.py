@@ -193,3 +193,15 @@ def test_bad_uses(procs: ProcMesh) -> None:
             _ = pipe.ranks
         with pytest.raises(RuntimeError, match="use yield x"):
             pipe._fake().send(1)
+
+
+def test_values_belong_to_the_pipes_stream(procs: ProcMesh) -> None:
+    other = regency.Stream("other")
+    with procs.activate():
+        pipe = loader(1, 0)
+        with other.activate():
+            batch = pipe.recv()  # taken on the pipe's stream, not this one
+        assert batch["x"].stream is regency.get_active_stream()
+        doubled = batch["x"] * 2
+        got = regency.inspect(doubled, gpus=1)
+    torch.testing.assert_close(got, torch.full((1, 2), 20.0))

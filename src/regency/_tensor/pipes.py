@@ -69,7 +69,8 @@ class FakePipe:
 class Pipe(FakePipe):
     """A data source running on every proc of the active mesh (``create_pipe``,
     ``remote_generator``): ``recv()`` gives its next value as mesh tensors, ``send(obj)`` hands
-    mesh values to it. Dropping the pipe stops the sources."""
+    mesh values to it, both on the stream the pipe was made on. Dropping the pipe stops the
+    sources."""
 
     def __init__(
         self, fn: Remote[..., Any], max_messages: int, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -97,9 +98,9 @@ class Pipe(FakePipe):
             rank: dict(Point(i, shape.extent).items()) for i, rank in enumerate(shape.ranks())
         }
         sizes = dict(shape.extent.items())
-        stream = get_active_stream()
+        self._stream = get_active_stream()
         view.send(c.CreatePipe(self._ref, fn._ref, args, kwargs, max_messages, coords, sizes))
-        weakref.finalize(self, view.root.dropped, shape, self._ref, stream.key)
+        weakref.finalize(self, view.root.dropped, shape, self._ref, self._stream.key)
 
     def _fake(self) -> FakePipe:
         """The propagation's pipe: it shares this pipe's queue of sent fakes."""
@@ -123,8 +124,9 @@ class Pipe(FakePipe):
                 "this pipe's propagation ended: it describes no more values to receive"
             ) from None
         outs: list[int] = []
-        result = build(describe(fake), None, [], self._view, outs)
-        self._view.send(c.PipeRecv(self._ref, tuple(outs), sites.capture()))
+        with self._stream.activate():  # the pipe's values belong to its stream
+            result = build(describe(fake), None, [], self._view, outs)
+            self._view.send(c.PipeRecv(self._ref, tuple(outs), sites.capture()))
         return result
 
     def send(self, obj: Any) -> None:
@@ -138,11 +140,12 @@ class Pipe(FakePipe):
                 f"Pipe is defined on mesh {self._view.mesh!r} but inputs are defined on mesh "
                 f"{view.mesh!r}"
             )
-        check_access(walk.tensors, ())
-        with fake_mode():
-            fakes = {t._ref: fake_of(t._meta) for t in walk.tensors}
-            self._sent.append(refs_replaced(encoded, fakes.__getitem__))
-        self._view.send(c.PipeSend(self._ref, encoded, sites.capture()))
+        with self._stream.activate():
+            check_access(walk.tensors, ())
+            with fake_mode():
+                fakes = {t._ref: fake_of(t._meta) for t in walk.tensors}
+                self._sent.append(refs_replaced(encoded, fakes.__getitem__))
+            self._view.send(c.PipeSend(self._ref, encoded, sites.capture()))
 
     def __repr__(self) -> str:
         return f"<regency Pipe {self._ref} on {self._view.mesh!r}>"
