@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import regency
+from regency._tensor import commands, engine, sites
 from regency.actor import ProcMesh
 from regency.gradient_generator import GradGenerator, gradient_execution_order
 from regency.tensor import grad_function, grad_generator, no_mesh
@@ -217,3 +218,18 @@ def test_bad_arguments() -> None:
         grad_generator([t.sum()], [t], [None, None])
     with pytest.raises(TypeError, match="tensors or GradientEdges, not int"):
         grad_generator(t.sum(), [3])  # type: ignore[list-item]
+
+
+def test_backwards_commands_name_the_grad_generator_call(procs: ProcMesh) -> None:
+    with procs.activate():
+        w = torch.ones(3, requires_grad=True)
+        loss = (w * w).sum()
+        root = engine.known_root(procs)
+        assert root is not None
+        root.flush()
+        gen = grad_generator(loss, [w])  # the line backward's commands are attributed to
+        next(gen)
+        issued = [cmd for cmd in root.buffer if isinstance(cmd, commands.CallOp)]
+    assert issued
+    for cmd in issued:
+        assert "gen = grad_generator(loss, [w])" in sites.describe(cmd.site)

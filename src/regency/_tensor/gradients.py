@@ -24,6 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
+from regency._tensor import sites
 from regency._tensor.engine import View, active_view
 from regency._tensor.mesh_tensor import Interceptor, MeshTensor
 
@@ -95,6 +96,7 @@ class GradientGenerator:
         self._inputs = list(with_respect_to)
         self._grad_roots = list(grad_roots) or None
         self._view = active_view() or _view_of(self._roots)
+        self._site = sites.capture()  # backward's commands are this call's
         self._state = _Lockstep(len(self._inputs))
         weakref.finalize(self, self._state.cancel)
 
@@ -112,7 +114,14 @@ class GradientGenerator:
             if state.thread is None:
                 state.thread = threading.Thread(
                     target=_run_backward,
-                    args=(state, self._roots, self._inputs, self._grad_roots, self._view),
+                    args=(
+                        state,
+                        self._roots,
+                        self._inputs,
+                        self._grad_roots,
+                        self._view,
+                        self._site,
+                    ),
                     name="regency-grad-generator",
                     daemon=True,
                 )
@@ -144,12 +153,14 @@ def _run_backward(
     inputs: list[TensorOrEdge],
     grad_roots: list[torch.Tensor | None] | None,
     view: View | None,
+    site: int,
 ) -> None:
     """The backward thread: ``torch.autograd.grad`` with a hook per input that offers its
     gradient; the values hooks did not see (edges of nodes that never run) come from its
     result."""
     try:
         with ExitStack() as hooks:
+            hooks.enter_context(sites.standing_in(site))
             if view is not None:
                 hooks.enter_context(Interceptor(view))
             for index, x in enumerate(inputs):
