@@ -233,3 +233,23 @@ def test_backwards_commands_name_the_grad_generator_call(procs: ProcMesh) -> Non
     assert issued
     for cmd in issued:
         assert "gen = grad_generator(loss, [w])" in sites.describe(cmd.site)
+
+
+def test_a_long_backward_sends_its_own_batches_in_order(procs: ProcMesh) -> None:
+    def chain(w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        y = w
+        for i in range(200):  # backward issues more commands than one batch holds
+            y = y * 1.001 + b * (i % 3)
+        return y.sum()
+
+    with procs.activate():
+        w = torch.ones(3, requires_grad=True)
+        b = torch.full((3,), 0.5, requires_grad=True)
+        gen = grad_generator(chain(w, b), [b, w])
+        gb = next(gen)
+        gw = next(gen)
+    local_w = torch.ones(3, requires_grad=True)
+    local_b = torch.full((3,), 0.5, requires_grad=True)
+    expected = torch.autograd.grad(chain(local_w, local_b), [local_b, local_w])
+    torch.testing.assert_close(regency.inspect(gb, gpus=1), expected[0])
+    torch.testing.assert_close(regency.inspect(gw, gpus=0), expected[1])

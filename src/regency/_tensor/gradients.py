@@ -12,6 +12,7 @@ while the consumer runs; the two never issue commands at the same time.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import queue
 import threading
@@ -112,9 +113,12 @@ class GradientGenerator:
             raise RuntimeError("this grad_generator was closed")
         while index not in state.found and not state.done:
             if state.thread is None:
+                # The consumer's context variables (its actor, if it runs in one), so backward's
+                # sends come from the same sender and keep their order with the consumer's.
                 state.thread = threading.Thread(
-                    target=_run_backward,
+                    target=contextvars.copy_context().run,
                     args=(
+                        _run_backward,
                         state,
                         self._roots,
                         self._inputs,
