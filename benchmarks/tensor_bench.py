@@ -38,7 +38,9 @@ def _python(system: str) -> str:
 
 def run_once(system: str, figure: str, extra: list[str]) -> dict[str, float]:
     """One figure of one system in a fresh interpreter; its JSON line."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # PYTHONPATH stays for regency (and torch), so ``PYTHONPATH=$PWD/src`` measures a checkout's
+    # code; Monarch's venv runs without it.
+    env = {k: v for k, v in os.environ.items() if system != "monarch" or k != "PYTHONPATH"}
     done = subprocess.run(
         [_python(system), WORK, "--system", system, "--figure", figure, *extra],
         cwd=HERE, env=env, capture_output=True, text=True, timeout=900, check=False,

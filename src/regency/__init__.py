@@ -36,6 +36,8 @@ _TENSOR_NAMES = (
     "fetch_shard",
     "get_active_mesh",
     "get_active_stream",
+    "grad_function",
+    "grad_generator",
     "inspect",
     "no_mesh",
     "reduce",

@@ -200,6 +200,42 @@ class Collect:
     site: int
 
 
+@_pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class CreatePipe:
+    """Start the pipe ``out``: ``fn(pipe, *args, **kwargs)`` on a thread of each worker
+    process, ``coords`` (world rank -> its coordinates) and ``sizes`` describing the mesh to it,
+    at most ``max_messages`` values waiting in each direction."""
+
+    out: int
+    fn: Any  # a FunctionRef
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    max_messages: int
+    coords: dict[int, dict[str, int]]
+    sizes: dict[str, int]
+
+
+@_pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class PipeRecv:
+    """Define ``outs`` as the tensors of the next value the pipe ``pipe`` yields (waiting)."""
+
+    pipe: int
+    outs: tuple[int, ...]
+    site: int
+
+
+@_pickled_by_fields
+@dataclass(frozen=True, slots=True)
+class PipeSend:
+    """Give the pipe ``pipe`` a copy of ``value`` (its ``Ref`` leaves resolved)."""
+
+    pipe: int
+    value: Any
+    site: int
+
+
 Command = (
     CallOp
     | CallFunction
@@ -214,6 +250,9 @@ Command = (
     | Handover
     | Publish
     | Collect
+    | CreatePipe
+    | PipeRecv
+    | PipeSend
 )
 
 

@@ -197,9 +197,11 @@ def publish(cmd: c.Publish, rank: int) -> None:
         value = TABLE.get(ref)
         if value is None:
             value = Poisoned(cmd.site, rank, f"ref {ref} is not defined on this worker")
-        elif not isinstance(value, Poisoned):
+        elif isinstance(value, torch.Tensor):
             # A copy: the stream goes on (and may write the tensor) while the endpoint runs.
             value = value.detach().clone()
+        elif not isinstance(value, Poisoned):
+            value = Poisoned(cmd.site, rank, f"ref {ref} names a {type(value).__name__}")
         values[slot] = value
     with _cond:
         for slot, value in values.items():

@@ -282,7 +282,7 @@ class _Walk:
             return ref, ref
         if isinstance(obj, (list, tuple)):
             pairs = [self.encode(x, name) for x in obj]
-            return type(obj)(p[0] for p in pairs), tuple(p[1] for p in pairs)
+            return trees.same_kind(obj, [p[0] for p in pairs]), tuple(p[1] for p in pairs)
         if isinstance(obj, dict):
             pairs2 = {k: self.encode(v, k) for k, v in obj.items()}
             return {k: p[0] for k, p in pairs2.items()}, tuple((k, p[1]) for k, p in pairs2.items())
@@ -310,7 +310,7 @@ def refs_replaced(obj: Any, value_of: Callable[[int], Any]) -> Any:
     if isinstance(obj, c.Ref):
         return value_of(obj.id)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(refs_replaced(x, value_of) for x in obj)
+        return trees.same_kind(obj, [refs_replaced(x, value_of) for x in obj])
     if isinstance(obj, dict):
         return {k: refs_replaced(v, value_of) for k, v in obj.items()}
     if isinstance(obj, trees.Node):
@@ -411,7 +411,7 @@ def _leaf(
         outs.append(ref)
         return MeshTensor._make(obj, ref, view)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_leaf(x, None, returns, inputs, view, outs) for x in obj)
+        return trees.same_kind(obj, [_leaf(x, None, returns, inputs, view, outs) for x in obj])
     if isinstance(obj, dict):
         return {k: _leaf(v, None, returns, inputs, view, outs) for k, v in obj.items()}
     if isinstance(obj, trees.Node):

@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import _disable_current_modes
 
 from regency._tensor.errors import data_dependent
-from regency._tensor.trees import Node, registered
+from regency._tensor.trees import Node, registered, same_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +111,7 @@ def describe(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return TensorMeta.of(obj)
     if isinstance(obj, (tuple, list)):
-        return type(obj)(describe(x) for x in obj)
+        return same_kind(obj, [describe(x) for x in obj])
     if isinstance(obj, dict):
         return {k: describe(v) for k, v in obj.items()}
     registration = registered(obj)

@@ -13,7 +13,7 @@ import torch
 
 from regency._errors import RegencyError
 from regency._tensor.commands import GroupRef, Ref
-from regency._tensor.trees import Node, registered
+from regency._tensor.trees import Node, registered, same_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,14 @@ class Poisoned:
     text: str
 
 
-TABLE: dict[int, torch.Tensor | Poisoned] = {}
+class Resident:
+    """A worker-side object other than a tensor that a ref names (a pipe): it lives in the
+    table until the controller deletes its ref."""
+
+    __slots__ = ("__weakref__",)
+
+
+TABLE: dict[int, torch.Tensor | Poisoned | Resident] = {}
 GROUPS: list[Callable[[tuple[tuple[int, ...], ...], int], Any]] = []
 """The process-group lookup (``reduce_worker.group_for``, registered by that module)."""
 IDENTITY: dict[str, int] = {}
@@ -48,7 +55,7 @@ def resolve(obj: Any) -> Any:
             raise PoisonedInputError(value)
         return value
     if isinstance(obj, tuple):
-        return tuple(resolve(x) for x in obj)
+        return same_kind(obj, [resolve(x) for x in obj])
     if isinstance(obj, GroupRef):
         return GROUPS[0](obj.groups, IDENTITY["rank"])
     if isinstance(obj, list):

@@ -8,11 +8,24 @@ them on the other side.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch.utils._pytree as pytree
+
+
+def same_kind(obj: list[Any] | tuple[Any, ...], items: Iterable[Any]) -> Any:
+    """A list or tuple of ``obj``'s own type holding ``items``: a named tuple takes its fields
+    as arguments (``Pair(*items)``), every other sequence type the iterable."""
+    kind = type(obj)
+    if kind is tuple:
+        return tuple(items)
+    if kind is list:
+        return list(items)
+    if isinstance(obj, tuple) and hasattr(kind, "_fields"):
+        return kind(*items)
+    return kind(items)
 
 
 def registered(obj: Any) -> Any:

@@ -13,7 +13,7 @@ import torch
 
 from regency._lowlevel import PortRef
 from regency._tensor import commands as c
-from regency._tensor import events, handoff
+from regency._tensor import events, handoff, pipe_worker
 from regency._tensor.devices import assign_device
 from regency._tensor.move_worker import run_move
 from regency._tensor.reduce_worker import init_world, run_reduce
@@ -27,6 +27,7 @@ from regency._tensor.table import (
     resolve,
     tensor_leaves,
 )
+from regency._tensor.trees import same_kind
 from regency.actor import Actor, Port, current_rank, endpoint
 
 _ops: dict[str, Any] = {}
@@ -129,6 +130,14 @@ class TensorWorker(Actor):
                 failure = handoff.collect(cmd, self._rank)
                 if failure is not None:
                     self._errors.send(failure)
+            elif isinstance(cmd, c.PipeRecv):
+                failure = pipe_worker.recv(cmd, self._rank)
+                if failure is not None:
+                    self._errors.send(failure)
+            elif isinstance(cmd, c.CreatePipe):
+                pipe_worker.create(cmd, self._rank)
+            elif isinstance(cmd, c.PipeSend):
+                pipe_worker.send(cmd)
             else:
                 run_reduce(cmd, self._rank, self._stream)
 
@@ -214,10 +223,8 @@ class TensorWorker(Actor):
 def _copies(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach().clone()
-    if isinstance(obj, tuple):
-        return tuple(_copies(x) for x in obj)
-    if isinstance(obj, list):
-        return [_copies(x) for x in obj]
+    if isinstance(obj, (tuple, list)):
+        return same_kind(obj, [_copies(x) for x in obj])
     if isinstance(obj, dict):
         return {k: _copies(v) for k, v in obj.items()}
     return obj
@@ -226,10 +233,8 @@ def _copies(obj: Any) -> Any:
 def _describe(obj: Any, meta: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return meta(obj)
-    if isinstance(obj, tuple):
-        return tuple(_describe(x, meta) for x in obj)
-    if isinstance(obj, list):
-        return [_describe(x, meta) for x in obj]
+    if isinstance(obj, (tuple, list)):
+        return same_kind(obj, [_describe(x, meta) for x in obj])
     if isinstance(obj, dict):
         return {k: _describe(v, meta) for k, v in obj.items()}
     return obj

@@ -29,8 +29,10 @@ from regency._tensor.borrows import Borrow
 from regency._tensor.engine import coalescing
 from regency._tensor.errors import DataDependentError, RemoteException
 from regency._tensor.fetching import fetch_shard, inspect
+from regency._tensor.gradients import grad_function, grad_generator
 from regency._tensor.mesh_tensor import MeshTensor as Tensor
 from regency._tensor.opaque import OpaqueObject, OpaqueRef, opaque_method
+from regency._tensor.pipes import Pipe, create_pipe, remote_generator
 from regency._tensor.process_group import RemoteProcessGroup
 from regency._tensor.remote import Remote, call_on_shard_and_fetch, remote
 from regency._tensor.show import show
@@ -41,6 +43,7 @@ __all__ = [
     "DataDependentError",
     "OpaqueObject",
     "OpaqueRef",
+    "Pipe",
     "Remote",
     "RemoteException",
     "RemoteProcessGroup",
@@ -48,15 +51,19 @@ __all__ = [
     "Tensor",
     "call_on_shard_and_fetch",
     "coalescing",
+    "create_pipe",
     "fetch_shard",
     "get_active_mesh",
     "get_active_stream",
+    "grad_function",
+    "grad_generator",
     "inspect",
     "no_mesh",
     "opaque_method",
     "reduce",
     "reduce_",
     "remote",
+    "remote_generator",
     "show",
     "slice_mesh",
     "to_mesh",
