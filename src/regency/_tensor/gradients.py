@@ -25,6 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
+from regency._errors import RegencyError
 from regency._tensor import sites
 from regency._tensor.engine import View, active_view
 from regency._tensor.mesh_tensor import Interceptor, MeshTensor
@@ -32,7 +33,7 @@ from regency._tensor.mesh_tensor import Interceptor, MeshTensor
 TensorOrEdge = torch.Tensor | GradientEdge
 
 
-class _CancelledError(Exception):
+class _CancelledError(RegencyError):
     """Raised in a hook to abandon a backward whose generator was closed."""
 
 

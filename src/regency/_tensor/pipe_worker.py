@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from regency._errors import RegencyError
 from regency._tensor import commands as c
 from regency._tensor.table import (
     TABLE,
@@ -34,7 +35,7 @@ _POLL_S = 0.2
 """How often a source blocked on a full or empty queue checks whether its pipe was dropped."""
 
 
-class PipeClosedError(RuntimeError):
+class PipeClosedError(RegencyError, RuntimeError):
     """The pipe was dropped on the controller (raised in the source, which should end)."""
 
 
