@@ -60,14 +60,14 @@ The host layer:
 from __future__ import annotations
 
 import regency._runtime.host.controller  # noqa: F401  (registers the controller's boot)
-from regency._runtime.actors import tracing
-from regency._runtime.actors.breakpoints import when_endpoint_finishes
-from regency._runtime.actors.control import SetTelemetry
-from regency._runtime.actors.endpoint_def import Actor, concurrent_endpoint, endpoint
-from regency._runtime.actors.errors import ActorError, SupervisionError
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.introspect import find, live_proc_addresses, mesh_tree
-from regency._runtime.actors.meshes import (
+from regency._runtime.actors.base.endpoint_def import Actor, concurrent_endpoint, endpoint
+from regency._runtime.actors.base.errors import ActorError, SupervisionError
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.base.ports import Channel, Port, PortReceiver
+from regency._runtime.actors.base.value_mesh import ValueMesh
+from regency._runtime.actors.control.control import SetTelemetry
+from regency._runtime.actors.meshes.introspect import find, live_proc_addresses, mesh_tree
+from regency._runtime.actors.meshes.meshes import (
     HostInfo,
     HostMesh,
     ProcMesh,
@@ -75,10 +75,10 @@ from regency._runtime.actors.meshes import (
     current_context,
     this_host_mesh,
 )
-from regency._runtime.actors.ports import Channel, Port, PortReceiver
-from regency._runtime.actors.singletons import get_or_spawn_controller
-from regency._runtime.actors.stacks import stacks_of
-from regency._runtime.actors.value_mesh import ValueMesh
+from regency._runtime.actors.meshes.singletons import get_or_spawn_controller
+from regency._runtime.actors.observe import tracing
+from regency._runtime.actors.observe.breakpoints import when_endpoint_finishes
+from regency._runtime.actors.observe.stacks import stacks_of
 from regency._runtime.host.controller import share_secret
 from regency._runtime.host.output import proc_log_root
 from regency._runtime.host.worker_daemon import Attach

@@ -136,7 +136,7 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     assert "regency._runtime.kernel.state" in graph["regency._runtime.kernel.waiting"]
     assert "regency.job" in graph["regency.actor"]  # function-local (Monarch's names)
     # TYPE_CHECKING
-    assert "regency._runtime.actors.future" in graph["regency._runtime.actors.mesh_trait"]
+    assert "regency._runtime.actors.base.future" in graph["regency._runtime.actors.base.mesh_trait"]
 
 
 def test_circles_finds_a_circle() -> None:
@@ -273,14 +273,14 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
 
 def test_layers_catch_an_import_upwards_and_past_the_face() -> None:
     graph = {
-        "regency._runtime.kernel.router": {"regency._runtime.actors.instance"},
-        "regency._runtime.actors.instance": {"regency._runtime.kernel.router"},
+        "regency._runtime.kernel.router": {"regency._runtime.actors.execution.instance"},
+        "regency._runtime.actors.execution.instance": {"regency._runtime.kernel.router"},
         "regency.rdma._engine": {"regency._runtime.kernel.state", "regency._lowlevel"},
         "regency._runtime.stray": set(),
     }
     assert violations(graph) == [
-        "regency._runtime.kernel.router (kernel) imports regency._runtime.actors.instance (actors)"
-        " above it",
+        "regency._runtime.kernel.router (kernel) imports"
+        " regency._runtime.actors.execution.instance (actors) above it",
         "regency._runtime.stray is in no layer (add it to LAYERS)",
         "regency.rdma._engine imports regency._runtime.kernel.state: use regency._lowlevel instead",
     ]

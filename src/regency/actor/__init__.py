@@ -22,18 +22,22 @@ from typing import Any
 from regency import _public
 from regency._config_keys import ChannelTransport
 from regency._errors import RegencyError
-from regency._runtime.actors.accumulator import Accumulator
-from regency._runtime.actors.actor_mesh import ActorMesh
-from regency._runtime.actors.bootstrap_command import BootstrapCommand, default_bootstrap_cmd
-from regency._runtime.actors.context import Context
-from regency._runtime.actors.endpoint import Endpoint, as_endpoint, send
-from regency._runtime.actors.endpoint_def import Actor, concurrent_endpoint, endpoint
-from regency._runtime.actors.errors import ActorError, SupervisionError
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.meshes import HostMesh, ProcMesh
-from regency._runtime.actors.ports import Channel, Port, PortReceiver
-from regency._runtime.actors.singletons import get_or_spawn_controller
-from regency._runtime.actors.supervision import (
+from regency._runtime.actors.base.context import Context
+from regency._runtime.actors.base.endpoint_def import Actor, concurrent_endpoint, endpoint
+from regency._runtime.actors.base.errors import ActorError, SupervisionError
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.base.ports import Channel, Port, PortReceiver
+from regency._runtime.actors.base.value_mesh import ValueMesh
+from regency._runtime.actors.control.bootstrap_command import (
+    BootstrapCommand,
+    default_bootstrap_cmd,
+)
+from regency._runtime.actors.meshes.accumulator import Accumulator
+from regency._runtime.actors.meshes.actor_mesh import ActorMesh
+from regency._runtime.actors.meshes.endpoint import Endpoint, as_endpoint, send
+from regency._runtime.actors.meshes.meshes import HostMesh, ProcMesh
+from regency._runtime.actors.meshes.singletons import get_or_spawn_controller
+from regency._runtime.actors.supervision.supervision import (
     MeshFailure,
     MeshRestarted,
     RestartPolicy,
@@ -41,7 +45,6 @@ from regency._runtime.actors.supervision import (
     default_unhandled_fault_hook,
     set_fault_hook_lookup,
 )
-from regency._runtime.actors.value_mesh import ValueMesh
 from regency._runtime.kernel.ids import ProcId, Uid
 from regency.actor import config
 from regency.actor._extras import (

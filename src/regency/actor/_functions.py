@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from regency._runtime.actors import context as _context
-from regency._runtime.actors.context import Context
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.meshes import (
+from regency._runtime.actors.base import context as _context
+from regency._runtime.actors.base.context import Context
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.meshes.meshes import (
     HostMesh,
     ProcMesh,
     current_context,

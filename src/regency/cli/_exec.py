@@ -185,8 +185,8 @@ def run_exec(args: argparse.Namespace) -> int:
 
 
 def _exec(args: argparse.Namespace, cmd: list[str]) -> int:
-    from regency._runtime.actors.errors import SupervisionError
-    from regency._runtime.actors.meshes import HostInfo, HostMesh
+    from regency._runtime.actors.base.errors import SupervisionError
+    from regency._runtime.actors.meshes.meshes import HostInfo, HostMesh
     from regency.job._exec import print_line, rank_env, run_on_hosts
     from regency.shape import Extent, Shape
 

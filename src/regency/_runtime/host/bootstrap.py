@@ -73,7 +73,7 @@ def serve(settings: dict[str, Any]) -> None:
         os.environ.update(settings["env"])
 
     from regency import config
-    from regency._runtime.actors.bootstrap_command import apply_cpus
+    from regency._runtime.actors.control.bootstrap_command import apply_cpus
 
     apply_cpus(settings.get("bind"))
     config.configure(**settings["config"])
@@ -86,10 +86,11 @@ def serve(settings: dict[str, Any]) -> None:
 
     tls.install(settings.get("tls"))
 
-    from regency._runtime.actors import breakpoints, context, log_records, tracing
-    from regency._runtime.actors.control import StopProc
-    from regency._runtime.actors.instance import ClientInstance
-    from regency._runtime.actors.proc_agent import ProcAgent
+    from regency._runtime.actors.base import context
+    from regency._runtime.actors.control.control import StopProc
+    from regency._runtime.actors.execution.instance import ClientInstance
+    from regency._runtime.actors.execution.proc_agent import ProcAgent
+    from regency._runtime.actors.observe import breakpoints, log_records, tracing
     from regency._runtime.kernel import state, wire
     from regency._runtime.kernel.proc_runtime import ProcRuntime
     from regency._runtime.kernel.service import Service
@@ -142,7 +143,7 @@ def _forwarded_output() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
-    from regency._runtime.actors.log_records import install_actor_log_handler
+    from regency._runtime.actors.observe.log_records import install_actor_log_handler
 
     install_actor_log_handler()
 

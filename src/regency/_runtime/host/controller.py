@@ -12,11 +12,13 @@ import os
 import sys
 
 from regency import config
-from regency._runtime.actors import context, log_records, supervision, tracing
-from regency._runtime.actors.control import WarmZygote
-from regency._runtime.actors.instance import ClientInstance
-from regency._runtime.actors.proc_agent import ProcAgent
-from regency._runtime.actors.singletons import SingletonRegistry
+from regency._runtime.actors.base import context
+from regency._runtime.actors.control.control import WarmZygote
+from regency._runtime.actors.execution.instance import ClientInstance
+from regency._runtime.actors.execution.proc_agent import ProcAgent
+from regency._runtime.actors.meshes.singletons import SingletonRegistry
+from regency._runtime.actors.observe import log_records, tracing
+from regency._runtime.actors.supervision import supervision
 from regency._runtime.host.host_agent import HostAgent, HostSession
 from regency._runtime.kernel import gateways, state, wire
 from regency._runtime.kernel.proc_runtime import ProcRuntime

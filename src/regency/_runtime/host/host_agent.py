@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from regency import config
-from regency._runtime.actors.control import (
+from regency._runtime.actors.control.control import (
     ProcInfo,
     SpawnProcs,
     StopProc,
     StopProcs,
     WarmZygote,
 )
-from regency._runtime.actors.supervision import stop_reason
+from regency._runtime.actors.supervision.supervision import stop_reason
 from regency._runtime.host.launcher import Launcher
 from regency._runtime.host.output import OutputPump, proc_log_dir
 from regency._runtime.kernel import gateways, wire

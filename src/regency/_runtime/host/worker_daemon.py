@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from regency import _plugins, config
-from regency._runtime.actors.control import ShutdownHost
+from regency._runtime.actors.control.control import ShutdownHost
 from regency._runtime.host.host_agent import HostAgent, HostSession
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.errors import PeerLostError

@@ -7,7 +7,7 @@ from pprint import pformat
 from textwrap import indent
 from typing import Any, Generic, TypeVar
 
-from regency._runtime.actors.mesh_trait import MeshTrait
+from regency._runtime.actors.base.mesh_trait import MeshTrait
 from regency._runtime.kernel import codec
 from regency.shape import Point, Shape
 

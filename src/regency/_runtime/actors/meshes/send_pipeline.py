@@ -1,11 +1,11 @@
 """The send pipeline: how an endpoint's message reaches the ranks of an actor mesh view.
 
-Each adverb of an :class:`~regency._runtime.actors.endpoint.Endpoint` makes one call here (as
+Each adverb of an :class:`~regency._runtime.actors.meshes.endpoint.Endpoint` makes one call here (as
 Ray's actor handle makes one ``submit_actor_task`` call): :meth:`SendPipeline.gather`,
 :meth:`~SendPipeline.stream`, :meth:`~SendPipeline.one` or :meth:`~SendPipeline.post`. The
 pipeline opens the reply port, refuses what supervision knows cannot be delivered, pickles the
 envelope, takes the sender's sequence numbers and sends directly or down the casting tree.
-:class:`~regency._runtime.actors.actor_mesh.ActorMesh` owns one per view.
+:class:`~regency._runtime.actors.meshes.actor_mesh.ActorMesh` owns one per view.
 """
 
 from __future__ import annotations
@@ -17,22 +17,26 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from regency import _plugins, config
-from regency._runtime.actors import context, tracing
-from regency._runtime.actors.errors import (
+from regency._runtime.actors.base import context
+from regency._runtime.actors.base.errors import (
     SupervisionError,
     failed_text,
     process_failed,
     stopped_text,
 )
-from regency._runtime.actors.ports import (
+from regency._runtime.actors.base.ports import (
     GatherReply,
     LostDescriber,
     OnceReply,
     StreamReply,
     fail_handler,
 )
-from regency._runtime.actors.proc_control import unique
-from regency._runtime.actors.supervision import UndeliverableMessageEnvelope, is_stop_reason
+from regency._runtime.actors.meshes.proc_control import unique
+from regency._runtime.actors.observe import tracing
+from regency._runtime.actors.supervision.supervision import (
+    UndeliverableMessageEnvelope,
+    is_stop_reason,
+)
 from regency._runtime.kernel import casting, codec, state, wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending
@@ -43,10 +47,10 @@ from regency.shape import Shape
 _PORT = wire.ENVELOPE_PORT
 
 if TYPE_CHECKING:
-    from regency._runtime.actors.control import ProcInfo
-    from regency._runtime.actors.identity import InstanceBase
-    from regency._runtime.actors.mesh_supervisor import MeshSupervisor
-    from regency._runtime.actors.mesh_trait import ProcMeshBase
+    from regency._runtime.actors.base.identity import InstanceBase
+    from regency._runtime.actors.base.mesh_trait import ProcMeshBase
+    from regency._runtime.actors.control.control import ProcInfo
+    from regency._runtime.actors.supervision.mesh_supervisor import MeshSupervisor
     from regency._runtime.kernel.proc_runtime import ProcRuntime
 
 

@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from regency._runtime.actors import context
+from regency._runtime.actors.base import context
 
 _switch: Callable[[], bool] = lambda: True  # noqa: E731
 

@@ -10,27 +10,25 @@ from typing import Any, Generic, TypeVar
 
 from regency import _plugins, config
 from regency._errors import RegencyError
-from regency._runtime.actors import tracing
-from regency._runtime.actors.control import ProcInfo, SpawnActor, StopActor
-from regency._runtime.actors.endpoint import (
-    Endpoint,
-    NotAnEndpoint,
-    YieldsToEndpoint,
-)
-from regency._runtime.actors.endpoint_def import (
+from regency._runtime.actors.base.endpoint_def import (
     ArgumentCheck,
     EndpointSpec,
     endpoints_of,
 )
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.identity import (
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.base.identity import (
     CreatorInstance,
     InstanceBase,
     new_uid,
 )
-from regency._runtime.actors.mesh_supervisor import MeshSupervisor
-from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
-from regency._runtime.actors.proc_control import (
+from regency._runtime.actors.base.mesh_trait import MeshTrait, ProcMeshBase
+from regency._runtime.actors.control.control import ProcInfo, SpawnActor, StopActor
+from regency._runtime.actors.meshes.endpoint import (
+    Endpoint,
+    NotAnEndpoint,
+    YieldsToEndpoint,
+)
+from regency._runtime.actors.meshes.proc_control import (
     ProcRecipe,
     after,
     new_proc_address,
@@ -39,8 +37,10 @@ from regency._runtime.actors.proc_control import (
     stop_procs,
     unique,
 )
-from regency._runtime.actors.send_pipeline import SendPipeline
-from regency._runtime.actors.supervision import RestartPolicy
+from regency._runtime.actors.meshes.send_pipeline import SendPipeline
+from regency._runtime.actors.observe import tracing
+from regency._runtime.actors.supervision.mesh_supervisor import MeshSupervisor
+from regency._runtime.actors.supervision.supervision import RestartPolicy
 from regency._runtime.kernel import codec, state, wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.refs import PortRef

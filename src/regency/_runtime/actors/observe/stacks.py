@@ -1,6 +1,6 @@
 """The Python stacks of a proc mesh's processes, every thread, as text per rank.
 
-A proc answers a :class:`~regency._runtime.actors.control.DumpStacks` on its proc agent's
+A proc answers a :class:`~regency._runtime.actors.control.control.DumpStacks` on its proc agent's
 thread, so an actor stuck in an endpoint does not keep it from answering: with ``py-spy`` on
 its ``PATH`` (or next to its Python) it runs ``py-spy dump`` on itself, which also shows native
 frames' Python callers and idle threads as py-spy sees them; otherwise, or if py-spy fails, it
@@ -23,10 +23,10 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from regency._runtime.actors.answers import Answers
-from regency._runtime.actors.control import DumpStacks
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.value_mesh import ValueMesh
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.base.value_mesh import ValueMesh
+from regency._runtime.actors.control.control import DumpStacks
+from regency._runtime.actors.observe.answers import Answers
 from regency._runtime.kernel.pending import Pending
 from regency.shape import Shape
 

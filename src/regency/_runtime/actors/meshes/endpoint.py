@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from regency import _plugins
 from regency._errors import RegencyError
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.mesh_trait import EmptySliceError
-from regency._runtime.actors.ports import Port
-from regency._runtime.actors.value_mesh import ValueMesh
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.base.mesh_trait import EmptySliceError
+from regency._runtime.actors.base.ports import Port
+from regency._runtime.actors.base.value_mesh import ValueMesh
 from regency._runtime.kernel import casting, codec, wire
 
 if TYPE_CHECKING:
-    from regency._runtime.actors.endpoint_def import ArgumentCheck, EndpointSpec
-    from regency._runtime.actors.send_pipeline import SendPipeline
+    from regency._runtime.actors.base.endpoint_def import ArgumentCheck, EndpointSpec
+    from regency._runtime.actors.meshes.send_pipeline import SendPipeline
 
 R = TypeVar("R")
 V = TypeVar("V")
@@ -28,7 +28,7 @@ class Endpoint(Generic[R]):
     """A method of an actor mesh, reached as ``mesh.method``; pick an adverb to send.
 
     Each adverb checks its arguments and makes one call to the mesh view's
-    :class:`~regency._runtime.actors.send_pipeline.SendPipeline`, which does the sending.
+    :class:`~regency._runtime.actors.meshes.send_pipeline.SendPipeline`, which does the sending.
     """
 
     __slots__ = ("_checker", "_name", "_pipeline", "_spec")
@@ -201,7 +201,7 @@ def as_endpoint(
     whose endpoints are all ``def`` the method must be a ``def`` too (an ``async def`` fails
     with ``TypeError`` on the actor). Anything but such a method raises ``ValueError``.
     """
-    from regency._runtime.actors.endpoint_def import ArgumentCheck, as_endpoint_spec
+    from regency._runtime.actors.base.endpoint_def import ArgumentCheck, as_endpoint_spec
 
     if not isinstance(not_an_endpoint, NotAnEndpoint):
         raise ValueError("expected an method of a spawned actor")

@@ -7,13 +7,13 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from regency._runtime.actors import context
-from regency._runtime.actors.control import GetSingleton
-from regency._runtime.actors.errors import SupervisionError
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.identity import InstanceBase, new_uid
-from regency._runtime.actors.meshes import ProcMesh, this_proc_mesh
-from regency._runtime.actors.supervision import MeshFailure
+from regency._runtime.actors.base import context
+from regency._runtime.actors.base.errors import SupervisionError
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.base.identity import InstanceBase, new_uid
+from regency._runtime.actors.control.control import GetSingleton
+from regency._runtime.actors.meshes.meshes import ProcMesh, this_proc_mesh
+from regency._runtime.actors.supervision.supervision import MeshFailure
 from regency._runtime.kernel import codec, state, wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending

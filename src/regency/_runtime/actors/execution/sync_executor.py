@@ -15,9 +15,16 @@ import time
 from typing import Any
 
 from regency import config
-from regency._runtime.actors import context, tracing
-from regency._runtime.actors.identity import wait_stopped
-from regency._runtime.actors.instance_core import STOP, SUPERVISE, WAKE, ActorCore, Control
+from regency._runtime.actors.base import context
+from regency._runtime.actors.base.identity import wait_stopped
+from regency._runtime.actors.execution.instance_core import (
+    STOP,
+    SUPERVISE,
+    WAKE,
+    ActorCore,
+    Control,
+)
+from regency._runtime.actors.observe import tracing
 from regency._runtime.kernel.mailbox import Delivery
 from regency._runtime.kernel.waiting import poll_then_wait, thread_waker
 from regency._transport.io_loop import Turn

@@ -25,8 +25,8 @@ import weakref
 from collections.abc import Sequence
 from typing import TextIO
 
-from regency._runtime.actors.control import SetLogLevel
-from regency._runtime.actors.future import Future
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.control.control import SetLogLevel
 from regency._runtime.kernel import state, wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending

@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from regency import config
-from regency._runtime.actors.bootstrap_command import ProcLaunch
-from regency._runtime.actors.control import ProcInfo, ShutdownHost, SpawnProcs, StopProcs
-from regency._runtime.actors.errors import ActorError
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.supervision import stop_reason
+from regency._runtime.actors.base.errors import ActorError
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.control.bootstrap_command import ProcLaunch
+from regency._runtime.actors.control.control import ProcInfo, ShutdownHost, SpawnProcs, StopProcs
+from regency._runtime.actors.supervision.supervision import stop_reason
 from regency._runtime.kernel import state, wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending

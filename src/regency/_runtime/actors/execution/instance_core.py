@@ -15,14 +15,21 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from regency import _plugins, config
-from regency._runtime.actors import breakpoints, context, supervision, tracing
-from regency._runtime.actors.control import SpawnActor
-from regency._runtime.actors.endpoint_def import EndpointSpec, plain_method
-from regency._runtime.actors.errors import ActorError, SupervisionError, failed_text, stopped_text
-from regency._runtime.actors.identity import InstanceBase, new_uid
-from regency._runtime.actors.mesh_trait import ProcMeshBase
-from regency._runtime.actors.ports import Port
-from regency._runtime.actors.supervision import (
+from regency._runtime.actors.base import context
+from regency._runtime.actors.base.endpoint_def import EndpointSpec, plain_method
+from regency._runtime.actors.base.errors import (
+    ActorError,
+    SupervisionError,
+    failed_text,
+    stopped_text,
+)
+from regency._runtime.actors.base.identity import InstanceBase, new_uid
+from regency._runtime.actors.base.mesh_trait import ProcMeshBase
+from regency._runtime.actors.base.ports import Port
+from regency._runtime.actors.control.control import SpawnActor
+from regency._runtime.actors.observe import breakpoints, tracing
+from regency._runtime.actors.supervision import supervision
+from regency._runtime.actors.supervision.supervision import (
     FailureEvent,
     MeshRestarted,
     UndeliverableMessageEnvelope,
@@ -35,7 +42,7 @@ from regency._runtime.kernel.refs import Part, PortRef
 from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
-    from regency._runtime.actors.future import Future
+    from regency._runtime.actors.base.future import Future
 
 
 log = logging.getLogger("regency.actor")
@@ -59,7 +66,7 @@ class Control:
 
 class ActorCore(InstanceBase):
     """One hosted actor's state and the steps both executors share (see
-    :class:`~regency._runtime.actors.instance.ActorInstance`)."""
+    :class:`~regency._runtime.actors.execution.instance.ActorInstance`)."""
 
     def __init__(self, runtime: ProcRuntime, request: SpawnActor) -> None:
         super().__init__()

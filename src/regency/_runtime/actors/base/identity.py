@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from regency._runtime.actors.mesh_trait import ProcMeshBase
+from regency._runtime.actors.base.mesh_trait import ProcMeshBase
 from regency.shape import Point
 
 if TYPE_CHECKING:
-    from regency._runtime.actors.future import Future
+    from regency._runtime.actors.base.future import Future
 
 log = logging.getLogger("regency.supervision")
 
@@ -25,7 +25,8 @@ _this_proc_mesh: Callable[[], ProcMeshBase] | None = None
 
 def set_this_proc_mesh(make: Callable[[], ProcMeshBase]) -> None:
     """Register how an instance builds its process's singleton proc mesh (``instance.proc``):
-    :mod:`regency._runtime.actors.meshes`, which defines proc meshes, does so when imported."""
+    :mod:`regency._runtime.actors.meshes.meshes`, which defines proc meshes, does so when
+    imported."""
     global _this_proc_mesh
     _this_proc_mesh = make
 
@@ -196,7 +197,7 @@ class InstanceBase:
     def proc(self) -> ProcMeshBase:
         """The singleton proc mesh of the process this actor runs in."""
         assert _this_proc_mesh is not None, (
-            "regency._runtime.actors.meshes registers it when imported"
+            "regency._runtime.actors.meshes.meshes registers it when imported"
         )
         return _this_proc_mesh()
 

@@ -11,15 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from regency import _plugins, config
-from regency._runtime.actors import context
-from regency._runtime.actors.async_executor import AsyncExecutor, new_loop
-from regency._runtime.actors.control import SpawnActor
-from regency._runtime.actors.endpoint_def import actor_is_async, endpoints_of
-from regency._runtime.actors.identity import ActorId, InstanceBase, new_uid
-from regency._runtime.actors.instance_core import STOP, SUPERVISE, WAKE, Control
-from regency._runtime.actors.mesh_trait import ProcMeshBase
-from regency._runtime.actors.supervision import MeshFailure, run_fault_hook
-from regency._runtime.actors.sync_executor import SyncExecutor
+from regency._runtime.actors.base import context
+from regency._runtime.actors.base.endpoint_def import actor_is_async, endpoints_of
+from regency._runtime.actors.base.identity import ActorId, InstanceBase, new_uid
+from regency._runtime.actors.base.mesh_trait import ProcMeshBase
+from regency._runtime.actors.control.control import SpawnActor
+from regency._runtime.actors.execution.async_executor import AsyncExecutor, new_loop
+from regency._runtime.actors.execution.instance_core import STOP, SUPERVISE, WAKE, Control
+from regency._runtime.actors.execution.sync_executor import SyncExecutor
+from regency._runtime.actors.supervision.supervision import MeshFailure, run_fault_hook
 from regency._runtime.kernel import codec
 from regency._runtime.kernel.proc_runtime import ProcRuntime
 from regency._runtime.kernel.service import Service

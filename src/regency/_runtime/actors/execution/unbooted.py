@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from regency._runtime.actors.control import SpawnActor
-from regency._runtime.actors.errors import ActorError
-from regency._runtime.actors.instance import ActorInstance
+from regency._runtime.actors.base.errors import ActorError
+from regency._runtime.actors.control.control import SpawnActor
+from regency._runtime.actors.execution.instance import ActorInstance
 from regency._runtime.kernel.proc_runtime import ProcRuntime
 
 

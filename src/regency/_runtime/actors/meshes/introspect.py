@@ -2,7 +2,7 @@
 
 The tree is built from what this process owns (the proc meshes it spawned and the actor meshes
 spawned on them from here) and from each live proc's own account of its actors (a
-:class:`~regency._runtime.actors.control.ProcStats` to every proc, answered by its agent's
+:class:`~regency._runtime.actors.control.control.ProcStats` to every proc, answered by its agent's
 thread): state (running / failed / stopped), the failure text, messages handled and mailbox
 depth. Restart counts and latched failures come from the meshes' supervisors here. Every node
 has a ``ref`` (URL-safe, stable for the node's life) for looking it up on its own.
@@ -14,11 +14,11 @@ import hashlib
 import os
 from typing import Any
 
-from regency._runtime.actors import context
-from regency._runtime.actors.answers import Answers
-from regency._runtime.actors.control import ProcStats
-from regency._runtime.actors.meshes import ProcMesh
-from regency._runtime.actors.supervision import is_stop_reason
+from regency._runtime.actors.base import context
+from regency._runtime.actors.control.control import ProcStats
+from regency._runtime.actors.meshes.meshes import ProcMesh
+from regency._runtime.actors.observe.answers import Answers
+from regency._runtime.actors.supervision.supervision import is_stop_reason
 from regency._runtime.kernel import state
 from regency.shape import Point
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from regency._runtime.actors.bootstrap_command import ProcLaunch
-from regency._runtime.actors.identity import CreatorInstance
+from regency._runtime.actors.base.identity import CreatorInstance
+from regency._runtime.actors.control.bootstrap_command import ProcLaunch
 from regency._runtime.kernel.refs import PortRef
 
 # -- to a proc agent -------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 
 Events travel from a failed actor (or from the process watching a dead proc) to the process of
 the mesh's owner, where a
-:class:`~regency._runtime.actors.mesh_supervisor.MeshSupervisor` keeps per-rank health and hands
-notices to the owner.
+:class:`~regency._runtime.actors.supervision.mesh_supervisor.MeshSupervisor` keeps per-rank
+health and hands notices to the owner.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from regency._runtime.actors.errors import failed_text
+from regency._runtime.actors.base.errors import failed_text
 
 STOP_REASON_PREFIX = "stopped ("
 

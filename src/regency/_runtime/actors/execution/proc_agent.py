@@ -11,8 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from regency import _plugins, config
-from regency._runtime.actors import supervision
-from regency._runtime.actors.control import (
+from regency._runtime.actors.control.control import (
     DumpStacks,
     PingProc,
     ProcStats,
@@ -22,9 +21,10 @@ from regency._runtime.actors.control import (
     StopActor,
     StopProc,
 )
-from regency._runtime.actors.instance import ActorInstance
-from regency._runtime.actors.stacks import local_stacks
-from regency._runtime.actors.unbooted import UnbootedInstance
+from regency._runtime.actors.execution.instance import ActorInstance
+from regency._runtime.actors.execution.unbooted import UnbootedInstance
+from regency._runtime.actors.observe.stacks import local_stacks
+from regency._runtime.actors.supervision import supervision
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.port_handlers import PeerWatch

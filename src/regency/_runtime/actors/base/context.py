@@ -9,7 +9,7 @@ from regency._runtime.kernel import state
 from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
-    from regency._runtime.actors.identity import InstanceBase
+    from regency._runtime.actors.base.identity import InstanceBase
 
 _EMPTY_POINT = Point(0, Extent([], []))
 _client: InstanceBase | None = None

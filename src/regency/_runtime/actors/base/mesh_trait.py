@@ -11,7 +11,7 @@ from regency._errors import RegencyError
 from regency.shape import Extent, Shape
 
 if TYPE_CHECKING:
-    from regency._runtime.actors.future import Future
+    from regency._runtime.actors.base.future import Future
 
 M = TypeVar("M", bound="MeshTrait")
 T = TypeVar("T")

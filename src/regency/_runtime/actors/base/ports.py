@@ -8,8 +8,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from regency._runtime.actors.errors import SupervisionError
-from regency._runtime.actors.future import Future
+from regency._runtime.actors.base.errors import SupervisionError
+from regency._runtime.actors.base.future import Future
 from regency._runtime.kernel import casting, codec, state, wire
 from regency._runtime.kernel.errors import PeerLostError
 from regency._runtime.kernel.pending import Pending

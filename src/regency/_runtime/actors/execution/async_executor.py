@@ -16,10 +16,17 @@ from collections.abc import Callable
 from typing import Any
 
 from regency import config
-from regency._runtime.actors import context, tracing
-from regency._runtime.actors.endpoint_def import EndpointSpec
-from regency._runtime.actors.identity import wait_stopped_async
-from regency._runtime.actors.instance_core import STOP, SUPERVISE, WAKE, ActorCore, Control
+from regency._runtime.actors.base import context
+from regency._runtime.actors.base.endpoint_def import EndpointSpec
+from regency._runtime.actors.base.identity import wait_stopped_async
+from regency._runtime.actors.execution.instance_core import (
+    STOP,
+    SUPERVISE,
+    WAKE,
+    ActorCore,
+    Control,
+)
+from regency._runtime.actors.observe import tracing
 from regency._runtime.kernel.mailbox import Delivery
 from regency._runtime.kernel.refs import PortRef
 from regency.shape import Point

@@ -15,32 +15,31 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from regency import _plugins, config
-from regency._runtime.actors import context, tracing
-from regency._runtime.actors.actor_mesh import ActorMesh, NotOwnedError, spawn_actor_mesh
-from regency._runtime.actors.bootstrap_command import (
+from regency._runtime.actors.base import context
+from regency._runtime.actors.base.endpoint_def import (
+    Actor,
+    actor_is_async,
+    endpoints_of,
+)
+from regency._runtime.actors.base.errors import ActorError
+from regency._runtime.actors.base.future import CoroutineFuture, Future
+from regency._runtime.actors.base.identity import (
+    InstanceBase,
+    set_this_proc_mesh,
+)
+from regency._runtime.actors.base.mesh_trait import MeshTrait, ProcMeshBase
+from regency._runtime.actors.base.value_mesh import ValueMesh
+from regency._runtime.actors.control.bootstrap_command import (
     BootstrapCommand,
     inherited_python,
     launches_for,
     python_bootstrap_cmd,
 )
-from regency._runtime.actors.control import PingProc, ProcInfo
-from regency._runtime.actors.endpoint_def import (
-    Actor,
-    actor_is_async,
-    endpoints_of,
-)
-from regency._runtime.actors.errors import ActorError
-from regency._runtime.actors.future import CoroutineFuture, Future
-from regency._runtime.actors.identity import (
-    InstanceBase,
-    set_this_proc_mesh,
-)
-from regency._runtime.actors.joining import carry_secret
-from regency._runtime.actors.log_sink import LogSink, flushed_after, set_logging_option
-from regency._runtime.actors.mesh_supervisor import MeshSupervisor
-from regency._runtime.actors.mesh_table import mesh_table
-from regency._runtime.actors.mesh_trait import MeshTrait, ProcMeshBase
-from regency._runtime.actors.proc_control import (
+from regency._runtime.actors.control.control import PingProc, ProcInfo
+from regency._runtime.actors.meshes.actor_mesh import ActorMesh, NotOwnedError, spawn_actor_mesh
+from regency._runtime.actors.meshes.joining import carry_secret
+from regency._runtime.actors.meshes.mesh_table import mesh_table
+from regency._runtime.actors.meshes.proc_control import (
     ProcRecipe,
     after,
     new_proc_address,
@@ -50,9 +49,11 @@ from regency._runtime.actors.proc_control import (
     stop_procs,
     unique,
 )
-from regency._runtime.actors.stacks import gather_stacks
-from regency._runtime.actors.supervision import RestartPolicy
-from regency._runtime.actors.value_mesh import ValueMesh
+from regency._runtime.actors.observe import tracing
+from regency._runtime.actors.observe.log_sink import LogSink, flushed_after, set_logging_option
+from regency._runtime.actors.observe.stacks import gather_stacks
+from regency._runtime.actors.supervision.mesh_supervisor import MeshSupervisor
+from regency._runtime.actors.supervision.supervision import RestartPolicy
 from regency._runtime.kernel import codec, state, wire
 from regency._runtime.kernel.pending import Pending
 from regency.shape import Extent, Point, Shape, Slice

@@ -6,8 +6,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from regency._runtime.actors.endpoint import Endpoint
-from regency._runtime.actors.future import Future
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.meshes.endpoint import Endpoint
 from regency._runtime.kernel.pending import Pending
 
 A = TypeVar("A")

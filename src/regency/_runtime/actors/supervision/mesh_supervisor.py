@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from regency._runtime.actors import tracing
-from regency._runtime.actors.control import ProcInfo
-from regency._runtime.actors.errors import failed_text, process_failed, stopped_text
-from regency._runtime.actors.identity import segment
-from regency._runtime.actors.supervision import (
+from regency._runtime.actors.base.errors import failed_text, process_failed, stopped_text
+from regency._runtime.actors.base.identity import segment
+from regency._runtime.actors.control.control import ProcInfo
+from regency._runtime.actors.observe import tracing
+from regency._runtime.actors.supervision.supervision import (
     FailureEvent,
     MeshFailure,
     MeshRestarted,
@@ -34,7 +34,7 @@ from regency._runtime.kernel.refs import Part, PortRef
 from regency.shape import Extent, Point
 
 if TYPE_CHECKING:
-    from regency._runtime.actors.identity import InstanceBase
+    from regency._runtime.actors.base.identity import InstanceBase
 
 log = logging.getLogger("regency.supervision")
 
