@@ -2,9 +2,7 @@
 
 ``regency.rdma``, ``regency.job``, ``regency.spmd`` and the tensor engine import the runtime only
 from here (``tests/unit/test_import_layers.py`` pins it), so the runtime's folders can change
-under them. Importing this module registers the controller's boot: the first use of
-:func:`runtime` in the controller's process starts its runtime, as importing ``regency.actor``
-does.
+under them. The first use of :func:`runtime` in the controller's process starts its runtime.
 
 The kernel, for messages that are not actor calls:
 
@@ -59,7 +57,6 @@ The host layer:
 
 from __future__ import annotations
 
-import regency._runtime.host.controller  # noqa: F401  (registers the controller's boot)
 from regency._runtime.actors.base.endpoint_def import Actor, concurrent_endpoint, endpoint
 from regency._runtime.actors.base.errors import ActorError, SupervisionError
 from regency._runtime.actors.base.future import Future

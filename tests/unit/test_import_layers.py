@@ -163,7 +163,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "regency._errors",
             "regency._public",
             "regency._private_paths",
-            "regency._plugins",
+            "regency._hooks",
         ),
     ),
     ("config", ("regency.config",)),
@@ -211,25 +211,25 @@ FACE_ONLY = (
 RUNTIME = "regency._runtime"
 # (importer, imported) pairs allowed against FACE_ONLY, each with its reason. None today.
 FACE_EXCEPTIONS: dict[tuple[str, str], str] = {}
+# The composition root's hook loaders (regency/__init__.py, for regency._hooks): the only imports
+# allowed upwards besides Monarch's top-level tensor names, each function-local, by hook name.
+HOOK_LOADERS: dict[str, str] = {
+    "tensor": "regency._tensor.api",
+    "debugger": "regency.observe.pdb_session",
+    "telemetry": "regency.observe.telemetry.switch",
+    "boot": "regency._runtime.host.controller",
+    "proc_mesh": "regency._runtime.actors.meshes.meshes",
+    "fault_hook": "regency.actor",
+}
 # (importer, imported) pairs allowed upwards, each with its reason.
 UPWARD_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("regency", "regency.tensor"): "Monarch's top-level tensor names (regency.inspect, ...), "
     "imported by the package's __getattr__ on first use only, so `import regency` stays torch-free",
-    (
-        "regency",
-        "regency._tensor.api",
-    ): "the tensor engine's loader, registered with regency._plugins "
-    "for ProcMesh.activate() and imported on first use only, so the runtime never names it",
-    (
-        "regency",
-        "regency.observe.pdb_session",
-    ): "the debugger's loader, registered with regency._plugins for breakpoint() in a proc "
-    "and imported on first use only, so the runtime never names it",
-    (
-        "regency",
-        "regency.observe.telemetry.switch",
-    ): "telemetry's switch, registered with regency._plugins for a process whose telemetry "
-    "setting is on and imported then only, so the runtime never names it",
+    **{
+        ("regency", target): f"the composition root's loader of the {hook!r} hook "
+        "(regency._hooks), imported on first use only, so the runtime never names it"
+        for hook, target in HOOK_LOADERS.items()
+    },
 }
 
 
@@ -289,3 +289,54 @@ def test_layers_catch_an_import_upwards_and_past_the_face() -> None:
 def test_every_import_follows_the_layers() -> None:
     found = violations(import_graph())
     assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+def _hook_names() -> set[str]:
+    """The hooks ``regency._hooks`` declares (its module-level ``Hook`` instances), by name."""
+    tree = ast.parse((SRC / PACKAGE / "_hooks.py").read_text(encoding="utf-8"))
+    return {
+        node.target.id
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(node.annotation, ast.Subscript)
+        and isinstance(node.annotation.value, ast.Name)
+        and node.annotation.value.id == "Hook"
+    }
+
+
+def test_the_composition_root_registers_every_hook_and_imports_up_only_in_its_loaders() -> None:
+    tree = ast.parse((SRC / PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    registered = {
+        node.func.value.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "register"
+        and isinstance(node.func.value, ast.Attribute)
+        and isinstance(node.func.value.value, ast.Name)
+        and node.func.value.value.id == "_hooks"
+    }
+    assert registered == _hook_names() == set(HOOK_LOADERS)
+    # the loaders' imports run on first use only: none at module level
+    top_level = {
+        alias.name
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+        if isinstance(node, ast.Import)
+    } | {node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
+    assert not top_level & set(HOOK_LOADERS.values())
+
+
+def test_each_runtime_layer_calls_up_through_the_typed_hooks() -> None:
+    graph = import_graph()
+    callers = {m for m in graph if _within(m, RUNTIME) and "regency._hooks" in graph[m]}
+    assert {
+        "regency._runtime.kernel.state",  # boot
+        "regency._runtime.actors.base.identity",  # proc_mesh
+        "regency._runtime.actors.supervision.supervision",  # fault_hook
+        "regency._runtime.actors.meshes.send_pipeline",  # tensor
+        "regency._runtime.actors.observe.breakpoints",  # debugger
+        "regency._runtime.host.worker_daemon",  # telemetry
+    } <= callers

@@ -43,7 +43,6 @@ from regency._runtime.actors.supervision.supervision import (
     RestartPolicy,
     UndeliverableMessageEnvelope,
     default_unhandled_fault_hook,
-    set_fault_hook_lookup,
 )
 from regency._runtime.kernel.ids import ProcId, Uid
 from regency.actor import config
@@ -126,13 +125,6 @@ unhandled_fault_hook: Callable[[MeshFailure], None] = default_unhandled_fault_ho
 """Called once per failure that reaches the root unhandled. Replace it to decide:
 return to ignore the failure; raise (the default raises ``SystemExit(1)``) to report it on
 stderr and end the controller with exit code 1."""
-
-
-def _unhandled_fault_hook() -> Callable[[MeshFailure], None]:
-    return unhandled_fault_hook
-
-
-set_fault_hook_lookup(_unhandled_fault_hook)
 
 
 # Monarch also offers these from its actor module; they live in ``regency.job``, which imports

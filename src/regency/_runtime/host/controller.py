@@ -112,6 +112,3 @@ def shutdown(timeout: float | None = None, exiting: bool = False) -> None:
     gateways.clear()
     state.clear(shut_down=True)
     context.clear_client()
-
-
-state.set_boot(bootstrap_controller)

@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from regency import _plugins, config
+from regency import _hooks, config
 from regency._runtime.actors.control.control import ShutdownHost
 from regency._runtime.host.host_agent import HostAgent, HostSession
 from regency._runtime.kernel import wire
@@ -261,7 +261,7 @@ def start(
     worker = WorkerAgent(runtime, agent, job_secret, idle_timeout, exit_with_controller)
     runtime.add_service(wire.SERVICE_HOST, worker.service)
     # This host keeps its procs' rows of the job's telemetry tables (they outlive the procs).
-    _plugins.load("telemetry").serve_rows(runtime)
+    _hooks.telemetry.load().serve_rows(runtime)
     agent.launcher.start_zygote()
     print(f"regency worker listening on {advertise or runtime.address}", flush=True)
     return runtime, worker

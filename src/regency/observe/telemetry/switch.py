@@ -1,6 +1,6 @@
 """Switching telemetry on and off in this process, and in the controller's procs.
 
-The runtime reaches this module through ``regency._plugins`` (``"telemetry"``): it calls
+The runtime reaches this module through ``regency._hooks`` (its ``telemetry`` hook): it calls
 :func:`follow` as a process starts with the ``telemetry`` setting on, when a proc is told to
 by its controller (``SetTelemetry``), and as a process stops (to send what is left).
 

@@ -8,10 +8,10 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from regency import _hooks
 from regency._runtime.actors.base.mesh_trait import ProcMeshBase
 from regency.shape import Point
 
@@ -19,16 +19,6 @@ if TYPE_CHECKING:
     from regency._runtime.actors.base.future import Future
 
 log = logging.getLogger("regency.supervision")
-
-_this_proc_mesh: Callable[[], ProcMeshBase] | None = None
-
-
-def set_this_proc_mesh(make: Callable[[], ProcMeshBase]) -> None:
-    """Register how an instance builds its process's singleton proc mesh (``instance.proc``):
-    :mod:`regency._runtime.actors.meshes.meshes`, which defines proc meshes, does so when
-    imported."""
-    global _this_proc_mesh
-    _this_proc_mesh = make
 
 
 class Stoppable(Protocol):
@@ -196,10 +186,9 @@ class InstanceBase:
     @property
     def proc(self) -> ProcMeshBase:
         """The singleton proc mesh of the process this actor runs in."""
-        assert _this_proc_mesh is not None, (
-            "regency._runtime.actors.meshes.meshes registers it when imported"
-        )
-        return _this_proc_mesh()
+        mesh = _hooks.proc_mesh.load()()  # the meshes are above this module
+        assert isinstance(mesh, ProcMeshBase)
+        return mesh
 
     def as_creator(self) -> CreatorInstance:
         """This instance's identity, to hand to the actors it spawns."""

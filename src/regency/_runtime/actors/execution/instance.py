@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from regency import _plugins, config
+from regency import _hooks, config
 from regency._runtime.actors.base import context
 from regency._runtime.actors.base.endpoint_def import actor_is_async, endpoints_of
 from regency._runtime.actors.base.identity import ActorId, InstanceBase, new_uid
@@ -215,7 +215,7 @@ class ActorInstance(SyncExecutor, AsyncExecutor):
         try:
             (cls, args, kwargs, proc_mesh), carried = codec.loads_carrying([self.request.payload])
             if carried:  # mesh tensor arguments: wait for this rank's shards (after unpickling)
-                _plugins.load("tensor").settle_arrivals(carried)
+                _hooks.tensor.load().settle_arrivals(carried)
             self._proc_mesh = proc_mesh
             for name, prop in endpoints_of(cls).items():
                 self._endpoints[name] = (prop.method, prop.spec)

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from regency import _plugins, config
+from regency import _hooks, config
 from regency._runtime.actors.base import context
 from regency._runtime.actors.base.endpoint_def import EndpointSpec, plain_method
 from regency._runtime.actors.base.errors import (
@@ -398,7 +398,7 @@ class ActorCore(InstanceBase):
         on this proc for it), or they would stay until the proc ends."""
         carried = codec.carried_in(payload)
         if carried:
-            _plugins.load("tensor").discard_arrivals(carried)
+            _hooks.tensor.load().discard_arrivals(carried)
 
     def _prepare(self, item: Delivery) -> tuple[Any, ...] | None:
         """Decode a message; returns None (after replying) when it cannot run."""
@@ -418,7 +418,7 @@ class ActorCore(InstanceBase):
             (args, kwargs), carried = codec.loads_carrying(payload)
             if carried:
                 # Mesh tensors among the arguments: the call waits for their shards first.
-                fn = _plugins.load("tensor").bind_arrivals(fn, spec.is_async, carried)
+                fn = _hooks.tensor.load().bind_arrivals(fn, spec.is_async, carried)
         except BaseException as exc:  # a KeyboardInterrupt or SystemExit unpickling it too
             self._release_carried(payload)
             self._on_error(method, reply, point, exc)

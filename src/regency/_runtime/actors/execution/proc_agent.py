@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from regency import _plugins, config
+from regency import _hooks, config
 from regency._runtime.actors.control.control import (
     DumpStacks,
     PingProc,
@@ -74,7 +74,7 @@ class ProcAgent:
             return
         if isinstance(request, SetTelemetry):
             config.configure(**request.settings)
-            _plugins.load("telemetry").follow(request.on)
+            _hooks.telemetry.load().follow(request.on)
             return
         if isinstance(request, ProcStats):
             with self._lock:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from regency import _plugins, config
+from regency import _hooks, config
 from regency._errors import RegencyError
 from regency._runtime.actors.base.endpoint_def import (
     ArgumentCheck,
@@ -292,7 +292,7 @@ def spawn_actor_mesh(
                 f"spawning {name!r}: a mesh tensor constructor argument cannot be combined "
                 "with a restart policy (a restarted actor has no shard to receive)"
             )
-        _plugins.load("tensor").before_actor_send(carried, mesh._pipeline, shape.ranks())
+        _hooks.tensor.load().before_actor_send(carried, mesh._pipeline, shape.ranks())
     spawn = ActorSpawn(
         mesh._mesh_id,
         name,

@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
-from regency import _plugins
+from regency import _hooks
 from regency._errors import RegencyError
 from regency._runtime.actors.base.future import Future
 from regency._runtime.actors.base.mesh_trait import EmptySliceError
@@ -95,9 +95,7 @@ class Endpoint(Generic[R]):
         """
         self._check_arguments(args, kwargs)
         self._nonempty("rref")
-        return _plugins.load("tensor").actor_rref(
-            self._pipeline, self._name, self._spec, args, kwargs
-        )
+        return _hooks.tensor.load().actor_rref(self._pipeline, self._name, self._spec, args, kwargs)
 
     def _send(
         self,

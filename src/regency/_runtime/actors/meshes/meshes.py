@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from regency import _plugins, config
+from regency import _hooks, config
 from regency._runtime.actors.base import context
 from regency._runtime.actors.base.endpoint_def import (
     Actor,
@@ -25,7 +25,6 @@ from regency._runtime.actors.base.errors import ActorError
 from regency._runtime.actors.base.future import CoroutineFuture, Future
 from regency._runtime.actors.base.identity import (
     InstanceBase,
-    set_this_proc_mesh,
 )
 from regency._runtime.actors.base.mesh_trait import MeshTrait, ProcMeshBase
 from regency._runtime.actors.base.value_mesh import ValueMesh
@@ -534,20 +533,20 @@ class ProcMesh(ProcMeshBase):
     # The tensor engine supplies these (see ``_tensor_api``).
     def activate(self) -> contextlib.AbstractContextManager[ProcMesh]:
         """``with procs.activate():`` torch ops in the block run on this mesh's workers."""
-        manager: contextlib.AbstractContextManager[ProcMesh] = _tensor_api().activate(self)
+        manager: contextlib.AbstractContextManager[ProcMesh] = _hooks.tensor.load().activate(self)
         return manager
 
     def rank_tensor(self, dims: str | Sequence[str]) -> Any:
         """A mesh tensor of each proc's coordinate(s) along ``dims``."""
-        return _tensor_api().rank_tensor(self, dims)
+        return _hooks.tensor.load().rank_tensor(self, dims)
 
     def rank_tensors(self) -> Any:
         """``{dim: rank_tensor(dim)}`` for every dimension."""
-        return _tensor_api().rank_tensors(self)
+        return _hooks.tensor.load().rank_tensors(self)
 
     def process_group(self, dims: str | Sequence[str]) -> Any:
         """This mesh's ``torch.distributed`` group along ``dims``, for remote functions."""
-        return _tensor_api().process_group(self, dims)
+        return _hooks.tensor.load().process_group(self, dims)
 
     @property
     def host_mesh(self) -> HostMesh:
@@ -580,12 +579,6 @@ class ProcMesh(ProcMeshBase):
             await self.stop()
 
 
-def _tensor_api() -> Any:
-    # The tensor engine is a layer above the runtime (built on regency.actor) and needs torch:
-    # the regency package registers its loader, which runs on first use.
-    return _plugins.load("tensor")
-
-
 def this_proc_mesh() -> ProcMesh:
     """The singleton proc mesh of the calling process."""
     rt = state.runtime()
@@ -594,7 +587,6 @@ def this_proc_mesh() -> ProcMesh:
     return ProcMesh(Shape.unity(), [info], "this_proc", None, owned=False)
 
 
-set_this_proc_mesh(this_proc_mesh)
 carry_secret(HostMesh, ProcMesh, ActorMesh)
 
 

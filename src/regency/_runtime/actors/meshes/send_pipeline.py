@@ -16,7 +16,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from regency import _plugins, config
+from regency import _hooks, config
 from regency._runtime.actors.base import context
 from regency._runtime.actors.base.errors import (
     SupervisionError,
@@ -429,7 +429,7 @@ class SendPipeline:
             # Mesh tensors among the arguments: the tensor engine hands their shards to these
             # ranks (or refuses, raising) before the message that names them goes out.
             bases = [route.bases[r] for r in ranks]
-            _plugins.load("tensor").before_actor_send(carried, self, bases)
+            _hooks.tensor.load().before_actor_send(carried, self, bases)
         mesh_id = self.mesh_id
         uid = sender.uid
         next_seq = sender.next_seq

@@ -2,7 +2,7 @@
 
 A proc has no terminal to run ``pdb`` on, so :func:`install` points ``sys.breakpointhook`` at a
 hook that hands the caller's frame to the debugger layer (``regency.observe``, found through
-:mod:`regency._plugins`, so the runtime names nothing above it). That layer runs ``pdb`` over
+:mod:`regency._hooks`, so the runtime names nothing above it). That layer runs ``pdb`` over
 messages to the controller, and asks (:func:`when_endpoint_finishes`) to hear when the endpoint
 that paused has finished, so that a session never outlives its endpoint. The executors call
 :func:`endpoint_finished` before they reply; when no session is open that is one dict check.
@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from regency import _plugins
+from regency import _hooks
 
 Finisher = Callable[[BaseException | None], None]
 _finishers: dict[int, Finisher] = {}
@@ -36,7 +36,7 @@ def _breakpoint(*args: Any, **kwargs: Any) -> Any:
         return None
     if setting:
         return sys.__breakpointhook__(*args, **kwargs)
-    return _plugins.load("debugger").pause(sys._getframe(1), *args, **kwargs)
+    return _hooks.debugger.load().pause(sys._getframe(1), *args, **kwargs)
 
 
 def when_endpoint_finishes(callback: Finisher) -> None:

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from typing import Any
 
-from regency import _plugins, config
+from regency import _hooks, config
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.pending import Pending
 
@@ -319,10 +319,10 @@ def follow_config() -> None:
     and before the controller spawns procs (which take its settings)."""
     want = bool(config.get("telemetry"))
     if want != (probe is not None):
-        _plugins.load("telemetry").follow(want)
+        _hooks.telemetry.load().follow(want)
 
 
 def finish() -> None:
     """As the process stops: send what telemetry still holds."""
     if probe is not None:
-        _plugins.load("telemetry").follow(False)
+        _hooks.telemetry.load().follow(False)

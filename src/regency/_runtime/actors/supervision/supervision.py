@@ -16,10 +16,10 @@ import sys
 import textwrap
 import threading
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from regency import _hooks
 from regency._runtime.actors.base.errors import failed_text
 
 STOP_REASON_PREFIX = "stopped ("
@@ -267,7 +267,7 @@ def run_fault_hook(failure: MeshFailure) -> None:
     """
     if _shutting_down.is_set():
         return
-    hook = _fault_hook_lookup()
+    hook = _hooks.fault_hook.load()
     try:
         hook(failure)
     except BaseException as exc:
@@ -284,20 +284,6 @@ def run_fault_hook(failure: MeshFailure) -> None:
 def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     """Monarch's default: an unhandled failure ends the controller (exit code 1)."""
     sys.exit(1)
-
-
-def _default_lookup() -> Callable[[MeshFailure], None]:
-    return default_unhandled_fault_hook
-
-
-_fault_hook_lookup: Callable[[], Callable[[MeshFailure], None]] = _default_lookup
-
-
-def set_fault_hook_lookup(lookup: Callable[[], Callable[[MeshFailure], None]]) -> None:
-    """Read the fault hook through ``lookup`` at each failure: ``regency.actor`` registers one
-    that returns its ``unhandled_fault_hook`` attribute, which users may replace at any time."""
-    global _fault_hook_lookup
-    _fault_hook_lookup = lookup
 
 
 def _exit_controller() -> None:
