@@ -109,7 +109,7 @@ def _parse_env(items: list[str]) -> dict[str, str]:
 
 def _running_state(path: Path) -> Any:
     """The state of the job cached at ``path``, attached; a :class:`UsageError` saying why not."""
-    from regency.job._attach import AttachError
+    from regency.actor._attach import AttachError
 
     job = _load_job(path)
     if not job._running():

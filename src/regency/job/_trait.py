@@ -272,7 +272,7 @@ class JobTrait(abc.ABC):
 
     def _connect(self) -> JobState:
         """Attach to every mesh's workers."""
-        from regency.job._attach import attach_to_workers
+        from regency.actor._attach import attach_to_workers
 
         telemetry = getattr(self, "telemetry_config", None)
         if telemetry is not None:  # before attaching: the hosts take the controller's settings

@@ -19,8 +19,8 @@ from typing import IO, Protocol
 
 from regency._lowlevel import HostMesh, share_secret
 from regency._transport.auth import SECRET_ENV
+from regency.actor._attach import secret_from_env
 from regency.job import attach_to_workers
-from regency.job._attach import secret_from_env
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from regency._lowlevel import (
     start_worker,
 )
 from regency._transport.auth import SECRET_ENV, check_secret
-from regency.job._attach import (
+from regency.actor._attach import (
     CA,
     PrivateKey,
     _check_security,
