@@ -109,12 +109,20 @@ def _fault_hook() -> _hooks.FaultHook:
     return regency.actor.unhandled_fault_hook
 
 
+def _hosts_from_config() -> _hooks.HostsFromConfig:
+    """``regency.job.hosts_from_config``, for ``regency.actor.hosts_from_config``."""
+    import regency.job
+
+    return regency.job.hosts_from_config
+
+
 _hooks.tensor.register(_tensor_engine)
 _hooks.debugger.register(_debugger)
 _hooks.telemetry.register(_telemetry)
 _hooks.boot.register(_boot)
 _hooks.proc_mesh.register(_proc_mesh)
 _hooks.fault_hook.register(_fault_hook)
+_hooks.hosts_from_config.register(_hosts_from_config)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""Everything the runtime expects from the layers above it, in one place: typed, registered.
+"""What the runtime and ``regency.actor`` expect from the layers above: typed, in one place.
 
 The runtime (``regency._runtime``) never imports a module above it (the layer test,
 ``tests/unit/test_import_layers.py``, pins that). Where it must call up, it calls a hook declared
@@ -23,6 +23,8 @@ The hooks, by who calls them:
   (``instance.proc``), built by the meshes, above the identity that asks for it.
 - :data:`fault_hook` (:class:`FaultHook`) -- ``regency.actor.unhandled_fault_hook``, read at
   every failure that reaches the root unhandled (users may replace it at any time).
+- :data:`hosts_from_config` (:class:`HostsFromConfig`) -- ``regency.actor.hosts_from_config``
+  is ``regency.job``'s, a package built on ``regency.actor``.
 
 The objects the runtime passes up (meshes, send pipelines, endpoint specs, failures) are typed
 ``Any`` here: this module sits below the runtime and cannot name them.
@@ -40,12 +42,14 @@ __all__ = [
     "DebuggerHooks",
     "FaultHook",
     "Hook",
+    "HostsFromConfig",
     "ProcMeshFactory",
     "TelemetryHooks",
     "TensorHooks",
     "boot",
     "debugger",
     "fault_hook",
+    "hosts_from_config",
     "proc_mesh",
     "telemetry",
     "tensor",
@@ -140,6 +144,14 @@ class FaultHook(Protocol):
         ...
 
 
+class HostsFromConfig(Protocol):
+    """``regency.job.hosts_from_config``, offered by ``regency.actor`` too, as in Monarch."""
+
+    def __call__(self, name: str, /) -> Any:
+        """The host mesh ``name`` of the project's configuration."""
+        ...
+
+
 _Face = TypeVar("_Face")
 
 
@@ -174,3 +186,4 @@ debugger: Hook[DebuggerHooks] = Hook("debugger")
 boot: Hook[Boot] = Hook("controller boot")
 proc_mesh: Hook[ProcMeshFactory] = Hook("proc mesh factory")
 fault_hook: Hook[FaultHook] = Hook("unhandled fault hook")
+hosts_from_config: Hook[HostsFromConfig] = Hook("hosts_from_config of regency.job")

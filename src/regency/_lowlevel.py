@@ -28,10 +28,10 @@ The kernel, for messages that are not actor calls:
 The actor layer:
 
 - :func:`current_context` -- who is running (the actor instance, its rank), booting the runtime.
-- The actor API's own classes (``Actor``, ``endpoint``, ``Future``, ``Port``, ``HostMesh``, ...):
-  the same objects ``regency.actor`` exports; ``regency.job`` takes them from here because
-  ``regency.actor`` imports it back (Monarch's names) and cannot be imported from it.
-- :func:`get_or_spawn_controller` -- a job's singleton actors, as ``regency.actor`` offers it.
+- ``Actor``, ``endpoint``, ``Port``, ``Channel`` and :func:`get_or_spawn_controller`: the
+  same objects ``regency.actor`` exports, for ``regency.observe`` alone, which sits below
+  ``regency.actor`` (it offers telemetry's and the debugger's names); every other package takes
+  the actor API from ``regency.actor``.
 - :func:`when_endpoint_finishes` -- a callback for when the endpoint running on this thread
   has finished (the debugger ends a ``pdb`` session with it).
 - :func:`mesh_tree` / :func:`find` -- a snapshot of the hosts, procs and actors this controller
@@ -57,17 +57,12 @@ The host layer:
 
 from __future__ import annotations
 
-from regency._runtime.actors.base.endpoint_def import Actor, concurrent_endpoint, endpoint
-from regency._runtime.actors.base.errors import ActorError, SupervisionError
-from regency._runtime.actors.base.future import Future
-from regency._runtime.actors.base.ports import Channel, Port, PortReceiver
-from regency._runtime.actors.base.value_mesh import ValueMesh
+from regency._runtime.actors.base.endpoint_def import Actor, endpoint
+from regency._runtime.actors.base.ports import Channel, Port
 from regency._runtime.actors.control.control import SetTelemetry
 from regency._runtime.actors.meshes.introspect import find, live_proc_addresses, mesh_tree
 from regency._runtime.actors.meshes.meshes import (
     HostInfo,
-    HostMesh,
-    ProcMesh,
     WorkerLease,
     current_context,
     this_host_mesh,
@@ -106,28 +101,20 @@ __all__ = [
     "SERVICE_TELEMETRY",
     "SERVICE_TELEMETRY_ROWS",
     "Actor",
-    "ActorError",
     "Attach",
     "Channel",
-    "Future",
     "HostInfo",
-    "HostMesh",
     "Part",
     "PeerLostError",
     "Pending",
     "Port",
     "PortHandler",
-    "PortReceiver",
     "PortRef",
-    "ProcMesh",
     "ProcRuntime",
     "Service",
     "SetTelemetry",
-    "SupervisionError",
-    "ValueMesh",
     "WorkerLease",
     "carry",
-    "concurrent_endpoint",
     "current_context",
     "endpoint",
     "find",

@@ -58,6 +58,7 @@ from regency.actor._functions import (
     current_actor_name,
     current_rank,
     current_size,
+    hosts_from_config,
     shutdown_context,
     this_host,
     this_proc,
@@ -127,11 +128,9 @@ return to ignore the failure; raise (the default raises ``SystemExit(1)``) to re
 stderr and end the controller with exit code 1."""
 
 
-# Monarch also offers these from its actor module; they live in ``regency.job``, which imports
-# this module, so they are looked up on first use.
-_FROM_JOB = (
-    "attach_to_workers",
-    "hosts_from_config",
+# Monarch's worker loop and attach, offered from this module as Monarch does (its actor
+# bootstrap); imported on first use, so that ``import regency.actor`` stays light.
+_WORKER_LOOP = (
     "run_worker_loop_forever",
     "run_worker_loop_until_shutdown",
     "start_worker_loop_forever",
@@ -139,15 +138,19 @@ _FROM_JOB = (
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FROM_JOB:
-        import regency.job
+    if name == "attach_to_workers":
+        from regency.actor._attach import attach_to_workers
 
-        return getattr(regency.job, name)
+        return attach_to_workers
+    if name in _WORKER_LOOP:
+        from regency.actor import _worker
+
+        return getattr(_worker, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_FROM_JOB})
+    return sorted({*globals(), "attach_to_workers", *_WORKER_LOOP})
 
 
 _public.publish(__name__, globals())

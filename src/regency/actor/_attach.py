@@ -14,9 +14,7 @@ from regency._errors import RegencyError
 from regency._lowlevel import (
     SERVICE_HOST,
     Attach,
-    Future,
     HostInfo,
-    HostMesh,
     Part,
     PeerLostError,
     Pending,
@@ -25,6 +23,8 @@ from regency._lowlevel import (
     gateway_toward,
     runtime,
 )
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.meshes.meshes import HostMesh
 from regency._transport import address, tls
 from regency._transport.auth import SECRET_ENV, check_secret, wrap_secret
 from regency.shape import Extent, Shape

@@ -6,13 +6,8 @@ import os
 import sys
 from typing import NoReturn
 
-from regency._lowlevel import (
-    Future,
-    Pending,
-    serve_worker,
-    serve_worker_until_shutdown,
-    start_worker,
-)
+from regency._lowlevel import Pending, serve_worker, serve_worker_until_shutdown, start_worker
+from regency._runtime.actors.base.future import Future
 from regency._transport.auth import SECRET_ENV, check_secret
 from regency.actor._attach import (
     CA,

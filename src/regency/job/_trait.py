@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from regency import config as settings
-from regency._lowlevel import HostMesh
 from regency._private_paths import (
     UnsafePathError,
     private_dir,
     read_private_file,
     write_private_file,
 )
+from regency.actor import HostMesh
 from regency.observe import AdminServer, start_admin
 from regency.observe.telemetry import disable_telemetry, enable_telemetry, query_engine_client
 
