@@ -17,6 +17,7 @@ import threading
 import traceback
 from typing import Any
 
+from regency._config_keys import HEAP_KEEP_BYTES
 from regency._runtime.host import heap
 
 _PR_SET_PDEATHSIG = 1
@@ -77,7 +78,7 @@ def serve(settings: dict[str, Any]) -> None:
 
     apply_cpus(settings.get("bind"))
     config.configure(**settings["config"])
-    heap.keep_freed_memory(int(config.get("heap_keep_bytes")))  # before any thread starts
+    heap.keep_freed_memory(config.value(HEAP_KEEP_BYTES))  # before any thread starts
     if settings.get("log_file") is not None:
         os.environ[LOG_FILE_ENV] = settings["log_file"]
         _forwarded_output()

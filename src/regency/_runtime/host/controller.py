@@ -12,6 +12,7 @@ import os
 import sys
 
 from regency import config
+from regency._config_keys import STOP_TIMEOUT
 from regency._runtime.actors.base import context
 from regency._runtime.actors.control.control import WarmZygote
 from regency._runtime.actors.execution.instance import ClientInstance
@@ -84,7 +85,7 @@ def _exit_code_after_fatal_failure() -> None:
 
 
 def _shutdown_at_exit() -> None:
-    shutdown(min(EXIT_STOP_TIMEOUT, config.get_seconds("stop_timeout")), exiting=True)
+    shutdown(min(EXIT_STOP_TIMEOUT, config.value(STOP_TIMEOUT)), exiting=True)
 
 
 def shutdown(timeout: float | None = None, exiting: bool = False) -> None:
@@ -101,7 +102,7 @@ def shutdown(timeout: float | None = None, exiting: bool = False) -> None:
         return
     supervision.shutting_down()
     if timeout is None:
-        timeout = config.get_seconds("stop_timeout")
+        timeout = config.value(STOP_TIMEOUT)
     if _host_agent is not None:
         _host_agent.shutdown(timeout, exiting)
     if _proc_agent is not None:

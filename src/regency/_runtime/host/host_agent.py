@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from regency import config
+from regency._config_keys import STOP_TIMEOUT
 from regency._runtime.actors.control.control import (
     ProcInfo,
     SpawnProcs,
@@ -292,7 +293,7 @@ class HostAgent:
         self._stop_children(
             [a for a in request.addrs if a in self._children],
             request.reason,
-            config.get_seconds("stop_timeout"),
+            config.value(STOP_TIMEOUT),
         )
         with contextlib.suppress(PeerLostError):
             self.runtime.send_port(request.done, 0, 0, [pickle.dumps(None, protocol=5)])

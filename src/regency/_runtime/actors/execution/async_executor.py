@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from regency import config
+from regency._config_keys import CLEANUP_TIMEOUT, STOP_TIMEOUT
 from regency._runtime.actors.base import context
 from regency._runtime.actors.base.endpoint_def import EndpointSpec
 from regency._runtime.actors.base.identity import wait_stopped_async
@@ -87,7 +88,7 @@ class AsyncExecutor(ActorCore):
                         await self._cancel_tasks(tasks)
                         await wait_stopped_async(
                             self.stop_owned(f"their owner {self} stopped", None),
-                            config.get_seconds("stop_timeout"),
+                            config.value(STOP_TIMEOUT),
                         )
                         await self._cleanup_async(None)
                         self._requeue(inbox)
@@ -121,7 +122,7 @@ class AsyncExecutor(ActorCore):
             await self._end_forced_async(tasks)
             return
         await self._cancel_tasks(tasks)
-        await wait_stopped_async(self._owned_stopping, config.get_seconds("stop_timeout"))
+        await wait_stopped_async(self._owned_stopping, config.value(STOP_TIMEOUT))
         await self._cleanup_async(self._failure_error)
         # Hand what is still queued to the failed actor's loop, in order.
         self._requeue(inbox)
@@ -165,7 +166,7 @@ class AsyncExecutor(ActorCore):
         hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
         if hook is None:
             return
-        timeout = config.get_seconds("cleanup_timeout")
+        timeout = config.seconds(CLEANUP_TIMEOUT)
         self._cleanup_started = time.monotonic()
         context.set_current(context.Context(self, self.rank))
         try:

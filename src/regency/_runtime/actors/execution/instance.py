@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from regency import _hooks, config
+from regency._config_keys import CLEANUP_TIMEOUT
 from regency._runtime.actors.base import context
 from regency._runtime.actors.base.endpoint_def import actor_is_async, endpoints_of
 from regency._runtime.actors.base.identity import ActorId, InstanceBase, new_uid
@@ -146,7 +147,7 @@ class ActorInstance(SyncExecutor, AsyncExecutor):
         self.stop_reason = reason
         once = _Once(done)
         self.runtime.mailbox(self.mesh_id).post(0, 0, Control(STOP, once))
-        grace = config.get_seconds("cleanup_timeout")
+        grace = config.seconds(CLEANUP_TIMEOUT)
         self.runtime.loop.call_later(grace, lambda: self._stop_overdue(once, grace))
 
     def _stop_overdue(self, once: _Once, grace: float) -> None:

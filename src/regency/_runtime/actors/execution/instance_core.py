@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from regency import _hooks, config
+from regency._config_keys import STOP_TIMEOUT
 from regency._runtime.actors.base import context
 from regency._runtime.actors.base.endpoint_def import EndpointSpec, plain_method
 from regency._runtime.actors.base.errors import (
@@ -296,7 +297,7 @@ class ActorCore(InstanceBase):
         """After the last message: stop owned meshes, run ``cleanup`` (None: the executor has
         cleaned up already), refuse later messages."""
         self._status("Stopping")
-        self.stop_owned(f"their owner {self} stopped", config.get_seconds("stop_timeout"))
+        self.stop_owned(f"their owner {self} stopped", config.value(STOP_TIMEOUT))
         if cleanup is not None:
             cleanup()
         self.stopped = True

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from regency import _hooks, config
+from regency._config_keys import STOP_TIMEOUT
 from regency._runtime.actors.control.control import (
     DumpStacks,
     PingProc,
@@ -130,7 +131,7 @@ class ProcAgent:
             log.warning("proc agent got an unknown request %r", type(request).__name__)
 
     def _stop_proc(self, request: StopProc) -> None:
-        self.stop_all(config.get_seconds("stop_timeout"))
+        self.stop_all(config.value(STOP_TIMEOUT))
         if self._on_stop_proc is not None:
             self._on_stop_proc(request)
 

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from regency import config
+from regency._config_keys import CLEANUP_TIMEOUT, STOP_TIMEOUT
 from regency._runtime.actors.base import context
 from regency._runtime.actors.base.identity import wait_stopped
 from regency._runtime.actors.execution.instance_core import (
@@ -95,7 +96,7 @@ class SyncExecutor(ActorCore):
             item = None
             if self.failed is not None:
                 self._release_turn()
-                wait_stopped(self._owned_stopping, config.get_seconds("stop_timeout"))
+                wait_stopped(self._owned_stopping, config.value(STOP_TIMEOUT))
                 self._cleanup_sync()
                 self._serve_failed()
                 return
@@ -159,7 +160,7 @@ class SyncExecutor(ActorCore):
         hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
         if hook is None:
             return
-        timeout = config.get_seconds("cleanup_timeout")
+        timeout = config.seconds(CLEANUP_TIMEOUT)
         started = self._cleanup_started = time.monotonic()
         token = context.set_current(context.Context(self, self.rank))
         try:

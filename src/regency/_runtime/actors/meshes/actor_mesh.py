@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from regency import _hooks, config
+from regency._config_keys import CONNECT_TIMEOUT
 from regency._errors import RegencyError
 from regency._runtime.actors.base.endpoint_def import (
     ArgumentCheck,
@@ -116,7 +117,7 @@ class ActorSpawn:
         for rank, info in fresh:
             supervisor.replaced(rank, info)
             self.send(info.addr, rank, status, supervisor.port)
-        if tracker.pending.wait(config.get_seconds("connect_timeout") * 2) and (
+        if tracker.pending.wait(config.value(CONNECT_TIMEOUT) * 2) and (
             tracker.pending.error() is None
         ):
             supervisor.restarted(ranks)

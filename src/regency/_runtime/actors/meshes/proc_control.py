@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from regency import config
+from regency._config_keys import ENABLE_LOG_FORWARDING
 from regency._runtime.actors.base.errors import ActorError
 from regency._runtime.actors.base.future import Future
 from regency._runtime.actors.control.bootstrap_command import ProcLaunch
@@ -97,7 +98,7 @@ def start_procs(agent: str, infos: Sequence[ProcInfo], recipe: ProcRecipe) -> No
     )
     # Procs on this machine share the controller's terminal unless forwarding is asked for;
     # on another host their output would otherwise end in the worker's log.
-    forward = agent != rt.address or bool(config.get("enable_log_forwarding"))
+    forward = agent != rt.address or config.value(ENABLE_LOG_FORWARDING)
     rt.send_control(
         agent,
         wire.SERVICE_HOST,

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from regency import _hooks, config
+from regency._config_keys import CAST_FANOUT
 from regency._runtime.actors.base import context
 from regency._runtime.actors.base.errors import (
     SupervisionError,
@@ -132,7 +133,7 @@ class SendPipeline:
             bases = self.shape.ranks()
             addrs = [self._procs[b].addr for b in bases]
             extent = self.shape.extent
-            fanout = int(config.get("cast_fanout"))
+            fanout = config.value(CAST_FANOUT)
             route = Route(
                 bases,
                 addrs,

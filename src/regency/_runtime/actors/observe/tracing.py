@@ -26,6 +26,7 @@ from collections import deque
 from typing import Any
 
 from regency import _hooks, config
+from regency._config_keys import TELEMETRY
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.pending import Pending
 
@@ -317,7 +318,7 @@ def install(new: Probe | None) -> None:
 def follow_config() -> None:
     """Start or stop telemetry here to match the ``telemetry`` setting: as a process starts,
     and before the controller spawns procs (which take its settings)."""
-    want = bool(config.get("telemetry"))
+    want = config.value(TELEMETRY)
     if want != (probe is not None):
         _hooks.telemetry.load().follow(want)
 
