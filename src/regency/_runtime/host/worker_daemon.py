@@ -99,7 +99,7 @@ class WorkerAgent:
         self.agent.shutdown(config.value(STOP_TIMEOUT))
         self.finished.set()
 
-    def handle(self, request: Any) -> None:
+    def handle(self, request: object) -> None:
         """Service entry point (runs on the worker service's thread, one request at a time)."""
         if isinstance(request, Attach):
             self._attach(request)

@@ -8,6 +8,7 @@ kernel; the worker daemon's :class:`~regency._runtime.host.worker_daemon.Attach`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn, TypeAlias
 
 from regency._runtime.actors.base.identity import CreatorInstance
 from regency._runtime.actors.control.bootstrap_command import ProcLaunch
@@ -161,3 +162,24 @@ class WarmZygote:
 
     The controller posts it at boot; there is no answer.
     """
+
+
+ProcAgentRequest: TypeAlias = (
+    SpawnActor
+    | PingProc
+    | DumpStacks
+    | ProcStats
+    | SetLogLevel
+    | SetTelemetry
+    | StopActor
+    | StopProc
+)
+"""Every request a proc agent serves (``isinstance`` takes it; ``match`` it exhaustively)."""
+
+HostAgentRequest: TypeAlias = SpawnProcs | StopProcs | WarmZygote
+"""Every request a host agent serves."""
+
+
+def unhandled(request: NoReturn) -> NoReturn:
+    """The last case of an exhaustive ``match`` over a request union: mypy proves it unreachable."""
+    raise AssertionError(f"unhandled request {request!r}")

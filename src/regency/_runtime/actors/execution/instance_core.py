@@ -4,6 +4,7 @@ message, replying, failing, telling its owner, the outcome of ``__supervise__``.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import pickle
 import queue
@@ -50,9 +51,19 @@ log = logging.getLogger("regency.actor")
 
 _CACHE_MAX = 4096
 _PORT = wire.ENVELOPE_PORT
-STOP = "stop"
-SUPERVISE = "supervise"
-WAKE = "wake"
+
+
+class ControlKind(enum.Enum):
+    """What a :class:`Control` item asks of the actor's thread."""
+
+    STOP = "stop"  # stop after the queued messages (arg: the callback once stopped)
+    SUPERVISE = "supervise"  # run __supervise__ (arg: the notice)
+    WAKE = "wake"  # only end a wait
+
+
+STOP = ControlKind.STOP
+SUPERVISE = ControlKind.SUPERVISE
+WAKE = ControlKind.WAKE
 
 
 class Control:
@@ -60,7 +71,7 @@ class Control:
 
     __slots__ = ("arg", "kind")
 
-    def __init__(self, kind: str, arg: Any = None) -> None:
+    def __init__(self, kind: ControlKind, arg: Any = None) -> None:
         self.kind = kind
         self.arg = arg
 

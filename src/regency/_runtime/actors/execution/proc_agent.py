@@ -15,12 +15,14 @@ from regency._config_keys import STOP_TIMEOUT
 from regency._runtime.actors.control.control import (
     DumpStacks,
     PingProc,
+    ProcAgentRequest,
     ProcStats,
     SetLogLevel,
     SetTelemetry,
     SpawnActor,
     StopActor,
     StopProc,
+    unhandled,
 )
 from regency._runtime.actors.execution.instance import ActorInstance
 from regency._runtime.actors.execution.unbooted import UnbootedInstance
@@ -50,7 +52,7 @@ class ProcAgent:
         self.bootstrap_error: str | None = None
         # While the proc's bootstrap runs, requests from other processes wait here (their actors
         # start after it); the bootstrap's own spawns on this proc go ahead.
-        self._held: list[Any] | None = [] if booting else None
+        self._held: list[ProcAgentRequest] | None = [] if booting else None
         self._lock = threading.Lock()
         self._by_owner: dict[str, set[int]] = {}
 
@@ -59,76 +61,76 @@ class ProcAgent:
         requests. Call from any thread: it is queued behind the requests already received."""
         self.runtime.post_service(wire.SERVICE_PROC, _Booted(error))
 
-    def handle(self, request: Any) -> None:
+    def handle(self, request: object) -> None:
         """Service entry point (runs on the proc agent's own thread)."""
-        if isinstance(request, DumpStacks):  # answered even while the bootstrap runs
-            threading.Thread(
-                target=lambda: self._answer(
-                    request.port, request.rank, local_stacks(request.pyspy)
-                ),
-                name="regency-stacks",
-                daemon=True,
-            ).start()
-            return
-        if isinstance(request, SetLogLevel):
-            logging.getLogger().setLevel(request.level)
-            return
-        if isinstance(request, SetTelemetry):
-            config.configure(**request.settings)
-            _hooks.telemetry.load().follow(request.on)
-            return
-        if isinstance(request, ProcStats):
-            with self._lock:
-                stats = {mesh_id: i.stats() for mesh_id, i in self.instances.items()}
-            self._answer(request.port, request.rank, stats)
-            return
-        if self._held is not None:
-            if isinstance(request, _Booted):
-                held, self._held = self._held, None
-                self.bootstrap_error = request.error
-                for early in held:
-                    self.handle(early)
-                return
-            if not (
+        if isinstance(request, ProcAgentRequest):
+            self._serve(request)
+        elif isinstance(request, _Booted) and self._held is not None:
+            held, self._held = self._held, None
+            self.bootstrap_error = request.error
+            for early in held:
+                self._serve(early)
+        else:
+            log.warning("proc agent got an unknown request %r", type(request).__name__)
+
+    def _serve(self, request: ProcAgentRequest) -> None:
+        match request:
+            case DumpStacks():  # answered even while the bootstrap runs
+                threading.Thread(
+                    target=lambda: self._answer(
+                        request.port, request.rank, local_stacks(request.pyspy)
+                    ),
+                    name="regency-stacks",
+                    daemon=True,
+                ).start()
+            case SetLogLevel():
+                logging.getLogger().setLevel(request.level)
+            case SetTelemetry():
+                config.configure(**request.settings)
+                _hooks.telemetry.load().follow(request.on)
+            case ProcStats():
+                with self._lock:
+                    stats = {mesh_id: i.stats() for mesh_id, i in self.instances.items()}
+                self._answer(request.port, request.rank, stats)
+            case _ if self._held is not None and not (
                 isinstance(request, SpawnActor) and request.status.addr == self.runtime.address
             ):
                 self._held.append(request)
-                return
-        if isinstance(request, SpawnActor):
-            if self.bootstrap_error is not None:
-                instance: ActorInstance = UnbootedInstance(
-                    self.runtime, request, self.bootstrap_error
+            case SpawnActor():
+                self._spawn(request)
+            case PingProc():
+                self._answer(request.port, request.rank, self.bootstrap_error)
+            case StopActor():
+                port = request.done
+                self._stop_actor(
+                    request.mesh_id,
+                    request.reason,
+                    lambda: self._answer(port, 0, None) if port is not None else None,
                 )
-            else:
-                instance = ActorInstance(self.runtime, request)
-            with self._lock:
-                self.instances[request.mesh_id] = instance
-            if request.owner is not None and request.owner.addr != self.runtime.address:
-                self._watch_owner(request.owner.addr, request.mesh_id)
-            instance.start()
-            return
-        if isinstance(request, PingProc):
-            self._answer(request.port, request.rank, self.bootstrap_error)
-        elif isinstance(request, StopActor):
-            port = request.done
-            self._stop_actor(
-                request.mesh_id,
-                request.reason,
-                lambda: self._answer(port, 0, None) if port is not None else None,
-            )
-        elif isinstance(request, StopProc):
-            if request.exiting:
-                supervision.shutting_down()
-            # Not on this thread: an actor that stops here stops the meshes it owns, and those
-            # on this same proc are stopped by requests to this very thread.
-            threading.Thread(
-                target=self._stop_proc,
-                args=(request,),
-                name="regency-proc-stop",
-                daemon=True,
-            ).start()
+            case StopProc():
+                if request.exiting:
+                    supervision.shutting_down()
+                # Not on this thread: an actor that stops here stops the meshes it owns, and
+                # those on this same proc are stopped by requests to this very thread.
+                threading.Thread(
+                    target=self._stop_proc,
+                    args=(request,),
+                    name="regency-proc-stop",
+                    daemon=True,
+                ).start()
+            case _:
+                unhandled(request)
+
+    def _spawn(self, request: SpawnActor) -> None:
+        if self.bootstrap_error is not None:
+            instance: ActorInstance = UnbootedInstance(self.runtime, request, self.bootstrap_error)
         else:
-            log.warning("proc agent got an unknown request %r", type(request).__name__)
+            instance = ActorInstance(self.runtime, request)
+        with self._lock:
+            self.instances[request.mesh_id] = instance
+        if request.owner is not None and request.owner.addr != self.runtime.address:
+            self._watch_owner(request.owner.addr, request.mesh_id)
+        instance.start()
 
     def _stop_proc(self, request: StopProc) -> None:
         self.stop_all(config.value(STOP_TIMEOUT))
