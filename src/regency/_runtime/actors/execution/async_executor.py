@@ -35,11 +35,33 @@ from regency.shape import Point
 log = logging.getLogger("regency.actor")
 
 
-class AsyncExecutor(ActorCore):
-    """Runs an async actor in an event loop on its thread."""
+class AsyncExecutor:
+    """Runs an async actor in an event loop on its thread: the strategy its :class:`ActorCore`
+    holds."""
 
-    async def _serve_async(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not self._construct(cls, args, kwargs):
+    is_async = True
+
+    def __init__(self, core: ActorCore) -> None:
+        self.core = core
+
+    def serve(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Construct the actor and run its messages in a new event loop on this thread until it
+        stops or fails (then answer later messages with the failure)."""
+        loop = new_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve(cls, args, kwargs))
+        finally:
+            loop.close()
+        if not self.core.stopped:
+            self.core._serve_failed()
+
+    def before_reply(self) -> None:
+        """Nothing: the actor's loop, not its thread, waits for messages."""
+
+    async def _serve(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        core = self.core
+        if not core._construct(cls, args, kwargs):
             return
         loop = asyncio.get_running_loop()
         inbox: deque[Any] = deque()
@@ -67,79 +89,81 @@ class AsyncExecutor(ActorCore):
                 scheduled[0] = True
                 loop.call_soon_threadsafe(wake.set)
 
-        self._inbox = inbox
+        core._inbox = inbox
         tasks: set[asyncio.Task[Any]] = set()
-        if not self._attach(post):
+        if not core._attach(post):
             await notices.close()
             await self._end_forced_async(tasks)
             return
-        while self.failed is None and not self._forced:
-            while inbox and self.failed is None:
+        while core.failed is None and not core._forced:
+            while inbox and core.failed is None:
                 if notices.waiting():
                     await notices.start_waiting()
                     continue
                 item = inbox.popleft()
-                if self._forced:
-                    self._reject_safely(item)
+                if core._forced:
+                    core._reject_safely(item)
                     break
                 if type(item) is Control:
                     if item.kind is STOP:
                         await notices.close()
                         await self._cancel_tasks(tasks)
                         await wait_stopped_async(
-                            self.stop_owned(f"their owner {self} stopped", None),
+                            core.stop_owned(f"their owner {self} stopped", None),
                             config.value(STOP_TIMEOUT),
                         )
                         await self._cleanup_async(None)
                         self._requeue(inbox)
-                        self._finish_stop(item.arg)
+                        core._finish_stop(item.arg)
                         return
                     continue
                 in_endpoint[0] = True
                 try:
                     await self._handle_async(item, tasks, post)
                 except asyncio.CancelledError:
-                    if self.failed is None:
+                    if core.failed is None:
                         raise
                     _uncancel(main)  # failed_by_notice's cancel, now taken
                 except Exception:
-                    log.exception("actor %s dropped a malformed message", self.name)
+                    log.exception("actor %s dropped a malformed message", core.name)
                 finally:
                     in_endpoint[0] = False
                 item = None
-            if self.failed is not None or self._forced:
+            if core.failed is not None or core._forced:
                 break
             scheduled[0] = False
             if inbox:
                 continue
-            self.runtime.flush()
+            core.runtime.flush()
             wake.clear()
             if inbox:
                 continue
             await wake.wait()
         await notices.close()
-        if self._forced:
+        if core._forced:
             await self._end_forced_async(tasks)
             return
         await self._cancel_tasks(tasks)
-        await wait_stopped_async(self._owned_stopping, config.value(STOP_TIMEOUT))
-        await self._cleanup_async(self._failure_error)
+        await wait_stopped_async(core._owned_stopping, config.value(STOP_TIMEOUT))
+        await self._cleanup_async(core._failure_error)
         # Hand what is still queued to the failed actor's loop, in order.
         self._requeue(inbox)
 
     def _requeue(self, inbox: deque[Any]) -> None:
         """Move the async loop's leftover messages to the thread queue, keeping their order."""
-        if not self._attach(self._queue.put):
-            self._reject_queued()
+        if not self.core._attach(self.core._queue.put):
+            self.core._reject_queued()
             return
         while inbox:
-            self._queue.put(inbox.popleft())
+            self.core._queue.put(inbox.popleft())
 
     async def _end_forced_async(self, tasks: set[asyncio.Task[Any]]) -> None:
         """:meth:`_end_forced` for an async actor."""
         await self._cancel_tasks(tasks)
-        self._reject_queued()
-        await self._cleanup_async(self._failure_error if self.failed is not None else None)
+        self.core._reject_queued()
+        await self._cleanup_async(
+            self.core._failure_error if self.core.failed is not None else None
+        )
 
     @staticmethod
     async def _cancel_tasks(tasks: set[asyncio.Task[Any]]) -> None:
@@ -149,44 +173,48 @@ class AsyncExecutor(ActorCore):
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _supervise_async(self, notice: Any, notices: _Notices) -> None:
-        hook = self._supervise_hook()
-        context.set_current(context.Context(self, self.rank))
+        hook = self.core._supervise_hook()
+        context.set_current(context.Context(self.core, self.core.rank))
         try:
-            handled = hook(self.actor, notice) if hook is not None else False
+            handled = hook(self.core.actor, notice) if hook is not None else False
             if inspect.isawaitable(handled):
                 handled = await handled
         except BaseException as exc:
             if notices.closing and isinstance(exc, asyncio.CancelledError):
                 raise  # the actor stops or failed: no verdict
-            self._supervise_raised(notice, exc)
+            self.core._supervise_raised(notice, exc)
             return
-        self._supervise_outcome(notice, handled)
+        self.core._supervise_outcome(notice, handled)
 
     async def _cleanup_async(self, exc: BaseException | None) -> None:
-        hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
+        hook = (
+            getattr(type(self.core.actor), "__cleanup__", None)
+            if self.core.actor is not None
+            else None
+        )
         if hook is None:
             return
         timeout = config.seconds(CLEANUP_TIMEOUT)
-        self._cleanup_started = time.monotonic()
-        context.set_current(context.Context(self, self.rank))
+        self.core._cleanup_started = time.monotonic()
+        context.set_current(context.Context(self.core, self.core.rank))
         try:
             # A sync hook is allowed on an actor whose only async parts are hooks.
-            outcome = hook(self.actor, exc)
+            outcome = hook(self.core.actor, exc)
             if inspect.isawaitable(outcome):
                 await asyncio.wait_for(outcome, timeout)
         except asyncio.TimeoutError:
-            self._cleanup_failed(f"__cleanup__ took longer than {timeout:g} s", None)
+            self.core._cleanup_failed(f"__cleanup__ took longer than {timeout:g} s", None)
         except BaseException as error:
-            self._cleanup_failed(f"__cleanup__ raised {type(error).__name__}: {error}", error)
+            self.core._cleanup_failed(f"__cleanup__ raised {type(error).__name__}: {error}", error)
 
     async def _handle_async(
         self, item: Delivery, tasks: set[asyncio.Task[Any]], post: Callable[[Any], None]
     ) -> None:
-        prepared = self._prepare(item)
+        prepared = self.core._prepare(item)
         if prepared is None:
             return
         fn, spec, method, reply, point, args, kwargs, trace, sender = prepared
-        context.set_current(context.Context(self, point))
+        context.set_current(context.Context(self.core, point))
         if spec.concurrent:
             task = asyncio.ensure_future(
                 self._run_async(fn, spec, method, reply, point, args, kwargs, trace, sender)
@@ -195,7 +223,7 @@ class AsyncExecutor(ActorCore):
 
             def finished(task: asyncio.Task[Any]) -> None:
                 tasks.discard(task)
-                if self.failed is not None:
+                if self.core.failed is not None:
                     post(Control(WAKE))  # let the loop see the failure
 
             task.add_done_callback(finished)
@@ -218,20 +246,20 @@ class AsyncExecutor(ActorCore):
         if probe is None:
             mark = received = None
         else:  # its spans (if traced), and its sender and start for the messages table
-            mark = None if trace is None else probe.handling(trace, self.queued())
+            mark = None if trace is None else probe.handling(trace, self.core.queued())
             received = (sender, tracing.now())
         try:
-            result = await fn(self.actor, *args, **kwargs)
+            result = await fn(self.core.actor, *args, **kwargs)
         except asyncio.CancelledError as exc:
             if mark is not None:
                 tracing.Probe.abandon(mark)
-            if self.failed is not None and reply is not None:
-                self._die(method, reply, point, exc)  # the actor failed under the call
+            if self.core.failed is not None and reply is not None:
+                self.core._die(method, reply, point, exc)  # the actor failed under the call
             raise
         except BaseException as exc:
-            self._settle_traced(mark, received, spec, method, reply, point, None, exc)
+            self.core._settle_traced(mark, received, spec, method, reply, point, None, exc)
             return
-        self._settle_traced(mark, received, spec, method, reply, point, result, None)
+        self.core._settle_traced(mark, received, spec, method, reply, point, result, None)
 
 
 class _Notices:
@@ -240,14 +268,15 @@ class _Notices:
 
     def __init__(
         self,
-        core: AsyncExecutor,
+        executor: AsyncExecutor,
         loop: asyncio.AbstractEventLoop,
         failed: Callable[[], None],
     ) -> None:
-        self._core = core
+        self._executor = executor
+        self._core = executor.core
         self._loop = loop
         self._failed = failed  # called when a verdict failed the actor
-        self._queue = core._notices
+        self._queue = executor.core._notices
         self._running = False
         self.closing = False
         self._wake = asyncio.Event()
@@ -282,7 +311,7 @@ class _Notices:
             while self._queue:
                 self._running = True
                 try:
-                    await core._supervise_async(self._queue.popleft(), self)
+                    await self._executor._supervise_async(self._queue.popleft(), self)
                 finally:
                     self._running = False
                 if core.failed is not None:

@@ -3,7 +3,6 @@ handles one message at a time, and replies to the ports its messages name."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import threading
 import time
@@ -17,8 +16,14 @@ from regency._runtime.actors.base.endpoint_def import actor_is_async, endpoints_
 from regency._runtime.actors.base.identity import ActorId, InstanceBase, new_uid
 from regency._runtime.actors.base.mesh_trait import ProcMeshBase
 from regency._runtime.actors.control.control import SpawnActor
-from regency._runtime.actors.execution.async_executor import AsyncExecutor, new_loop
-from regency._runtime.actors.execution.instance_core import STOP, SUPERVISE, WAKE, Control
+from regency._runtime.actors.execution.async_executor import AsyncExecutor
+from regency._runtime.actors.execution.instance_core import (
+    STOP,
+    SUPERVISE,
+    WAKE,
+    ActorCore,
+    Control,
+)
 from regency._runtime.actors.execution.sync_executor import SyncExecutor
 from regency._runtime.actors.supervision.supervision import MeshFailure, run_fault_hook
 from regency._runtime.kernel import codec
@@ -105,9 +110,9 @@ class _Once:
         self._fn()
 
 
-class ActorInstance(SyncExecutor, AsyncExecutor):
-    """One hosted actor: its mailbox sink, its thread, its fate; a sync or an async executor runs
-    it (see :mod:`.sync_executor`, :mod:`.async_executor`, the shared steps in
+class ActorInstance(ActorCore):
+    """One hosted actor: its mailbox sink, its thread, its fate; the executor it holds, sync or
+    async, runs it (see :mod:`.sync_executor`, :mod:`.async_executor`, the shared steps in
     :mod:`.instance_core`)."""
 
     def __init__(self, runtime: ProcRuntime, request: SpawnActor) -> None:
@@ -220,21 +225,11 @@ class ActorInstance(SyncExecutor, AsyncExecutor):
             self._proc_mesh = proc_mesh
             for name, prop in endpoints_of(cls).items():
                 self._endpoints[name] = (prop.method, prop.spec)
-            is_async = actor_is_async(cls)
-            self._is_async = is_async
+            self._is_async = actor_is_async(cls)
         except BaseException as exc:
             self._report_init(exc)
             self._serve_failed()
             return
-        if not is_async:
-            self._attach(self._post_sync)
-            self._serve_sync(cls, args, kwargs)
-            return
-        loop = new_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._serve_async(cls, args, kwargs))
-        finally:
-            loop.close()
-        if not self.stopped:
-            self._serve_failed()
+        executor = AsyncExecutor(self) if self._is_async else SyncExecutor(self)
+        self._before_reply = executor.before_reply
+        executor.serve(cls, args, kwargs)

@@ -103,7 +103,9 @@ class ActorCore(InstanceBase):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # Stops of owned meshes begun by a failure; cleanup waits for them.
         self._owned_stopping: list[Future[None]] = []
-        self._wake: Callable[[], None] | None = None
+        # Called just before an endpoint's value is posted back, when sending it cannot block:
+        # the executor's ``before_reply`` (the sync one claims the sockets for its thread).
+        self._before_reply: Callable[[], None] = _nothing
         self._points: dict[tuple[int, tuple[str, ...], tuple[int, ...]], Point] = {}
         self._envelopes: dict[tuple[bytes, int], tuple[str, str | None, Point, int]] = {}
         # Set when a stop gave up waiting for the actor's thread (see _force_stop).
@@ -512,10 +514,6 @@ class ActorCore(InstanceBase):
                 reply, rank, ActorError(exc, f"Actor call {self.name} reply too large.")
             )
 
-    def _before_reply(self) -> None:
-        """Called just before an endpoint's value is posted back, when sending it cannot block
-        (the sync executor's hook)."""
-
     def _reply_error(self, reply: PortRef, rank: int, error: BaseException) -> None:
         try:
             self.runtime.send_port(reply, rank, wire.FLAG_ERROR, codec.dumps(error))
@@ -550,6 +548,10 @@ class ActorCore(InstanceBase):
                     f"{self.name}.{method}",
                 ),
             )
+
+
+def _nothing() -> None:
+    """No step before a reply (an actor whose executor is not chosen yet)."""
 
 
 class _NullPort:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from regency import config
@@ -42,24 +43,36 @@ IDLE_SPIN_SECONDS = 100e-6
 _UNSET: Any = object()
 
 
-class SyncExecutor(ActorCore):
-    """Runs a sync actor on its thread."""
+class SyncExecutor:
+    """Runs a sync actor on its thread: the strategy its :class:`ActorCore` holds."""
 
-    # The inline reader's turn this thread claimed before its last reply (see the module).
-    _turn: Turn | None = None
-    # Whether the last message came within IDLE_SPIN_SECONDS of the thread going idle.
-    _quick = True
+    is_async = False
 
-    def _serve_sync(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not self._construct(cls, args, kwargs):
-            self._serve_failed()
+    def __init__(self, core: ActorCore) -> None:
+        self.core = core
+        # The inline reader's turn this thread claimed before its last reply (see the module).
+        self._turn: Turn | None = None
+        # Whether the last message came within IDLE_SPIN_SECONDS of the thread going idle.
+        self._quick = True
+        # Wakes the thread while it waits for a message reading the sockets itself.
+        self._wake: Callable[[], None] | None = None
+
+    def serve(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Construct the actor and run its messages on this thread until it stops or fails."""
+        self.core._attach(self._post_sync)
+        self._serve(cls, args, kwargs)
+
+    def _serve(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        core = self.core
+        if not core._construct(cls, args, kwargs):
+            core._serve_failed()
             return
-        q = self._queue
-        notices = self._notices
+        q = core._queue
+        notices = core._notices
         handle = self._handle_sync
         idle = self._idle_until
         while True:
-            if self._forced:
+            if core._forced:
                 self._release_turn()
                 self._end_forced()
                 return
@@ -76,12 +89,12 @@ class SyncExecutor(ActorCore):
                 else:
                     self._release_turn()
                 item = q.get()
-            if self._forced:
-                self._reject_safely(item)
+            if core._forced:
+                core._reject_safely(item)
                 continue
             if type(item) is Control:
                 if item.kind is STOP:
-                    self._finish_stop(item.arg, lambda: self._cleanup_sync(None))
+                    core._finish_stop(item.arg, lambda: self._cleanup_sync(None))
                     return
                 if item.kind is SUPERVISE:
                     self._supervise_sync(item.arg)
@@ -90,22 +103,22 @@ class SyncExecutor(ActorCore):
                     handle(item)
                 except Exception:
                     # Only a malformed message gets here (endpoint errors are handled inside).
-                    log.exception("actor %s dropped a malformed message", self.name)
+                    log.exception("actor %s dropped a malformed message", core.name)
             # Drop the message now, not when the next one arrives: its parts may map shared
             # memory that the sender is waiting to reuse.
             item = None
-            if self.failed is not None:
+            if core.failed is not None:
                 self._release_turn()
-                wait_stopped(self._owned_stopping, config.value(STOP_TIMEOUT))
+                wait_stopped(core._owned_stopping, config.value(STOP_TIMEOUT))
                 self._cleanup_sync()
-                self._serve_failed()
+                core._serve_failed()
                 return
 
     def _post_sync(self, item: Any) -> None:
         if type(item) is Control and item.kind is SUPERVISE:
-            self._notices.append(item.arg)
+            self.core._notices.append(item.arg)
             item = Control(WAKE)  # only ends a wait: the loop takes notices first
-        self._queue.put(item)
+        self.core._queue.put(item)
         if self._wake is not None:
             self._wake()
 
@@ -117,63 +130,75 @@ class SyncExecutor(ActorCore):
         try:
             # When reading inline is not possible, the queue's get() blocks instead.
             _, self._quick = poll_then_wait(
-                self.runtime, self._has_queued, me.fd, None, IDLE_SPIN_SECONDS, self._quick, turn
+                self.core.runtime,
+                self._has_queued,
+                me.fd,
+                None,
+                IDLE_SPIN_SECONDS,
+                self._quick,
+                turn,
             )
         finally:
             self._wake = None
 
     def _has_queued(self) -> bool:
-        return not self._queue.empty()
+        return not self.core._queue.empty()
 
-    def _before_reply(self) -> None:
+    def before_reply(self) -> None:
+        """Claim the sockets for this thread just before an endpoint's value is posted back."""
         # Only before a reply that cannot block (the router calls this only then): a thread
         # that claimed the sockets and then waited for a peer to take its bytes would not read
         # what that peer sends meanwhile.
-        if not self._is_async and self._turn is None and self._queue.empty():
-            self._turn = self.runtime.loop.claim(thread_waker().fd)
+        if self._turn is None and self.core._queue.empty():
+            self._turn = self.core.runtime.loop.claim(thread_waker().fd)
 
     def _release_turn(self) -> None:
         """Give back a claimed turn: the thread has other work before it waits."""
         turn, self._turn = self._turn, None
         if turn is not None:
-            self.runtime.loop.release(turn)
+            self.core.runtime.loop.release(turn)
 
     def _end_forced(self) -> None:
         """The thread of a force-stopped actor got free: clean up late, then end."""
-        self._cleanup_sync(self._failure_error if self.failed is not None else None)
+        self._cleanup_sync(self.core._failure_error if self.core.failed is not None else None)
 
     def _supervise_sync(self, notice: Any) -> None:
-        hook = self._supervise_hook()
-        token = context.set_current(context.Context(self, self.rank))
+        hook = self.core._supervise_hook()
+        token = context.set_current(context.Context(self.core, self.core.rank))
         try:
-            handled = hook(self.actor, notice) if hook is not None else False
+            handled = hook(self.core.actor, notice) if hook is not None else False
         except BaseException as exc:
-            self._supervise_raised(notice, exc)
+            self.core._supervise_raised(notice, exc)
             return
         finally:
             context.CURRENT.reset(token)
-        self._supervise_outcome(notice, handled)
+        self.core._supervise_outcome(notice, handled)
 
     def _cleanup_sync(self, exc: BaseException | None = _UNSET) -> None:
         if exc is _UNSET:
-            exc = self._failure_error
-        hook = getattr(type(self.actor), "__cleanup__", None) if self.actor is not None else None
+            exc = self.core._failure_error
+        hook = (
+            getattr(type(self.core.actor), "__cleanup__", None)
+            if self.core.actor is not None
+            else None
+        )
         if hook is None:
             return
         timeout = config.seconds(CLEANUP_TIMEOUT)
-        started = self._cleanup_started = time.monotonic()
-        token = context.set_current(context.Context(self, self.rank))
+        started = self.core._cleanup_started = time.monotonic()
+        token = context.set_current(context.Context(self.core, self.core.rank))
         try:
-            hook(self.actor, exc)
+            hook(self.core.actor, exc)
         except BaseException as error:
-            self._cleanup_failed(f"__cleanup__ raised {type(error).__name__}: {error}", error)
+            self.core._cleanup_failed(f"__cleanup__ raised {type(error).__name__}: {error}", error)
         finally:
             context.CURRENT.reset(token)
         if time.monotonic() - started > timeout:
-            self._cleanup_failed(f"__cleanup__ took longer than {timeout:g} s", None)
+            self.core._cleanup_failed(f"__cleanup__ took longer than {timeout:g} s", None)
 
     def _handle_sync(self, item: Delivery) -> None:
-        prepared = self._prepare(item)
+        core = self.core
+        prepared = core._prepare(item)
         if prepared is None:
             return
         fn, spec, method, reply, point, args, kwargs, trace, sender = prepared
@@ -181,17 +206,17 @@ class SyncExecutor(ActorCore):
         if probe is None:
             mark = received = None
         else:  # its spans (if traced), and its sender and start for the messages table
-            mark = None if trace is None else probe.handling(trace, self.queued())
+            mark = None if trace is None else probe.handling(trace, core.queued())
             received = (sender, tracing.now())
-        token = context.CURRENT.set(context.Context(self, point))
+        token = context.CURRENT.set(context.Context(core, point))
         try:
-            result = fn(self.actor, *args, **kwargs)
+            result = fn(core.actor, *args, **kwargs)
         except BaseException as exc:
-            self._settle_traced(mark, received, spec, method, reply, point, None, exc)
+            core._settle_traced(mark, received, spec, method, reply, point, None, exc)
             return
         finally:
             context.CURRENT.reset(token)
         if probe is None:
-            self._settle(spec, method, reply, point, result, None)
+            core._settle(spec, method, reply, point, result, None)
         else:
-            self._settle_traced(mark, received, spec, method, reply, point, result, None)
+            core._settle_traced(mark, received, spec, method, reply, point, result, None)
