@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from regency import _plugins, _public
+from regency import _hooks, _public
 from regency._errors import RegencyError
 
 __version__ = "0.1.0"
@@ -65,34 +65,66 @@ _LAZY_NAMES = {
 }
 
 
-def _tensor_engine() -> Any:
+# The composition root: the runtime's hooks upwards (regency._hooks), each a loader that imports
+# its layer on first use, so the runtime names no module above it and loads torch only if used.
+
+
+def _tensor_engine() -> _hooks.TensorHooks:
     """The tensor engine's face for ``ProcMesh.activate()`` and its siblings (imports torch)."""
     import regency._tensor.api
 
     return regency._tensor.api
 
 
-_plugins.register("tensor", _tensor_engine)
-
-
-def _debugger() -> Any:
+def _debugger() -> _hooks.DebuggerHooks:
     """The debugger's proc side, for ``breakpoint()`` in a proc."""
     import regency.observe.pdb_session
 
     return regency.observe.pdb_session
 
 
-_plugins.register("debugger", _debugger)
-
-
-def _telemetry() -> Any:
+def _telemetry() -> _hooks.TelemetryHooks:
     """The telemetry layer's switch, for a process whose ``telemetry`` setting is on."""
     import regency.observe.telemetry.switch
 
     return regency.observe.telemetry.switch
 
 
-_plugins.register("telemetry", _telemetry)
+def _boot() -> _hooks.Boot:
+    """The controller's boot, for the first use of the runtime in the controller's process."""
+    import regency._runtime.host.controller
+
+    return regency._runtime.host.controller.bootstrap_controller
+
+
+def _proc_mesh() -> _hooks.ProcMeshFactory:
+    """The meshes' ``this_proc_mesh``, for ``instance.proc``."""
+    import regency._runtime.actors.meshes.meshes
+
+    return regency._runtime.actors.meshes.meshes.this_proc_mesh
+
+
+def _fault_hook() -> _hooks.FaultHook:
+    """``regency.actor.unhandled_fault_hook`` as it is now (users may replace it)."""
+    import regency.actor
+
+    return regency.actor.unhandled_fault_hook
+
+
+def _hosts_from_config() -> _hooks.HostsFromConfig:
+    """``regency.job.hosts_from_config``, for ``regency.actor.hosts_from_config``."""
+    import regency.job
+
+    return regency.job.hosts_from_config
+
+
+_hooks.tensor.register(_tensor_engine)
+_hooks.debugger.register(_debugger)
+_hooks.telemetry.register(_telemetry)
+_hooks.boot.register(_boot)
+_hooks.proc_mesh.register(_proc_mesh)
+_hooks.fault_hook.register(_fault_hook)
+_hooks.hosts_from_config.register(_hosts_from_config)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,10 @@
-"""Monarch's configuration keys, their kinds and defaults (torchmonarch 0.7.0), and its enums.
+"""The configuration's key table: regency's keys, Monarch's (torchmonarch 0.7.0), its enums.
+
+Regency's own keys are typed :class:`Key` s; Monarch's keys come with their kinds and defaults.
+
+The runtime reads a setting through its key object, ``config.value(STOP_TIMEOUT)`` (a ``float``)
+or ``config.seconds(CLEANUP_TIMEOUT)`` for a Monarch duration, so that a misspelt key is a mypy
+error and the value's type is known where it is read.
 
 Every key ``monarch.config`` accepts is accepted by ``regency.config`` with the same type rules
 and default. The ones regency has an equivalent for also set that setting (``_FEEDS``); the
@@ -8,7 +14,8 @@ others are stored and read back, and change nothing else.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 
 class Encoding(enum.Enum):
@@ -144,3 +151,71 @@ FEEDS: dict[str, str] = {
     "server_heartbeat_interval": "heartbeat_interval",
     "supervision_watchdog_timeout": "heartbeat_timeout",
 }
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Key(Generic[_T]):
+    """A setting read as ``_T`` with ``regency.config.value(key)``."""
+
+    name: str
+    default: _T
+
+
+@dataclass(frozen=True, slots=True)
+class Duration:
+    """A Monarch duration setting (``"30s"``), read in seconds with ``regency.config.seconds``."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if MONARCH_KEYS[self.name][0] != DURATION:
+            raise ValueError(f"{self.name!r} is not a duration key")
+
+
+def _monarch(name: str) -> Key[Any]:
+    """Monarch's key ``name`` with its default, for a typed read."""
+    return Key(name, MONARCH_KEYS[name][1])
+
+
+# Regency's own keys and their defaults (documented in regency.config).
+CAST_FANOUT: Key[int] = Key("cast_fanout", 16)
+MAX_FRAME_BYTES: Key[int] = Key("max_frame_bytes", 10 * 1024**3)
+CONNECT_TIMEOUT: Key[float] = Key("connect_timeout", 30.0)
+STOP_TIMEOUT: Key[float] = Key("stop_timeout", 10.0)
+SHM_ARENA_BYTES: Key[int] = Key("shm_arena_bytes", 1024**3)
+HEAP_KEEP_BYTES: Key[int] = Key("heap_keep_bytes", 1024**3)
+HEARTBEAT_INTERVAL: Key[float] = Key("heartbeat_interval", 1.0)
+HEARTBEAT_TIMEOUT: Key[float] = Key("heartbeat_timeout", 5.0)
+MAX_PROCS_PER_HOST: Key[int] = Key("max_procs_per_host", 1024)
+TELEMETRY: Key[bool] = Key("telemetry", False)
+TELEMETRY_TRACES_PER_S: Key[float] = Key("telemetry_traces_per_s", 100.0)
+TELEMETRY_RETENTION: Key[float] = Key("telemetry_retention", 3600.0)
+TELEMETRY_MAX_ROWS: Key[int] = Key("telemetry_max_rows", 1_000_000)
+TELEMETRY_DB: Key[str] = Key("telemetry_db", "")
+
+REGENCY_KEYS: tuple[Key[Any], ...] = (
+    CAST_FANOUT,
+    MAX_FRAME_BYTES,
+    CONNECT_TIMEOUT,
+    STOP_TIMEOUT,
+    SHM_ARENA_BYTES,
+    HEAP_KEEP_BYTES,
+    HEARTBEAT_INTERVAL,
+    HEARTBEAT_TIMEOUT,
+    MAX_PROCS_PER_HOST,
+    TELEMETRY,
+    TELEMETRY_TRACES_PER_S,
+    TELEMETRY_RETENTION,
+    TELEMETRY_MAX_ROWS,
+    TELEMETRY_DB,
+)
+
+# Monarch's keys that change what regency does.
+ENABLE_LOG_FORWARDING: Key[bool] = _monarch("enable_log_forwarding")
+ENABLE_OTEL_TRACING: Key[bool] = _monarch("enable_otel_tracing")
+ENABLE_OTEL_METRICS: Key[bool] = _monarch("enable_otel_metrics")
+CLEANUP_TIMEOUT = Duration("cleanup_timeout")
+OTEL_METRIC_EXPORT_INTERVAL = Duration("otel_metric_export_interval")

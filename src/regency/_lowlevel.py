@@ -2,9 +2,7 @@
 
 ``regency.rdma``, ``regency.job``, ``regency.spmd`` and the tensor engine import the runtime only
 from here (``tests/unit/test_import_layers.py`` pins it), so the runtime's folders can change
-under them. Importing this module registers the controller's boot: the first use of
-:func:`runtime` in the controller's process starts its runtime, as importing ``regency.actor``
-does.
+under them. The first use of :func:`runtime` in the controller's process starts its runtime.
 
 The kernel, for messages that are not actor calls:
 
@@ -32,10 +30,10 @@ The actor layer:
 - :func:`current_context` -- who is running (the actor instance, its rank), booting the runtime.
 - :func:`current_client` -- the instance that sends for code outside any actor (the root
   client in the controller), if the runtime was started.
-- The actor API's own classes (``Actor``, ``endpoint``, ``Future``, ``Port``, ``HostMesh``, ...):
-  the same objects ``regency.actor`` exports; ``regency.job`` takes them from here because
-  ``regency.actor`` imports it back (Monarch's names) and cannot be imported from it.
-- :func:`get_or_spawn_controller` -- a job's singleton actors, as ``regency.actor`` offers it.
+- ``Actor``, ``endpoint``, ``Port``, ``Channel`` and :func:`get_or_spawn_controller`: the
+  same objects ``regency.actor`` exports, for ``regency.observe`` alone, which sits below
+  ``regency.actor`` (it offers telemetry's and the debugger's names); every other package takes
+  the actor API from ``regency.actor``.
 - :func:`when_endpoint_finishes` -- a callback for when the endpoint running on this thread
   has finished (the debugger ends a ``pdb`` session with it).
 - :func:`mesh_tree` / :func:`find` -- a snapshot of the hosts, procs and actors this controller
@@ -61,27 +59,21 @@ The host layer:
 
 from __future__ import annotations
 
-import regency._runtime.host.controller  # noqa: F401  (registers the controller's boot)
-from regency._runtime.actors import tracing
-from regency._runtime.actors.breakpoints import when_endpoint_finishes
-from regency._runtime.actors.context import current_client
-from regency._runtime.actors.control import SetTelemetry
-from regency._runtime.actors.endpoint_def import Actor, concurrent_endpoint, endpoint
-from regency._runtime.actors.errors import ActorError, SupervisionError
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.introspect import find, live_proc_addresses, mesh_tree
-from regency._runtime.actors.meshes import (
+from regency._runtime.actors.base.endpoint_def import Actor, endpoint
+from regency._runtime.actors.base.context import current_client
+from regency._runtime.actors.base.ports import Channel, Port
+from regency._runtime.actors.control.control import SetTelemetry
+from regency._runtime.actors.meshes.introspect import find, live_proc_addresses, mesh_tree
+from regency._runtime.actors.meshes.meshes import (
     HostInfo,
-    HostMesh,
-    ProcMesh,
     WorkerLease,
     current_context,
     this_host_mesh,
 )
-from regency._runtime.actors.ports import Channel, Port, PortReceiver
-from regency._runtime.actors.singletons import get_or_spawn_controller
-from regency._runtime.actors.stacks import stacks_of
-from regency._runtime.actors.value_mesh import ValueMesh
+from regency._runtime.actors.meshes.singletons import get_or_spawn_controller
+from regency._runtime.actors.observe import tracing
+from regency._runtime.actors.observe.breakpoints import when_endpoint_finishes
+from regency._runtime.actors.observe.stacks import stacks_of
 from regency._runtime.host.controller import share_secret
 from regency._runtime.host.output import proc_log_root
 from regency._runtime.host.worker_daemon import Attach
@@ -112,28 +104,20 @@ __all__ = [
     "SERVICE_TELEMETRY",
     "SERVICE_TELEMETRY_ROWS",
     "Actor",
-    "ActorError",
     "Attach",
     "Channel",
-    "Future",
     "HostInfo",
-    "HostMesh",
     "Part",
     "PeerLostError",
     "Pending",
     "Port",
     "PortHandler",
-    "PortReceiver",
     "PortRef",
-    "ProcMesh",
     "ProcRuntime",
     "Service",
     "SetTelemetry",
-    "SupervisionError",
-    "ValueMesh",
     "WorkerLease",
     "carry",
-    "concurrent_endpoint",
     "current_client",
     "current_context",
     "endpoint",

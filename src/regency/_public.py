@@ -7,7 +7,7 @@ modules that define them, lists them in ``__all__``, and ends with::
     _public.publish(__name__, globals())
 
 so that ``repr()``, tracebacks, docs and pickles name ``regency.actor.Actor`` rather than
-``regency._runtime.actors.endpoint_def.Actor``.
+``regency._runtime.actors.base.endpoint_def.Actor``.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ import itertools
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from regency import _humantime, _public
 from regency._config_keys import (
@@ -76,30 +76,19 @@ from regency._config_keys import (
     INT,
     MONARCH_KEYS,
     OPT_INT,
+    REGENCY_KEYS,
     STR,
     TRANSPORT,
     ChannelTransport,
+    Duration,
     Encoding,
+    Key,
 )
 from regency._errors import RegencyError
 from regency._transport import tls
 
-_DEFAULTS: dict[str, Any] = {
-    "cast_fanout": 16,
-    "max_frame_bytes": 10 * 1024**3,
-    "connect_timeout": 30.0,
-    "stop_timeout": 10.0,
-    "shm_arena_bytes": 1024**3,
-    "heap_keep_bytes": 1024**3,
-    "heartbeat_interval": 1.0,
-    "heartbeat_timeout": 5.0,
-    "max_procs_per_host": 1024,
-    "telemetry": False,
-    "telemetry_traces_per_s": 100.0,
-    "telemetry_retention": 3600.0,
-    "telemetry_max_rows": 1_000_000,
-    "telemetry_db": "",
-}
+_DEFAULTS: dict[str, Any] = {key.name: key.default for key in REGENCY_KEYS}
+_T = TypeVar("_T")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 _KEYS = frozenset(_DEFAULTS) | frozenset(MONARCH_KEYS)
@@ -383,6 +372,16 @@ def get_seconds(key: str) -> float:
     """
     value = get(key)
     return float(value) if key in _DEFAULTS else float(_seconds_of(key, value))
+
+
+def value(key: Key[_T]) -> _T:
+    """The effective value of ``key`` (a key object of ``regency._config_keys``), as its type."""
+    return cast("_T", get(key.name))
+
+
+def seconds(key: Duration) -> float:
+    """The effective value of Monarch's duration ``key``, in seconds."""
+    return get_seconds(key.name)
 
 
 def get_global_config() -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from regency._runtime.actors.stacks import pyspy_path
+from regency._runtime.actors.observe.stacks import pyspy_path
 from regency.actor import Actor, ProcMesh, ValueMesh, endpoint
 
 pytestmark = pytest.mark.timeout(120)

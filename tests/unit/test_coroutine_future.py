@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from regency._runtime.actors.future import CoroutineFuture
+from regency._runtime.actors.base.future import CoroutineFuture
 from regency._runtime.kernel.pending import Pending
 
 pytestmark = pytest.mark.timeout(30)

@@ -12,10 +12,10 @@ import pytest
 import regency
 from regency._errors import RegencyError
 from regency._private_paths import UnsafePathError
-from regency._runtime.actors.actor_mesh import NotOwnedError
-from regency._runtime.actors.endpoint import NotAnEndpointError
-from regency._runtime.actors.errors import process_failed
-from regency._runtime.actors.mesh_trait import EmptySliceError
+from regency._runtime.actors.base.errors import process_failed
+from regency._runtime.actors.base.mesh_trait import EmptySliceError
+from regency._runtime.actors.meshes.actor_mesh import NotOwnedError
+from regency._runtime.actors.meshes.endpoint import NotAnEndpointError
 from regency._runtime.kernel.errors import PeerLostError
 from regency._transport.address import AddressError
 from regency._transport.auth import AuthenticationError

@@ -412,7 +412,7 @@ def test_trust_all_connections_does_not_turn_authentication_off() -> None:
     ],
 )
 def test_worker_addresses_in_monarchs_forms(written: str, dialed: str) -> None:
-    from regency.job._attach import dial_address
+    from regency.actor._attach import dial_address
 
     assert dial_address(written) == dialed
 
@@ -428,7 +428,7 @@ def test_worker_addresses_in_monarchs_forms(written: str, dialed: str) -> None:
     ],
 )
 def test_worker_loop_addresses(given: str, listen: str, advertise: str | None) -> None:
-    from regency.job._worker import _bind_and_advertise
+    from regency.actor._worker import _bind_and_advertise
 
     assert _bind_and_advertise(given) == (listen, advertise)
 

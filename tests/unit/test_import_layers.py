@@ -1,4 +1,4 @@
-"""regency's modules import each other without circles and only downwards (issue 16).
+"""regency's modules import each other without circles and only downwards.
 
 The graph is read from the source with ``ast``, so every import counts: module level,
 function-local and ``if TYPE_CHECKING:`` ones. A lower layer that needs something from a higher
@@ -6,19 +6,24 @@ one gets it through a callback the higher one registers or a Protocol it impleme
 
 The layers, lowest first (a module may import its own layer and those below it):
 
-    base      shape, _transport, _humantime, _config_keys, _errors, _public, the ``regency`` package
+    base      shape, _transport, _humantime, _config_keys, _errors, _public, _hooks, the
+              ``regency`` package (the composition root: it registers the hooks' loaders)
     config    regency.config
     kernel    _runtime/kernel/   the per-process router; knows no actors
-    actors    _runtime/actors/   actors, endpoints, meshes, supervision
+    actors    _runtime/actors/   its sub-packages, lowest first: base, control, observe,
+                                 supervision, execution, meshes
     host      _runtime/host/     controller, bootstrap, zygote, launcher, host agent, worker
     entry     regency._runtime and its ``python -m regency._runtime.bootstrap`` entry
     face      regency._lowlevel  the extension face over the three runtime layers
-    public    actor, job, rdma, spmd, observe and the tensor engine (tensor over _tensor)
+    public    four tiers, lowest first: observe; actor; rdma, spmd, the tensor engine (tensor
+              over _tensor), remotemount; job, gather_mount. No sideways imports inside a tier.
     apps      cli, ``python -m regency``
 
+Where a lower layer must call up, it calls a typed hook of ``regency._hooks`` (a Protocol),
+whose loader the ``regency`` package registers: the only upward imports, each function-local.
 The packages built on the runtime (rdma, job, spmd, observe, the tensor engine) import nothing of
-``regency._runtime`` but through ``regency._lowlevel``; ``regency.actor``, the runtime's public
-face, and the CLI may.
+``regency._runtime`` but through ``regency._lowlevel``, and of ``regency._transport`` only its
+face (TRANSPORT_FACE); ``regency.actor``, the runtime's public face, and the CLI may.
 """
 
 from __future__ import annotations
@@ -134,9 +139,9 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     assert len(graph) > 100
     # module level, function-local and TYPE_CHECKING imports all appear
     assert "regency._runtime.kernel.state" in graph["regency._runtime.kernel.waiting"]
-    assert "regency.job" in graph["regency.actor"]  # function-local (Monarch's names)
+    assert "regency.actor._attach" in graph["regency.actor"]  # function-local (Monarch's names)
     # TYPE_CHECKING
-    assert "regency._runtime.actors.future" in graph["regency._runtime.actors.mesh_trait"]
+    assert "regency._runtime.actors.base.future" in graph["regency._runtime.actors.base.mesh_trait"]
 
 
 def test_circles_finds_a_circle() -> None:
@@ -148,6 +153,52 @@ def test_no_import_circles() -> None:
     found = circles(import_graph())
     report = "\n".join(f"circle of {len(c)}: {', '.join(c)}" for c in found)
     assert not found, f"import circles in src/{PACKAGE}:\n{report}"
+
+
+# The public tier, lowest first: each tier a list of groups; a group imports its own tier's
+# other groups neither at module level nor lazily (no sideways imports), only tiers below.
+PUBLIC_TIERS: list[tuple[str, list[tuple[str, ...]]]] = [
+    # below regency.actor, which offers telemetry's and the debugger's names
+    ("observe", [("regency.observe",)]),
+    ("actor", [("regency.actor",)]),
+    (
+        "built on actor",
+        [
+            ("regency.rdma",),
+            ("regency.spmd",),
+            (
+                "regency.tensor",
+                "regency._tensor",
+                "regency.mesh_controller",
+                "regency.random",
+                "regency.gradient",
+                "regency.gradient_generator",
+                "regency.builtins",
+                "regency.timer",
+            ),
+            ("regency.remotemount",),
+        ],
+    ),
+    ("jobs and mounts", [("regency.job",), ("regency.gather_mount",)]),
+]
+# What of regency._transport the public tier may use: its second face, beside regency._lowlevel
+# (addresses, TLS streams, the job secret's checks, deadlines, listeners' admission and rate
+# limits), for rdma's own listener, the worker daemon's secret (job, spmd) and peer checks.
+TRANSPORT_FACE = frozenset(
+    {
+        "regency._transport.address",
+        "regency._transport.auth",
+        "regency._transport.connection",
+        "regency._transport.deadline",
+        "regency._transport.inbound",
+        "regency._transport.io_loop",
+        "regency._transport.peer_identity",
+        "regency._transport.ratelimit",
+        "regency._transport.ratelog",
+        "regency._transport.tls",
+    }
+)
+TRANSPORT = "regency._transport"
 
 
 # Lowest first. A name stands for that module and everything under it, except those in _EXACT.
@@ -163,35 +214,23 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "regency._errors",
             "regency._public",
             "regency._private_paths",
-            "regency._plugins",
+            "regency._hooks",
         ),
     ),
     ("config", ("regency.config",)),
     ("kernel", ("regency._runtime.kernel",)),
+    # the actor layer's sub-packages, lowest first
     ("actors", ("regency._runtime.actors",)),
+    ("actors.base", ("regency._runtime.actors.base",)),
+    ("actors.control", ("regency._runtime.actors.control",)),
+    ("actors.observe", ("regency._runtime.actors.observe",)),
+    ("actors.supervision", ("regency._runtime.actors.supervision",)),
+    ("actors.execution", ("regency._runtime.actors.execution",)),
+    ("actors.meshes", ("regency._runtime.actors.meshes",)),
     ("host", ("regency._runtime.host",)),
     ("entry", ("regency._runtime", "regency._runtime.bootstrap")),
     ("face", ("regency._lowlevel",)),
-    (
-        "public",
-        (
-            "regency.actor",
-            "regency.job",
-            "regency.rdma",
-            "regency.spmd",
-            "regency.tensor",
-            "regency._tensor",
-            "regency.mesh_controller",
-            "regency.random",
-            "regency.gradient",
-            "regency.gradient_generator",
-            "regency.builtins",
-            "regency.timer",
-            "regency.observe",
-            "regency.remotemount",
-            "regency.gather_mount",
-        ),
-    ),
+    *[(tier, tuple(name for group in groups for name in group)) for tier, groups in PUBLIC_TIERS],
     ("apps", ("regency.cli", "regency.__main__")),
 ]
 # Packages whose name alone is listed: a new module directly in them must be given a layer.
@@ -215,25 +254,26 @@ FACE_ONLY = (
 RUNTIME = "regency._runtime"
 # (importer, imported) pairs allowed against FACE_ONLY, each with its reason. None today.
 FACE_EXCEPTIONS: dict[tuple[str, str], str] = {}
+# The composition root's hook loaders (regency/__init__.py, for regency._hooks): the only imports
+# allowed upwards besides Monarch's top-level tensor names, each function-local, by hook name.
+HOOK_LOADERS: dict[str, str] = {
+    "tensor": "regency._tensor.api",
+    "debugger": "regency.observe.pdb_session",
+    "telemetry": "regency.observe.telemetry.switch",
+    "boot": "regency._runtime.host.controller",
+    "proc_mesh": "regency._runtime.actors.meshes.meshes",
+    "fault_hook": "regency.actor",
+    "hosts_from_config": "regency.job",
+}
 # (importer, imported) pairs allowed upwards, each with its reason.
 UPWARD_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("regency", "regency.tensor"): "Monarch's top-level tensor names (regency.inspect, ...), "
     "imported by the package's __getattr__ on first use only, so `import regency` stays torch-free",
-    (
-        "regency",
-        "regency._tensor.api",
-    ): "the tensor engine's loader, registered with regency._plugins "
-    "for ProcMesh.activate() and imported on first use only, so the runtime never names it",
-    (
-        "regency",
-        "regency.observe.pdb_session",
-    ): "the debugger's loader, registered with regency._plugins for breakpoint() in a proc "
-    "and imported on first use only, so the runtime never names it",
-    (
-        "regency",
-        "regency.observe.telemetry.switch",
-    ): "telemetry's switch, registered with regency._plugins for a process whose telemetry "
-    "setting is on and imported then only, so the runtime never names it",
+    **{
+        ("regency", target): f"the composition root's loader of the {hook!r} hook "
+        "(regency._hooks), imported on first use only, so the runtime never names it"
+        for hook, target in HOOK_LOADERS.items()
+    },
 }
 
 
@@ -249,6 +289,17 @@ def layer_of(module: str) -> int | None:
             covers = module == name if name in _EXACT else _within(module, name)
             if covers and (best is None or len(name) > best[0]):
                 best = (len(name), index)
+    return None if best is None else best[1]
+
+
+def group_of(module: str) -> tuple[str, ...] | None:
+    """The public group (of PUBLIC_TIERS) ``module`` belongs to, if any."""
+    best: tuple[int, tuple[str, ...]] | None = None
+    for _, groups in PUBLIC_TIERS:
+        for group in groups:
+            for name in group:
+                if _within(module, name) and (best is None or len(name) > best[0]):
+                    best = (len(name), group)
     return None if best is None else best[1]
 
 
@@ -272,24 +323,94 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 and (module, target) not in FACE_EXCEPTIONS
             ):
                 found.append(f"{module} imports {target}: use regency._lowlevel instead")
+            if (
+                any(_within(module, p) for p in (*FACE_ONLY, "regency.cli"))
+                and _within(target, TRANSPORT)
+                and target not in TRANSPORT_FACE
+            ):
+                found.append(f"{module} imports {target}: not in the transport's face")
+            mine, theirs = group_of(module), group_of(target)
+            if here == there and mine is not None and theirs is not None and mine != theirs:
+                found.append(f"{module} imports {target} beside it ({LAYERS[here][0]}): sideways")
     return found
 
 
-def test_layers_catch_an_import_upwards_and_past_the_face() -> None:
+def test_layers_catch_an_import_upwards_sideways_and_past_the_faces() -> None:
     graph = {
-        "regency._runtime.kernel.router": {"regency._runtime.actors.instance"},
-        "regency._runtime.actors.instance": {"regency._runtime.kernel.router"},
+        "regency._runtime.kernel.router": {"regency._runtime.actors.execution.instance"},
+        "regency._runtime.actors.execution.instance": {"regency._runtime.kernel.router"},
+        "regency._runtime.actors.base.identity": {"regency._runtime.actors.meshes.meshes"},
         "regency.rdma._engine": {"regency._runtime.kernel.state", "regency._lowlevel"},
         "regency._runtime.stray": set(),
+        "regency.job._exec": {"regency.actor"},
+        "regency.actor": {"regency.job"},
+        "regency.spmd._launch": {"regency.rdma", "regency._transport.framing", "regency.tensor"},
     }
     assert violations(graph) == [
-        "regency._runtime.kernel.router (kernel) imports regency._runtime.actors.instance (actors)"
-        " above it",
+        "regency._runtime.actors.base.identity (actors.base) imports"
+        " regency._runtime.actors.meshes.meshes (actors.meshes) above it",
+        "regency._runtime.kernel.router (kernel) imports"
+        " regency._runtime.actors.execution.instance (actors.execution) above it",
         "regency._runtime.stray is in no layer (add it to LAYERS)",
+        "regency.actor (actor) imports regency.job (jobs and mounts) above it",
         "regency.rdma._engine imports regency._runtime.kernel.state: use regency._lowlevel instead",
+        "regency.spmd._launch imports regency._transport.framing: not in the transport's face",
+        "regency.spmd._launch imports regency.rdma beside it (built on actor): sideways",
+        "regency.spmd._launch imports regency.tensor beside it (built on actor): sideways",
     ]
 
 
 def test_every_import_follows_the_layers() -> None:
     found = violations(import_graph())
     assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+def _hook_names() -> set[str]:
+    """The hooks ``regency._hooks`` declares (its module-level ``Hook`` instances), by name."""
+    tree = ast.parse((SRC / PACKAGE / "_hooks.py").read_text(encoding="utf-8"))
+    return {
+        node.target.id
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(node.annotation, ast.Subscript)
+        and isinstance(node.annotation.value, ast.Name)
+        and node.annotation.value.id == "Hook"
+    }
+
+
+def test_the_composition_root_registers_every_hook_and_imports_up_only_in_its_loaders() -> None:
+    tree = ast.parse((SRC / PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    registered = {
+        node.func.value.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "register"
+        and isinstance(node.func.value, ast.Attribute)
+        and isinstance(node.func.value.value, ast.Name)
+        and node.func.value.value.id == "_hooks"
+    }
+    assert registered == _hook_names() == set(HOOK_LOADERS)
+    # the loaders' imports run on first use only: none at module level
+    top_level = {
+        alias.name
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+        if isinstance(node, ast.Import)
+    } | {node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
+    assert not top_level & set(HOOK_LOADERS.values())
+
+
+def test_each_runtime_layer_calls_up_through_the_typed_hooks() -> None:
+    graph = import_graph()
+    callers = {m for m in graph if _within(m, RUNTIME) and "regency._hooks" in graph[m]}
+    assert {
+        "regency._runtime.kernel.state",  # boot
+        "regency._runtime.actors.base.identity",  # proc_mesh
+        "regency._runtime.actors.supervision.supervision",  # fault_hook
+        "regency._runtime.actors.meshes.send_pipeline",  # tensor
+        "regency._runtime.actors.observe.breakpoints",  # debugger
+        "regency._runtime.host.worker_daemon",  # telemetry
+    } <= callers

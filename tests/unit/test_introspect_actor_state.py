@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from regency._runtime.actors.errors import stopped_text
-from regency._runtime.actors.introspect import _actor_node
+from regency._runtime.actors.base.errors import stopped_text
+from regency._runtime.actors.meshes.introspect import _actor_node
 from regency.shape import Extent
 
 PROC = "tcp://10.0.0.1:7000/job-w-aaaa"

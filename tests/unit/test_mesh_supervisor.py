@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from regency._runtime.actors.control import ProcInfo
-from regency._runtime.actors.mesh_supervisor import MeshSupervisor
-from regency._runtime.actors.supervision import (
+from regency._runtime.actors.control.control import ProcInfo
+from regency._runtime.actors.supervision.mesh_supervisor import MeshSupervisor
+from regency._runtime.actors.supervision.supervision import (
     STOP_REASON_PREFIX,
     FailureEvent,
     MeshFailure,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from regency._runtime.actors.mesh_table import mesh_table
+from regency._runtime.actors.meshes.mesh_table import mesh_table
 
 pytestmark = pytest.mark.timeout(30)
 

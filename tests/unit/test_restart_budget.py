@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from regency._runtime.actors.supervision import RestartBudget, RestartPolicy
+from regency._runtime.actors.supervision.supervision import RestartBudget, RestartPolicy
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from regency._runtime.actors import tracing
+from regency._runtime.actors.observe import tracing
 from regency.observe.telemetry.aggregate import (
     BOUNDS_MS,
     Aggregator,

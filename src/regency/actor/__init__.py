@@ -22,26 +22,28 @@ from typing import Any
 from regency import _public
 from regency._config_keys import ChannelTransport
 from regency._errors import RegencyError
-from regency._runtime.actors.accumulator import Accumulator
-from regency._runtime.actors.actor_mesh import ActorMesh
-from regency._runtime.actors.bootstrap_command import BootstrapCommand, default_bootstrap_cmd
-from regency._runtime.actors.context import Context
-from regency._runtime.actors.endpoint import Endpoint, as_endpoint, send
-from regency._runtime.actors.endpoint_def import Actor, concurrent_endpoint, endpoint
-from regency._runtime.actors.errors import ActorError, SupervisionError
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.meshes import HostMesh, ProcMesh
-from regency._runtime.actors.ports import Channel, Port, PortReceiver
-from regency._runtime.actors.singletons import get_or_spawn_controller
-from regency._runtime.actors.supervision import (
+from regency._runtime.actors.base.context import Context
+from regency._runtime.actors.base.endpoint_def import Actor, concurrent_endpoint, endpoint
+from regency._runtime.actors.base.errors import ActorError, SupervisionError
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.base.ports import Channel, Port, PortReceiver
+from regency._runtime.actors.base.value_mesh import ValueMesh
+from regency._runtime.actors.control.bootstrap_command import (
+    BootstrapCommand,
+    default_bootstrap_cmd,
+)
+from regency._runtime.actors.meshes.accumulator import Accumulator
+from regency._runtime.actors.meshes.actor_mesh import ActorMesh
+from regency._runtime.actors.meshes.endpoint import Endpoint, as_endpoint, send
+from regency._runtime.actors.meshes.meshes import HostMesh, ProcMesh
+from regency._runtime.actors.meshes.singletons import get_or_spawn_controller
+from regency._runtime.actors.supervision.supervision import (
     MeshFailure,
     MeshRestarted,
     RestartPolicy,
     UndeliverableMessageEnvelope,
     default_unhandled_fault_hook,
-    set_fault_hook_lookup,
 )
-from regency._runtime.actors.value_mesh import ValueMesh
 from regency._runtime.kernel.ids import ProcId, Uid
 from regency.actor import config
 from regency.actor._extras import (
@@ -56,6 +58,7 @@ from regency.actor._functions import (
     current_actor_name,
     current_rank,
     current_size,
+    hosts_from_config,
     shutdown_context,
     this_host,
     this_proc,
@@ -125,18 +128,9 @@ return to ignore the failure; raise (the default raises ``SystemExit(1)``) to re
 stderr and end the controller with exit code 1."""
 
 
-def _unhandled_fault_hook() -> Callable[[MeshFailure], None]:
-    return unhandled_fault_hook
-
-
-set_fault_hook_lookup(_unhandled_fault_hook)
-
-
-# Monarch also offers these from its actor module; they live in ``regency.job``, which imports
-# this module, so they are looked up on first use.
-_FROM_JOB = (
-    "attach_to_workers",
-    "hosts_from_config",
+# Monarch's worker loop and attach, offered from this module as Monarch does (its actor
+# bootstrap); imported on first use, so that ``import regency.actor`` stays light.
+_WORKER_LOOP = (
     "run_worker_loop_forever",
     "run_worker_loop_until_shutdown",
     "start_worker_loop_forever",
@@ -144,15 +138,19 @@ _FROM_JOB = (
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FROM_JOB:
-        import regency.job
+    if name == "attach_to_workers":
+        from regency.actor._attach import attach_to_workers
 
-        return getattr(regency.job, name)
+        return attach_to_workers
+    if name in _WORKER_LOOP:
+        from regency.actor import _worker
+
+        return getattr(_worker, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_FROM_JOB})
+    return sorted({*globals(), "attach_to_workers", *_WORKER_LOOP})
 
 
 _public.publish(__name__, globals())

@@ -17,7 +17,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from regency import config
 from regency._config_keys import ChannelTransport
-from regency._runtime.actors.future import Future
+from regency._runtime.actors.base.future import Future
 from regency._runtime.kernel import state
 from regency._runtime.kernel.pending import Pending
 

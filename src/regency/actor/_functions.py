@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from regency._runtime.actors import context as _context
-from regency._runtime.actors.context import Context
-from regency._runtime.actors.future import Future
-from regency._runtime.actors.meshes import (
+from regency import _hooks
+from regency._runtime.actors.base import context as _context
+from regency._runtime.actors.base.context import Context
+from regency._runtime.actors.base.future import Future
+from regency._runtime.actors.meshes.meshes import (
     HostMesh,
     ProcMesh,
     current_context,
@@ -81,3 +82,14 @@ def shutdown_context(host_timeout: float | None = None) -> Future[None]:
                 )
         controller.shutdown(host_timeout)
     return Future._resolved(None)
+
+
+def hosts_from_config(name: str) -> HostMesh:
+    """The host mesh ``name`` of the project's configuration (see ``regency.job``).
+
+    ``regency.job``'s, offered here as in Monarch's reference: ``regency.job`` is built on this
+    package, so a hook reaches it.
+    """
+    mesh = _hooks.hosts_from_config.load()(name)
+    assert isinstance(mesh, HostMesh)
+    return mesh

@@ -9,7 +9,7 @@ that proc).
 
 from __future__ import annotations
 
-from regency._runtime.actors.log_records import set_prefix_switch
+from regency._runtime.actors.observe.log_records import set_prefix_switch
 
 prefix_python_logs_with_actor: bool = True
 

@@ -171,7 +171,7 @@ def _worker(args: argparse.Namespace) -> int:
         level=logging.INFO,
         format="regency worker %(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from regency.job._worker import run_worker_loop_forever
+    from regency.actor._worker import run_worker_loop_forever
 
     if args.idle_timeout is not None and args.idle_timeout <= 0:
         print("regency worker: --idle-timeout must be > 0 seconds", file=sys.stderr)

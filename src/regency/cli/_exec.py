@@ -109,7 +109,7 @@ def _parse_env(items: list[str]) -> dict[str, str]:
 
 def _running_state(path: Path) -> Any:
     """The state of the job cached at ``path``, attached; a :class:`UsageError` saying why not."""
-    from regency.job._attach import AttachError
+    from regency.actor._attach import AttachError
 
     job = _load_job(path)
     if not job._running():
@@ -185,8 +185,8 @@ def run_exec(args: argparse.Namespace) -> int:
 
 
 def _exec(args: argparse.Namespace, cmd: list[str]) -> int:
-    from regency._runtime.actors.errors import SupervisionError
-    from regency._runtime.actors.meshes import HostInfo, HostMesh
+    from regency._runtime.actors.base.errors import SupervisionError
+    from regency._runtime.actors.meshes.meshes import HostInfo, HostMesh
     from regency.job._exec import print_line, rank_env, run_on_hosts
     from regency.shape import Extent, Shape
 

@@ -50,7 +50,7 @@ def run_logs(args: argparse.Namespace) -> int:
 
 
 def _job_logs(args: argparse.Namespace, path: Path) -> int:
-    from regency.job._attach import AttachError
+    from regency.actor._attach import AttachError
     from regency.observe.logs import LogReader
 
     job = _load_job(path)

@@ -65,8 +65,8 @@ class _UsageError(RegencyError):
 
 
 def _job_hosts(path: str, mesh_name: str | None) -> Any:
+    from regency.actor._attach import AttachError
     from regency.cli._exec import UsageError, _load_job
-    from regency.job._attach import AttachError
 
     try:
         job = _load_job(Path(path))

@@ -9,7 +9,7 @@ from regency._transport.auth import SECRET_ENV
 
 def read_secret(path: str | None) -> bytes:
     """The job secret, from ``path`` or the environment; ``ValueError`` if there is none."""
-    from regency.job._attach import secret_from_env
+    from regency.actor._attach import secret_from_env
 
     if path is None:
         try:

@@ -63,7 +63,7 @@ def _job_host(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
 
     The rank env is the host's ``REGENCY_RANK_<DIM>`` / ``REGENCY_SIZE_<DIM>`` in its mesh.
     """
-    from regency._runtime.actors.meshes import HostInfo, HostMesh
+    from regency._runtime.actors.meshes.meshes import HostInfo, HostMesh
     from regency.job._exec import rank_env
     from regency.shape import Extent, Shape
 

@@ -22,7 +22,14 @@ See ``docs/multihost.md``.
 from __future__ import annotations
 
 from regency import _public
-from regency.job._attach import AttachError, attach_to_workers
+from regency.actor._attach import AttachError, attach_to_workers
+from regency.actor._worker import (
+    run_worker_loop_forever,
+    run_worker_loop_until_shutdown,
+    start_worker_loop_forever,
+    worker_command,
+    worker_env,
+)
 from regency.job._context import load_current_job, set_current_job
 from regency.job._errors import JobError
 from regency.job._exec import CommandResult, exec_command
@@ -42,13 +49,6 @@ from regency.job._trait import (
     TelemetryConfig,
     job_load,
     job_loads,
-)
-from regency.job._worker import (
-    run_worker_loop_forever,
-    run_worker_loop_until_shutdown,
-    start_worker_loop_forever,
-    worker_command,
-    worker_env,
 )
 from regency.job._workspace import Workspace, sync_workspace
 

@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from regency._lowlevel import (
+from regency._transport.auth import SECRET_ENV
+from regency.actor import (
     Actor,
     Channel,
     Future,
@@ -29,10 +30,9 @@ from regency._lowlevel import (
     Port,
     ValueMesh,
     concurrent_endpoint,
+    current_rank,
     endpoint,
 )
-from regency._transport.auth import SECRET_ENV
-from regency.actor._functions import current_rank
 from regency.shape import Point
 
 RANK_ENV = "REGENCY_RANK_"

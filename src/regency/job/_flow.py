@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from regency._lowlevel import PortReceiver
+from regency.actor import PortReceiver
 
 
 class Credit:

@@ -30,9 +30,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from regency._lowlevel import Actor, Channel, Port, PortReceiver, ProcMesh, endpoint
 from regency._transport.peer_identity import tcp_peer_uid
-from regency.actor._functions import current_rank
+from regency.actor import Actor, Channel, Port, PortReceiver, ProcMesh, current_rank, endpoint
 from regency.job._flow import Credit, collect
 from regency.shape import Point
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import atexit
 
-from regency._lowlevel import HostMesh
+from regency.actor import HostMesh
 from regency.job._process import ProcessJob
 
 _HOSTS = 2

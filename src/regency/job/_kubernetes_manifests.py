@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from regency._transport.auth import SECRET_ENV
+from regency.actor._worker import worker_command
 from regency.job._kubernetes_client import client
-from regency.job._worker import worker_command
 
 STATEFULSET_RANK_LABEL = "apps.kubernetes.io/pod-index"
 JOB_RANK_LABEL = "batch.kubernetes.io/job-completion-index"

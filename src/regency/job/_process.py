@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from regency import config
+from regency.actor._worker import worker_command, worker_env
 from regency.job._errors import JobError
 from regency.job._trait import DEFAULT_JOB_PATH, JobState, JobTrait
-from regency.job._worker import worker_command, worker_env
 
 _LISTENING = re.compile(rb"regency worker listening on (tcp://\S+)")
 _START_TIMEOUT = 60.0

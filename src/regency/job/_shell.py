@@ -31,9 +31,8 @@ import tty
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, NamedTuple
 
-from regency._lowlevel import Actor, Channel, HostMesh, Port, PortReceiver, endpoint
 from regency._transport.auth import SECRET_ENV
-from regency.actor._functions import current_rank
+from regency.actor import Actor, Channel, HostMesh, Port, PortReceiver, current_rank, endpoint
 from regency.job._exec import rank_env
 from regency.job._flow import Credit, collect
 

@@ -34,9 +34,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from regency.actor._worker import worker_command, worker_env
 from regency.job._errors import JobError
 from regency.job._trait import JobTrait
-from regency.job._worker import worker_command, worker_env
 
 __all__ = ["SlurmJob"]
 

@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from regency._transport.auth import SECRET_ENV
+from regency.actor._worker import worker_command
 from regency.job._errors import JobError
 from regency.job._process import _alive, _group_members, _start_time, _wait_gone
 from regency.job._trait import JobTrait
-from regency.job._worker import worker_command
 
 __all__ = ["SSHJob", "serve_over_ssh"]
 

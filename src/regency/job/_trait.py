@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from regency import config as settings
-from regency._lowlevel import HostMesh
 from regency._private_paths import (
     UnsafePathError,
     private_dir,
     read_private_file,
     write_private_file,
 )
+from regency.actor import HostMesh
 from regency.observe import AdminServer, start_admin
 from regency.observe.telemetry import disable_telemetry, enable_telemetry, query_engine_client
 from regency.observe.telemetry.snapshot import PeriodicSnapshots
@@ -281,7 +281,7 @@ class JobTrait(abc.ABC):
 
     def _connect(self) -> JobState:
         """Attach to every mesh's workers."""
-        from regency.job._attach import attach_to_workers
+        from regency.actor._attach import attach_to_workers
 
         telemetry = getattr(self, "telemetry_config", None)
         if telemetry is not None:  # before attaching: the hosts take the controller's settings

@@ -20,13 +20,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from regency._lowlevel import Actor, HostMesh, endpoint, runtime
+from regency._lowlevel import runtime
 from regency._private_paths import (
     UnsafePathError,
     check_private_dir,
     check_unswappable,
     private_dir,
 )
+from regency.actor import Actor, HostMesh, endpoint
 
 IGNORED_NAMES = frozenset({".git", "__pycache__", ".venv", ".regency"})
 IGNORED_SUFFIXES = (".pyc",)

@@ -1,6 +1,6 @@
 """``breakpoint()`` in a proc: ``pdb`` on the rank that paused, driven from the controller.
 
-The runtime's hook (``regency._runtime.actors.breakpoints``) calls :func:`pause` with the
+The runtime's hook (``regency._runtime.actors.observe.breakpoints``) calls :func:`pause` with the
 caller's frame. The rank then registers a session with the controller's
 :class:`~regency.observe.debugger.DebugController` (spawned there on first use) and runs a real
 ``pdb.Pdb`` whose output goes to the controller in one message per prompt and whose commands

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from regency._lowlevel import Future
+from regency.actor import Future
 from regency.rdma import _engine
 from regency.rdma._buffer import DEFAULT_TIMEOUT, RDMABuffer
 

@@ -6,7 +6,8 @@ import os
 import time
 from typing import Any
 
-from regency._lowlevel import Future, current_context, runtime
+from regency._lowlevel import current_context, runtime
+from regency.actor import Future
 from regency.rdma import _engine
 from regency.rdma._backends import choice as _choice
 from regency.rdma._backends import cuda as _cuda

@@ -17,8 +17,9 @@ from concurrent.futures import Future as PoolFuture
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from regency._lowlevel import Future, Pending, runtime
+from regency._lowlevel import Pending, runtime
 from regency._transport.auth import AuthenticationError
+from regency.actor import Future
 from regency.rdma._backends import choice as _choice
 from regency.rdma._backends import cma as _cma
 from regency.rdma._backends import cuda as _cuda

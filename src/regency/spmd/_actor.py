@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from regency._lowlevel import Actor, endpoint, runtime
-from regency.actor._functions import current_rank
+from regency._lowlevel import runtime
+from regency.actor import Actor, current_rank, endpoint
 from regency.spmd._env import apply_env, check_master, elastic_env, free_port, host_of
 from regency.spmd._script import (
     NO_SCRIPT,

@@ -9,8 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from regency._lowlevel import ActorError, Channel, Port, SupervisionError, endpoint
-from regency.actor._functions import current_rank
+from regency.actor import ActorError, Channel, Port, SupervisionError, current_rank, endpoint
 from regency.spmd._actor import SPMDActor, run_as_rank
 from regency.spmd._output import captured_output
 from regency.spmd._script import ScriptExit, script_traceback

@@ -9,7 +9,7 @@ from regency.spmd._actor import SPMDActor
 from regency.spmd._env import check_master
 
 if TYPE_CHECKING:
-    from regency._lowlevel import ProcMesh
+    from regency.actor import ProcMesh
 
 _ACTOR_NAME = "_SPMDActor"
 

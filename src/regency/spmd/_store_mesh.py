@@ -17,10 +17,10 @@ import tempfile
 import threading
 from typing import IO, Protocol
 
-from regency._lowlevel import HostMesh, share_secret
+from regency._lowlevel import share_secret
 from regency._transport.auth import SECRET_ENV
-from regency.job import attach_to_workers
-from regency.job._attach import secret_from_env
+from regency.actor import HostMesh
+from regency.actor._attach import attach_to_workers, secret_from_env
 
 log = logging.getLogger(__name__)
 

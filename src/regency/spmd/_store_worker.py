@@ -28,7 +28,7 @@ def _end_with_starter() -> None:
 
 def main(argv: list[str]) -> None:
     """Serve at ``argv[0]`` until the process that started this one ends."""
-    from regency.job._worker import run_worker_loop_forever
+    from regency.actor._worker import run_worker_loop_forever
 
     if len(argv) != 1:
         sys.exit("usage: python -m regency.spmd._store_worker ADDRESS")

@@ -17,6 +17,7 @@ import threading
 import traceback
 from typing import Any
 
+from regency._config_keys import HEAP_KEEP_BYTES
 from regency._runtime.host import heap
 
 _PR_SET_PDEATHSIG = 1
@@ -73,11 +74,11 @@ def serve(settings: dict[str, Any]) -> None:
         os.environ.update(settings["env"])
 
     from regency import config
-    from regency._runtime.actors.bootstrap_command import apply_cpus
+    from regency._runtime.actors.control.bootstrap_command import apply_cpus
 
     apply_cpus(settings.get("bind"))
     config.configure(**settings["config"])
-    heap.keep_freed_memory(int(config.get("heap_keep_bytes")))  # before any thread starts
+    heap.keep_freed_memory(config.value(HEAP_KEEP_BYTES))  # before any thread starts
     if settings.get("log_file") is not None:
         os.environ[LOG_FILE_ENV] = settings["log_file"]
         _forwarded_output()
@@ -86,10 +87,11 @@ def serve(settings: dict[str, Any]) -> None:
 
     tls.install(settings.get("tls"))
 
-    from regency._runtime.actors import breakpoints, context, log_records, tracing
-    from regency._runtime.actors.control import StopProc
-    from regency._runtime.actors.instance import ClientInstance
-    from regency._runtime.actors.proc_agent import ProcAgent
+    from regency._runtime.actors.base import context
+    from regency._runtime.actors.control.control import StopProc
+    from regency._runtime.actors.execution.instance import ClientInstance
+    from regency._runtime.actors.execution.proc_agent import ProcAgent
+    from regency._runtime.actors.observe import breakpoints, log_records, tracing
     from regency._runtime.kernel import state, wire
     from regency._runtime.kernel.proc_runtime import ProcRuntime
     from regency._runtime.kernel.service import Service
@@ -142,7 +144,7 @@ def _forwarded_output() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
-    from regency._runtime.actors.log_records import install_actor_log_handler
+    from regency._runtime.actors.observe.log_records import install_actor_log_handler
 
     install_actor_log_handler()
 

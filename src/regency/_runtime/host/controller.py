@@ -12,11 +12,14 @@ import os
 import sys
 
 from regency import config
-from regency._runtime.actors import context, log_records, supervision, tracing
-from regency._runtime.actors.control import WarmZygote
-from regency._runtime.actors.instance import ClientInstance
-from regency._runtime.actors.proc_agent import ProcAgent
-from regency._runtime.actors.singletons import SingletonRegistry
+from regency._config_keys import STOP_TIMEOUT
+from regency._runtime.actors.base import context
+from regency._runtime.actors.control.control import WarmZygote
+from regency._runtime.actors.execution.instance import ClientInstance
+from regency._runtime.actors.execution.proc_agent import ProcAgent
+from regency._runtime.actors.meshes.singletons import SingletonRegistry
+from regency._runtime.actors.observe import log_records, tracing
+from regency._runtime.actors.supervision import supervision
 from regency._runtime.host.host_agent import HostAgent, HostSession
 from regency._runtime.kernel import gateways, state, wire
 from regency._runtime.kernel.proc_runtime import ProcRuntime
@@ -82,7 +85,7 @@ def _exit_code_after_fatal_failure() -> None:
 
 
 def _shutdown_at_exit() -> None:
-    shutdown(min(EXIT_STOP_TIMEOUT, config.get_seconds("stop_timeout")), exiting=True)
+    shutdown(min(EXIT_STOP_TIMEOUT, config.value(STOP_TIMEOUT)), exiting=True)
 
 
 def shutdown(timeout: float | None = None, exiting: bool = False) -> None:
@@ -99,7 +102,7 @@ def shutdown(timeout: float | None = None, exiting: bool = False) -> None:
         return
     supervision.shutting_down()
     if timeout is None:
-        timeout = config.get_seconds("stop_timeout")
+        timeout = config.value(STOP_TIMEOUT)
     if _host_agent is not None:
         _host_agent.shutdown(timeout, exiting)
     if _proc_agent is not None:
@@ -110,6 +113,3 @@ def shutdown(timeout: float | None = None, exiting: bool = False) -> None:
     gateways.clear()
     state.clear(shut_down=True)
     context.clear_client()
-
-
-state.set_boot(bootstrap_controller)

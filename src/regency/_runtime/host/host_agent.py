@@ -24,17 +24,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from regency import config
-from regency._runtime.actors.control import (
+from regency._config_keys import STOP_TIMEOUT
+from regency._runtime.actors.control.control import (
+    HostAgentRequest,
     ProcInfo,
     SpawnProcs,
     StopProc,
     StopProcs,
     WarmZygote,
+    unhandled,
 )
-from regency._runtime.actors.supervision import stop_reason
+from regency._runtime.actors.supervision.supervision import stop_reason
 from regency._runtime.host.launcher import Launcher
 from regency._runtime.host.output import OutputPump, proc_log_dir
 from regency._runtime.kernel import gateways, wire
@@ -110,23 +112,27 @@ class HostAgent:
         runtime.transport.router = self.switchboard
         self._output: OutputPump | None = None  # started with the first forwarded proc
 
-    def handle(self, request: Any) -> None:
+    def handle(self, request: object) -> None:
         """Service entry point (runs on the host agent's own thread)."""
-        if isinstance(request, SpawnProcs):
-            session = self.session
-            for index, info in enumerate(request.procs):
-                if session is None:
-                    self._refuse(info, request)
-                else:
-                    self._spawn(info, request, session, index)
-        elif isinstance(request, StopProcs):
-            threading.Thread(
-                target=self._stop, args=(request,), name="regency-stop", daemon=True
-            ).start()
-        elif isinstance(request, WarmZygote):
-            self.launcher.start_zygote()
-        else:
+        if not isinstance(request, HostAgentRequest):
             log.warning("host agent got an unknown request %r", type(request).__name__)
+            return
+        match request:
+            case SpawnProcs():
+                session = self.session
+                for index, info in enumerate(request.procs):
+                    if session is None:
+                        self._refuse(info, request)
+                    else:
+                        self._spawn(info, request, session, index)
+            case StopProcs():
+                threading.Thread(
+                    target=self._stop, args=(request,), name="regency-stop", daemon=True
+                ).start()
+            case WarmZygote():
+                self.launcher.start_zygote()
+            case _:
+                unhandled(request)
 
     def _refuse(self, info: ProcInfo, request: SpawnProcs) -> None:
         """A spawn request while no controller is attached: report the proc as failed."""
@@ -292,7 +298,7 @@ class HostAgent:
         self._stop_children(
             [a for a in request.addrs if a in self._children],
             request.reason,
-            config.get_seconds("stop_timeout"),
+            config.value(STOP_TIMEOUT),
         )
         with contextlib.suppress(PeerLostError):
             self.runtime.send_port(request.done, request.index, 0, [pickle.dumps(None, protocol=5)])

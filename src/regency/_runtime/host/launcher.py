@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from regency._runtime.actors.bootstrap_command import ProcLaunch, default_bootstrap_cmd
+from regency._runtime.actors.control.bootstrap_command import ProcLaunch, default_bootstrap_cmd
 from regency._runtime.host.zygote import MessageReader, send_message
 from regency._transport.auth import SECRET_ENV
 from regency._transport.io_loop import IOLoop

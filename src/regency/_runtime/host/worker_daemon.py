@@ -26,8 +26,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from regency import _plugins, config
-from regency._runtime.actors.control import ShutdownHost
+from regency import _hooks, config
+from regency._config_keys import STOP_TIMEOUT
+from regency._runtime.actors.control.control import ShutdownHost
 from regency._runtime.host.host_agent import HostAgent, HostSession
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.errors import PeerLostError
@@ -95,10 +96,10 @@ class WorkerAgent:
         if check.round != self._idle_round or self.agent.session is not None:
             return  # a controller attached meanwhile (it may have left again: a later round)
         log.info("no controller attached for %g s (idle timeout); exiting", self.idle_timeout)
-        self.agent.shutdown(config.get_seconds("stop_timeout"))
+        self.agent.shutdown(config.value(STOP_TIMEOUT))
         self.finished.set()
 
-    def handle(self, request: Any) -> None:
+    def handle(self, request: object) -> None:
         """Service entry point (runs on the worker service's thread, one request at a time)."""
         if isinstance(request, Attach):
             self._attach(request)
@@ -124,7 +125,7 @@ class WorkerAgent:
                 )
             return
         log.info("controller %s shut this host down; exiting", request.controller)
-        self.agent.shutdown(config.get_seconds("stop_timeout"))
+        self.agent.shutdown(config.value(STOP_TIMEOUT))
         self.finished.set()
 
     def _attach(self, request: Attach) -> None:
@@ -192,7 +193,7 @@ class WorkerAgent:
         self.agent.launcher.stop_zygote()
         if self.exit_with_controller:
             log.info("exiting with the controller (no other controller will attach)")
-            self.agent.shutdown(config.get_seconds("stop_timeout"))
+            self.agent.shutdown(config.value(STOP_TIMEOUT))
             self.finished.set()
             return
         transport = self.runtime.transport
@@ -261,7 +262,7 @@ def start(
     worker = WorkerAgent(runtime, agent, job_secret, idle_timeout, exit_with_controller)
     runtime.add_service(wire.SERVICE_HOST, worker.service)
     # This host keeps its procs' rows of the job's telemetry tables (they outlive the procs).
-    _plugins.load("telemetry").serve_rows(runtime)
+    _hooks.telemetry.load().serve_rows(runtime)
     agent.launcher.start_zygote()
     print(f"regency worker listening on {advertise or runtime.address}", flush=True)
     return runtime, worker

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from regency import config
+from regency._config_keys import CAST_FANOUT
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.refs import Part, PortRef
 
@@ -46,7 +47,7 @@ def fanout() -> int:
     seen, value = _fanout
     now = config.changes()
     if seen != now:
-        value = int(config.get("cast_fanout"))
+        value = config.value(CAST_FANOUT)
         _fanout = (now, value)
     return value
 

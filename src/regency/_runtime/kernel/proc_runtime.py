@@ -9,6 +9,12 @@ from __future__ import annotations
 import socket
 
 from regency import config
+from regency._config_keys import (
+    CONNECT_TIMEOUT,
+    HEARTBEAT_INTERVAL,
+    HEARTBEAT_TIMEOUT,
+    MAX_FRAME_BYTES,
+)
 from regency._runtime.kernel.router import FrameRouter
 from regency._runtime.kernel.seam import FrameSink, LossSink
 from regency._transport.io_loop import IOLoop
@@ -34,7 +40,7 @@ class ProcRuntime(FrameRouter):
     ) -> None:
         # The IPs other hosts reach the controller's machine on (set at a proc's start there).
         self.gateway_ips: list[str] = []
-        frame_limit = int(config.get("max_frame_bytes"))
+        frame_limit = config.value(MAX_FRAME_BYTES)
         self.loop = IOLoop()
 
         def connect(on_frame: FrameSink, on_peer_lost: LossSink) -> Transport:
@@ -44,7 +50,7 @@ class ProcRuntime(FrameRouter):
                 on_frame,
                 on_peer_lost,
                 frame_limit=frame_limit,
-                connect_timeout=config.get_seconds("connect_timeout"),
+                connect_timeout=config.value(CONNECT_TIMEOUT),
                 loop=self.loop,
                 heartbeat=_heartbeat_settings,
                 handoff=handoff,
@@ -65,4 +71,4 @@ class ProcRuntime(FrameRouter):
 
 
 def _heartbeat_settings() -> tuple[float, float]:
-    return config.get_seconds("heartbeat_interval"), config.get_seconds("heartbeat_timeout")
+    return config.value(HEARTBEAT_INTERVAL), config.value(HEARTBEAT_TIMEOUT)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from regency import config
+from regency._config_keys import SHM_ARENA_BYTES
 from regency._runtime.kernel import bulk, wire
 from regency._runtime.kernel.bulk import Bulk
 from regency._runtime.kernel.cast_path import CastPath
@@ -67,7 +68,7 @@ class FrameRouter:
         self._early_control: dict[int, list[Any]] = {}
         # The largest frame posted without an Encoder (post_actor, send_port).
         self._post_max = min(COALESCE_MAX, frame_limit)
-        self.bulk = Bulk(int(config.get("shm_arena_bytes")), self._bulk_release)
+        self.bulk = Bulk(config.value(SHM_ARENA_BYTES), self._bulk_release)
         # Who ended and why, who is stopped on purpose, and the ports waiting to hear of it.
         self.losses = Losses(self._ports, self._forget_peer, timers)
         self._exit_port: PortRef | None = None

@@ -1,33 +1,26 @@
 """The process-wide runtime singleton (one :class:`ProcRuntime`).
 
-The controller's process starts its runtime on first use, through the function
-:mod:`regency._runtime.host.controller` registers with :func:`set_boot` when it is imported.
+The controller's process starts its runtime on first use, through the controller's boot (the
+``boot`` hook of :mod:`regency._hooks`, which the ``regency`` package registers).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from regency import _hooks
 
 if TYPE_CHECKING:
     from regency._runtime.kernel.proc_runtime import ProcRuntime
 
 _lock = threading.RLock()
 _runtime: ProcRuntime | None = None
-_boot: Callable[[], None] | None = None
 _shut_down = False
 _host_agent: str | None = None
 _root: str | None = None
 _host_mesh: tuple[str, ...] = ()
 _adopted_secret: bytes | None = None
-
-
-def set_boot(boot: Callable[[], None]) -> None:
-    """Register how a process with no runtime starts one on first use (the controller's boot,
-    which must :func:`install` the runtime)."""
-    global _boot
-    _boot = boot
 
 
 def install(
@@ -88,11 +81,7 @@ def runtime() -> ProcRuntime:
         if _runtime is None:
             if _shut_down:
                 raise RuntimeError("regency was shut down in this process and cannot restart")
-            if _boot is None:
-                raise RuntimeError(
-                    "regency has no runtime in this process: import regency.actor to start one"
-                )
-            _boot()
+            _hooks.boot.load()()  # must install() the runtime
         assert _runtime is not None
         return _runtime
 

@@ -27,6 +27,7 @@ from importlib import metadata
 from typing import Any
 
 from regency import config
+from regency._config_keys import ENABLE_OTEL_METRICS, OTEL_METRIC_EXPORT_INTERVAL
 from regency._lowlevel import tracing
 from regency.observe.telemetry.aggregate import GAUGE, HISTOGRAM, Aggregator, attributes_text
 from regency.observe.telemetry.meter import METER_NAME
@@ -68,7 +69,7 @@ class Collector:
         self._probe = probe
         self._sink = sink
         self._identity = identity
-        self._metrics = bool(config.get("enable_otel_metrics"))
+        self._metrics = config.value(ENABLE_OTEL_METRICS)
         # The resource attributes of its metric rows (OpenTelemetry's names).
         self._resource = {
             "service.name": "regency",
@@ -76,7 +77,7 @@ class Collector:
             "host.name": identity.get("host"),
             "process.pid": identity.get("pid"),
         }
-        self._interval = max(0.05, config.get_seconds("otel_metric_export_interval"))
+        self._interval = max(0.05, config.seconds(OTEL_METRIC_EXPORT_INTERVAL))
         self._since = time.time()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one drain at a time (the thread, or a final flush)

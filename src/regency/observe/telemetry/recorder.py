@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from regency import config
+from regency._config_keys import TELEMETRY_DB, TELEMETRY_MAX_ROWS, TELEMETRY_RETENTION
 from regency._private_paths import check_owned_file, check_unswappable, private_dir, user_root
 from regency.observe.telemetry.aggregate import BOUNDS_MS
 
@@ -64,7 +65,7 @@ TABLES = ("spans", "metrics", "failures")
 
 def database_path() -> Path:
     """Where the recorder keeps its file (the ``telemetry_db`` setting, or the private default)."""
-    given = str(config.get("telemetry_db"))
+    given = config.value(TELEMETRY_DB)
     if given:
         return Path(given).expanduser()
     return user_root() / "telemetry" / "telemetry.db"
@@ -137,8 +138,8 @@ class Recorder:
         self._last_drop_log = 0.0
         _prepare_file(self.path)
         self._conn = connect(self.path, readonly=False)
-        self._retention = float(config.get("telemetry_retention"))
-        self._max_rows = int(config.get("telemetry_max_rows"))
+        self._retention = config.value(TELEMETRY_RETENTION)
+        self._max_rows = config.value(TELEMETRY_MAX_ROWS)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="regency-telemetry-db", daemon=True)
         self._thread.start()

@@ -1,6 +1,6 @@
 """Switching telemetry on and off in this process, and in the controller's procs.
 
-The runtime reaches this module through ``regency._plugins`` (``"telemetry"``): it calls
+The runtime reaches this module through ``regency._hooks`` (its ``telemetry`` hook): it calls
 :func:`follow` as a process starts with the ``telemetry`` setting on, when a proc is told to
 by its controller (``SetTelemetry``), and as a process stops (to send what is left).
 
@@ -18,6 +18,12 @@ import threading
 from typing import Any
 
 from regency import config
+from regency._config_keys import (
+    ENABLE_OTEL_TRACING,
+    TELEMETRY_MAX_ROWS,
+    TELEMETRY_RETENTION,
+    TELEMETRY_TRACES_PER_S,
+)
 from regency._lowlevel import (
     SERVICE_PROC,
     SERVICE_TELEMETRY,
@@ -105,7 +111,7 @@ def query_engine_client() -> QueryEngineClient:
 
 def _bounds() -> tuple[int, float]:
     """The bounds of a host's store: rows per table, retention in seconds."""
-    return int(config.get("telemetry_max_rows")), float(config.get("telemetry_retention"))
+    return config.value(TELEMETRY_MAX_ROWS), config.value(TELEMETRY_RETENTION)
 
 
 def _local_store(job: str) -> RowStore:
@@ -164,9 +170,7 @@ def follow(on: bool) -> None:
 def _start() -> None:
     global _collector, _sink, _service_added
     rt = runtime()
-    probe = tracing.Probe(
-        float(config.get("telemetry_traces_per_s")), bool(config.get("enable_otel_tracing"))
-    )
+    probe = tracing.Probe(config.value(TELEMETRY_TRACES_PER_S), config.value(ENABLE_OTEL_TRACING))
     if root_address() == rt.address:
         _sink = _Sink(rt.job_id)
         if not _service_added:
