@@ -59,8 +59,8 @@ The host layer:
 
 from __future__ import annotations
 
-from regency._runtime.actors.base.endpoint_def import Actor, endpoint
 from regency._runtime.actors.base.context import current_client
+from regency._runtime.actors.base.endpoint_def import Actor, endpoint
 from regency._runtime.actors.base.ports import Channel, Port
 from regency._runtime.actors.control.control import SetTelemetry
 from regency._runtime.actors.meshes.introspect import find, live_proc_addresses, mesh_tree

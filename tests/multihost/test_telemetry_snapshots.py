@@ -160,7 +160,11 @@ def test_a_periodic_capture_links_each_actor_to_its_proc_host_and_root(make_job:
         f"WHERE x.full_name = '{actor}'"
     )["rows"]
     assert joined == [{"given_name": "snap_worker"}]
+    # The root counts every host this controller holds (earlier tests' too), one node each.
     (root,) = state.query_engine_client.query(
         f"SELECT num_hosts FROM root_nodes WHERE snapshot_id = '{snapshot}'"
     )["rows"]
-    assert root["num_hosts"] == 1
+    (hosts,) = state.query_engine_client.query(
+        f"SELECT COUNT(*) AS n FROM host_nodes WHERE snapshot_id = '{snapshot}'"
+    )["rows"]
+    assert root["num_hosts"] == hosts["n"] >= 1

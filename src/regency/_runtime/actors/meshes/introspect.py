@@ -17,9 +17,9 @@ from typing import Any
 from regency._runtime.actors.base import context
 from regency._runtime.actors.control.control import ProcStats
 from regency._runtime.actors.meshes.meshes import ProcMesh
+from regency._runtime.actors.observe import tracing
 from regency._runtime.actors.observe.answers import Answers
 from regency._runtime.actors.supervision.supervision import is_stop_reason
-from regency._runtime.actors.observe import tracing
 from regency._runtime.kernel import state
 from regency.shape import Point
 
