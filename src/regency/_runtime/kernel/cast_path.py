@@ -8,7 +8,6 @@ The tree itself (how destinations split into subtrees, how replies gather on the
 from __future__ import annotations
 
 import logging
-import pickle
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -61,6 +60,8 @@ class CastPath:
         self._frame_limit = frame_limit
         # The frames sent to nodes that pass them on, until they acknowledge them.
         self.forwards = forwards
+        # How this process splits the subtrees it heads, by roster.
+        self._plans = casting.Plans()
 
     def send(
         self,
@@ -173,7 +174,7 @@ class CastPath:
         large one is sent."""
         head = group.head
         self._losses.check_alive(head.addr)
-        framed = [_routing(group, reply, gather, ack), *parts]
+        framed = [casting.routing_part(group, reply, gather, ack), *parts]
         encoder = frames.Encoder(framed, self._frame_limit)
         flags = 0
         if encoder.size >= bulk.BULK_MIN:
@@ -203,7 +204,7 @@ class CastPath:
         if not group.rest:
             self._deliver(mesh_id, sender, head.seq, head.rank, own_copies(parts), reply)
             return
-        routing = _routing(group, reply, gather, None)
+        routing = casting.routing_part(group, reply, gather, None)
         self.received(mesh_id, sender, head.seq, head.rank, routing, own_copies(parts))
 
     def received(
@@ -217,9 +218,10 @@ class CastPath:
     ) -> None:
         """A cast for this process's actor of mesh ``mesh_id``: forward it down the subtree
         its routing part lists, then deliver it here."""
-        rest, reply, gather, ack = pickle.loads(routing_part)
-        # Most procs are leaves of the tree (``rest`` empty): they need not read the fan-out.
-        groups = casting.plan(rest, casting.fanout()) if rest else []
+        routing = casting.read_routing(routing_part)  # ValueError: the frame is dropped
+        # Most procs are leaves of the tree: they need not read the fan-out.
+        groups = self._plans.groups(routing, casting.fanout()) if routing[0] else []
+        reply, gather, ack = routing[5], routing[6], routing[7]
         if ack is not None and not groups:
             self.forwards.arrived(ack)  # a leaf below a node that passed the cast on
         local_reply = reply
@@ -236,15 +238,6 @@ class CastPath:
             except PeerLostError as exc:
                 log.warning("cast could not reach some subtree heads: %s", exc)
         self._deliver(mesh_id, sender, seq, rank, parts, local_reply)
-
-
-def _routing(group: casting.Group, reply: PortRef | None, gather: bool, ack: Ack | None) -> bytes:
-    """The routing part of a cast frame to ``group``'s head: the rest of its subtree, where
-    replies go, whether they are gathered on the way (a leaf gathers nothing), and where the
-    head acknowledges the frame (None: it need not)."""
-    if not group.rest:
-        return pickle.dumps(((), reply, False, ack), protocol=5)
-    return pickle.dumps((group.rest, reply, gather, ack), protocol=5)
 
 
 def _without_head(group: casting.Group) -> list[casting.Group]:
