@@ -1,5 +1,5 @@
 """A sender's sequence numbers taken per cast in one step (``kernel/seqs.py``), and the compact
-subtrees the casting tree sends (``casting.Subtree``, ``casting.Plans``).
+subtrees the casting tree sends (``routing.py``).
 
 The numbers must be exactly those of one count per destination actor, whatever mix of direct
 sends and casts to overlapping views takes them; and a stream of casts to one view must cost
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +18,9 @@ import pytest
 from regency import config
 from regency._runtime.kernel import casting
 from regency._runtime.kernel.loopback import Loopback
+from regency._runtime.kernel.refs import PortRef
 from regency._runtime.kernel.router import FrameRouter
+from regency._runtime.kernel.routing import Plans, RoutingWriter, Subtree, read_routing
 from regency._runtime.kernel.seqs import SeqBook
 from regency._transport import frames
 
@@ -80,8 +83,8 @@ def test_a_stream_of_casts_to_one_view_costs_per_subtree_not_per_destination() -
     assert len(second) == 16
     for before, after in zip(first, second, strict=True):
         # The same roster and base numbers, not rebuilt: only the bump differs.
-        assert isinstance(after.rest, casting.Subtree)
-        assert isinstance(before.rest, casting.Subtree)
+        assert isinstance(after.rest, Subtree)
+        assert isinstance(before.rest, Subtree)
         assert after.rest.roster is before.rest.roster
         assert after.rest.seqs is before.rest.seqs
         assert after.rest.bump == before.rest.bump + 1
@@ -105,41 +108,46 @@ def test_a_patch_past_its_limit_rebases_the_view() -> None:
 
 def test_a_head_plans_a_roster_once_and_expands_the_numbers_it_is_sent() -> None:
     dests = [casting.Dest(f"unix:@p{r}", 10 + r, r) for r in range(40)]
-    rest = casting.Subtree.of(dests)
+    rest = Subtree.of(dests)
     rest.bump, rest.patch = 3, {5: 2}
-    routing = casting.read_routing(
-        casting.routing_part(casting.Group(dests[0], rest), None, True, None)
-    )
-    plans = casting.Plans()
+    reply = PortRef("unix:@root", 17)
+    part = RoutingWriter(reply).part(casting.Group(dests[0], rest), True, ("unix:@up", 4, 99))
+    routing = read_routing(part)
+    assert (routing.reply, routing.gather, routing.ack) == (reply, True, ("unix:@up", 4, 99))
+    plans = Plans()
     groups = plans.groups(routing, 4)
     expected = [d._replace(seq=d.seq + 3 + (2 if i == 5 else 0)) for i, d in enumerate(dests)]
     assert _flat(groups) == expected
     assert [g.head for g in groups] == [g.head for g in casting.plan(expected, 4)]
-    again = plans.groups(routing, 4)
-    assert [g.rest.roster for g in again if g.rest] == [g.rest.roster for g in groups if g.rest]
+    again = plans.groups(read_routing(part), 4)
+    assert [g.rest.roster for g in again if isinstance(g.rest, Subtree)] == [
+        g.rest.roster for g in groups if isinstance(g.rest, Subtree)
+    ]
+
+
+def test_a_leaf_routing_part_names_no_subtree() -> None:
+    part = RoutingWriter(None).part(casting.Group(casting.Dest("unix:@a", 1, 0), ()), True, None)
+    routing = read_routing(part)
+    assert routing.key is None
+    assert (routing.reply, routing.gather, routing.ack) == (None, False, None)
 
 
 @pytest.mark.parametrize(
-    ("fields", "message"),
+    ("cut", "message"),
     [
-        ((1, 2, 3), "is not its 8 fields"),
-        ((b"k", "not bytes", b"", 0, None, None, True, None), "wrong types"),
+        (lambda part: part[:5], "too short"),
+        (lambda part: part[:30], "shorter than its header says"),
+        (lambda part: part[:-3], "truncated roster"),
+        (lambda part: part[:-8], "not as many sequence numbers"),
     ],
 )
 def test_a_malformed_routing_part_is_refused_with_what_is_wrong(
-    fields: tuple[Any, ...], message: str
+    cut: Callable[[bytes], bytes], message: str
 ) -> None:
-    with pytest.raises(ValueError, match=message):
-        casting.read_routing(pickle.dumps(fields))
-
-
-def test_a_subtree_whose_numbers_do_not_match_its_roster_is_refused() -> None:
     dests = [casting.Dest(f"unix:@p{r}", 1, r) for r in range(5)]
-    part = casting.routing_part(casting.Group(dests[0], tuple(dests[1:])), None, False, None)
-    key, blob, seqs, *tail = casting.read_routing(part)
-    bad = (key, blob, seqs[:-8], *tail)
-    with pytest.raises(ValueError, match="as many sequence numbers as destinations"):
-        casting.Plans().groups(bad, 2)  # type: ignore[arg-type]
+    part = RoutingWriter(None).part(casting.Group(dests[0], tuple(dests[1:])), False, None)
+    with pytest.raises(ValueError, match=message):
+        Plans().groups(read_routing(cut(part)), 2)
 
 
 def test_casts_and_direct_sends_reach_every_actor_in_order_down_the_tree() -> None:

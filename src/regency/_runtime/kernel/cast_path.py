@@ -18,6 +18,7 @@ from regency._runtime.kernel.losses import Losses
 from regency._runtime.kernel.parts import own_copies, postable
 from regency._runtime.kernel.port_handlers import PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.routing import Plans, RoutingWriter, read_routing
 from regency._runtime.kernel.seam import FrameTransport
 from regency._transport import frames
 from regency._transport.transport import PeerUnreachableError
@@ -61,7 +62,7 @@ class CastPath:
         # The frames sent to nodes that pass them on, until they acknowledge them.
         self.forwards = forwards
         # How this process splits the subtrees it heads, by roster.
-        self._plans = casting.Plans()
+        self._plans = Plans()
 
     def send(
         self,
@@ -91,6 +92,10 @@ class CastPath:
         lost: list[str] = []
         here: list[casting.Group] = []
         cast, acks = self._keeping(groups, mesh_id, sender, parts, upstream)
+        # What every frame of the cast shares is made once: the message's part table, the
+        # routing part's reply port and acknowledger.
+        message = frames.Encoder(parts, self._frame_limit)
+        writer = RoutingWriter(reply)
         todo = list(groups)
         while todo:
             posts: list[tuple[str, list[Part], int]] = []
@@ -106,7 +111,7 @@ class CastPath:
                     ack = self.forwards.keep(cast, group.head.addr, group.rest)
                 try:
                     frame = self._frame_to_head(
-                        group, mesh_id, sender, reply, gather, parts, wait, ack
+                        group, mesh_id, sender, writer.part(group, gather, ack), message, wait
                     )
                 except (PeerUnreachableError, PeerLostError) as exc:
                     if ack is not None:
@@ -131,7 +136,9 @@ class CastPath:
         if cast is not None:
             self.forwards.sent(cast)
         for group in here:
-            self._to_own_actor(group, mesh_id, sender, reply, gather, parts)
+            self._to_own_actor(
+                group, mesh_id, sender, reply, writer.part(group, gather, None), parts
+            )
         if lost:
             raise PeerLostError("; ".join(lost))
 
@@ -164,29 +171,36 @@ class CastPath:
         group: casting.Group,
         mesh_id: int,
         sender: int,
-        reply: PortRef | None,
-        gather: bool,
-        parts: list[Part],
+        routing: bytes,
+        message: frames.Encoder,
         wait: bool,
-        ack: Ack | None,
     ) -> tuple[str, list[Part], int] | None:
-        """The small frame to post to the head of ``group`` (another process), or None once a
-        large one is sent."""
+        """The small frame (``routing``, then ``message``'s parts) to post to the head of
+        ``group`` (another process), or None once a large one is sent."""
         head = group.head
         self._losses.check_alive(head.addr)
-        framed = [casting.routing_part(group, reply, gather, ack), *parts]
-        encoder = frames.Encoder(framed, self._frame_limit)
-        flags = 0
-        if encoder.size >= bulk.BULK_MIN:
-            framed, flags = self._frame_parts(head.addr, framed)
+        parts = message.parts
+        if message.size + 8 + len(routing) < bulk.BULK_MIN:
+            buffers, size = message.frame_after(
+                routing,
+                self._frame_limit,
+                wire.KIND_CAST,
+                mesh_id,
+                rank=head.rank,
+                sender=sender,
+                seq=head.seq,
+            )
+        else:
+            framed, flags = self._frame_parts(head.addr, [routing, *parts])
             encoder = frames.Encoder(framed, self._frame_limit)
-        buffers = encoder.frame(
-            wire.KIND_CAST, mesh_id, flags=flags, rank=head.rank, sender=sender, seq=head.seq
-        )
-        if postable(len(parts), encoder.size):
+            size = encoder.size
+            buffers = encoder.frame(
+                wire.KIND_CAST, mesh_id, flags=flags, rank=head.rank, sender=sender, seq=head.seq
+            )
+        if postable(len(parts), size):
             # Coalesced in a burst of casts like direct sends are (each frame alone would wake
             # its head).
-            return head.addr, buffers, encoder.size
+            return head.addr, buffers, size
         self._link.send(head.addr, buffers, wait)
         return None
 
@@ -196,15 +210,15 @@ class CastPath:
         mesh_id: int,
         sender: int,
         reply: PortRef | None,
-        gather: bool,
+        routing: bytes,
         parts: list[Part],
     ) -> None:
-        """A subtree headed by this process: forward down it, then deliver to our actor."""
+        """A subtree headed by this process (``routing``: its routing part): forward down it,
+        then deliver to our actor."""
         head = group.head
         if not group.rest:
             self._deliver(mesh_id, sender, head.seq, head.rank, own_copies(parts), reply)
             return
-        routing = casting.routing_part(group, reply, gather, None)
         self.received(mesh_id, sender, head.seq, head.rank, routing, own_copies(parts))
 
     def received(
@@ -218,10 +232,10 @@ class CastPath:
     ) -> None:
         """A cast for this process's actor of mesh ``mesh_id``: forward it down the subtree
         its routing part lists, then deliver it here."""
-        routing = casting.read_routing(routing_part)  # ValueError: the frame is dropped
+        routing = read_routing(routing_part)  # ValueError: the frame is dropped
         # Most procs are leaves of the tree: they need not read the fan-out.
-        groups = self._plans.groups(routing, casting.fanout()) if routing[0] else []
-        reply, gather, ack = routing[5], routing[6], routing[7]
+        groups = self._plans.groups(routing, casting.fanout()) if routing.key is not None else []
+        reply, gather, ack = routing.reply, routing.gather, routing.ack
         if ack is not None and not groups:
             self.forwards.arrived(ack)  # a leaf below a node that passed the cast on
         local_reply = reply

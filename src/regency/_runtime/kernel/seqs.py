@@ -23,6 +23,7 @@ from array import array
 from collections.abc import Sequence
 
 from regency._runtime.kernel import casting
+from regency._runtime.kernel.routing import Roster, Subtree
 
 # Views of one mesh whose numbers are kept by bump at once; the oldest retires past this.
 VIEWS_MAX = 8
@@ -48,20 +49,22 @@ class _View:
         self.base = base
         self.bump = 0
         self.patch: dict[int, int] = {}
-        # Each subtree: its head's position, its end, its roster and its base numbers.
-        self.spans: list[tuple[int, int, casting.Roster | None, array[int]]] = []
+        # Each subtree: its head's position, its end, its roster and its base numbers (also as
+        # bytes, as frames carry them).
+        self.spans: list[tuple[int, int, Roster | None, array[int], bytes]] = []
         rosters = [
-            casting.Roster(tuple(addrs[s + 1 : e]), tuple(ranks[s + 1 : e])) if e - s > 1 else None
+            Roster(tuple(addrs[s + 1 : e]), tuple(ranks[s + 1 : e])) if e - s > 1 else None
             for s, e in casting.spans(len(addrs), fanout)
         ]
         self._snapshot(rosters)
 
-    def _snapshot(self, rosters: list[casting.Roster | None]) -> None:
+    def _snapshot(self, rosters: list[Roster | None]) -> None:
         base = self.base
-        self.spans = [
-            (s, e, roster, array("Q", base[s + 1 : e]))
-            for (s, e), roster in zip(casting.spans(len(base), self.fanout), rosters, strict=True)
-        ]
+        spans = []
+        for (s, e), roster in zip(casting.spans(len(base), self.fanout), rosters, strict=True):
+            seqs = array("Q", base[s + 1 : e])
+            spans.append((s, e, roster, seqs, seqs.tobytes()))
+        self.spans = spans
 
     def count(self, i: int) -> int:
         """The last number taken for destination ``i``."""
@@ -72,14 +75,14 @@ class _View:
         bump, patch = self.bump, self.patch
         self.base = [n + bump + patch.get(i, 0) for i, n in enumerate(self.base)]
         self.bump, self.patch = 0, {}
-        self._snapshot([roster for _, _, roster, _ in self.spans])
+        self._snapshot([roster for _, _, roster, _, _ in self.spans])
 
     def groups(self) -> list[casting.Group]:
         """The casting tree's subtrees for the next cast (its numbers taken)."""
         self.bump += 1
         bump, patch, base, addrs, ranks = self.bump, self.patch, self.base, self.addrs, self.ranks
         out = []
-        for s, e, roster, seqs in self.spans:
+        for s, e, roster, seqs, raw in self.spans:
             head = casting.Dest(addrs[s], base[s] + bump + patch.get(s, 0), ranks[s])
             if roster is None:
                 out.append(casting.Group(head, ()))
@@ -87,7 +90,7 @@ class _View:
             sub = None
             if patch:
                 sub = {i - s - 1: extra for i, extra in patch.items() if s < i < e} or None
-            out.append(casting.Group(head, casting.Subtree(roster, seqs, bump, sub)))
+            out.append(casting.Group(head, Subtree(roster, seqs, bump, sub, raw)))
         return out
 
 
