@@ -144,19 +144,17 @@ class Encoder:
         limit: int,
         kind: int,
         dest: int,
-        *,
-        flags: int = 0,
-        rank: int = 0,
-        sender: int = 0,
-        seq: int = 0,
+        rank: int,
+        sender: int,
+        seq: int,
     ) -> tuple[list[bytes | bytearray | memoryview], int]:
-        """The buffers of one frame of ``first`` followed by these parts (raising
+        """The buffers of one frame (no flags) of ``first`` followed by these parts (raising
         :class:`FrameTooLargeError` unless it fits ``limit``), and its size in bytes."""
         nparts = self.nparts + 1
         body_len = self.body_len + 8 + len(first)
         if nparts > MAX_PARTS or body_len + LENGTH_PREFIX > limit:
             _check(nparts, body_len + LENGTH_PREFIX, limit)
-        head = HEADER.pack(body_len, kind, nparts, flags, rank, dest, sender, seq)
+        head = HEADER.pack(body_len, kind, nparts, 0, rank, dest, sender, seq)
         return [head + _PART_TABLES[1].pack(len(first)) + self.table, first, *self.parts], (
             body_len + LENGTH_PREFIX
         )

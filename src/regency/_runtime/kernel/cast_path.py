@@ -101,14 +101,16 @@ class CastPath:
             posts: list[tuple[str, list[Part], int]] = []
             posted: dict[str, tuple[casting.Group, Ack | None]] = {}
             around: list[casting.Group] = []
+            address = self._router.address
             for group in todo:
-                if group.head.addr == self._router.address:
+                addr = group.head.addr
+                if addr == address:
                     here.append(group)
                     continue
-                ack = acks.pop(group.head.addr, None)
+                ack = acks.pop(addr, None)
                 if ack is None and cast is not None and (group.rest or upstream is not None):
                     # A group formed around a lost head.
-                    ack = self.forwards.keep(cast, group.head.addr, group.rest)
+                    ack = self.forwards.keep(cast, addr, group.rest)
                 try:
                     frame = self._frame_to_head(
                         group, mesh_id, sender, writer.part(group, gather, ack), message, wait
@@ -182,13 +184,7 @@ class CastPath:
         parts = message.parts
         if message.size + 8 + len(routing) < bulk.BULK_MIN:
             buffers, size = message.frame_after(
-                routing,
-                self._frame_limit,
-                wire.KIND_CAST,
-                mesh_id,
-                rank=head.rank,
-                sender=sender,
-                seq=head.seq,
+                routing, self._frame_limit, wire.KIND_CAST, mesh_id, head.rank, sender, head.seq
             )
         else:
             framed, flags = self._frame_parts(head.addr, [routing, *parts])

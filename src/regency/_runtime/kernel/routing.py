@@ -143,10 +143,11 @@ class RoutingWriter:
         flags, token = 0, 0
         if ack is not None:
             flags, token = _ACKED, ack[2]
-        rest = group.rest
-        if not rest:
-            return _HEADER.pack(flags, 0, token, len(common), 0) + common
-        tree = rest if type(rest) is Subtree else Subtree.of(rest)
+        tree = group.rest
+        if type(tree) is not Subtree:
+            if not tree:
+                return _HEADER.pack(flags, 0, token, len(common), 0) + common
+            tree = Subtree.of(tree)
         raw = tree.raw
         if raw is None:
             raw = tree.seqs.tobytes()

@@ -82,15 +82,18 @@ class _View:
         self.bump += 1
         bump, patch, base, addrs, ranks = self.bump, self.patch, self.base, self.addrs, self.ranks
         out = []
+        # Without NamedTuple's Python-level __new__: this runs once per subtree of every cast.
+        new, dest, group = tuple.__new__, casting.Dest, casting.Group
         for s, e, roster, seqs, raw in self.spans:
-            head = casting.Dest(addrs[s], base[s] + bump + patch.get(s, 0), ranks[s])
+            extra = patch.get(s, 0) if patch else 0
+            head = new(dest, (addrs[s], base[s] + bump + extra, ranks[s]))
             if roster is None:
-                out.append(casting.Group(head, ()))
+                out.append(new(group, (head, ())))
                 continue
             sub = None
             if patch:
                 sub = {i - s - 1: extra for i, extra in patch.items() if s < i < e} or None
-            out.append(casting.Group(head, Subtree(roster, seqs, bump, sub, raw)))
+            out.append(new(group, (head, Subtree(roster, seqs, bump, sub, raw))))
         return out
 
 
