@@ -186,3 +186,30 @@ def test_casts_and_direct_sends_reach_every_actor_in_order_down_the_tree() -> No
         while net.pump() or net.timers.advance(0.05):
             pass
     assert got == sent
+
+
+def test_a_sender_that_heads_a_subtree_itself_forwards_it_from_the_roster() -> None:
+    """The sender's own process heads one subtree (a mesh with an actor in the controller's
+    process): it plans that subtree from its roster like any head, and every actor, its own
+    included, gets every cast once and in order."""
+    net = Loopback()
+    root = net.router("unix:@root")
+    addrs = [f"unix:@p{r}" for r in range(30)]
+    addrs[10] = root.address  # the head of the second subtree at fan-out 3
+    procs = {a: net.router(a) for a in addrs if a != root.address}
+    procs[root.address] = root
+    got: dict[str, list[Any]] = {}
+    for addr, router in procs.items():
+        seen = got[addr] = []
+        router.mailbox(MESH).attach(
+            lambda delivery, seen=seen: seen.append(pickle.loads(delivery[0][0]))
+        )
+    book = SeqBook()
+    with config.configured(cast_fanout=3):
+        for index in range(5):
+            groups = book.cast(MESH, addrs, list(range(30)), 3)
+            assert any(g.head.addr == root.address and g.rest for g in groups)
+            root.casts.send(groups, MESH, SENDER, None, False, [pickle.dumps(index)])
+        while net.pump() or net.timers.advance(0.05):
+            pass
+    assert got == {a: list(range(5)) for a in addrs}
