@@ -9,6 +9,7 @@ import pytest
 
 from regency._runtime.kernel import casting, wire
 from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.routing import RoutingWriter, Subtree
 from regency.shape import Shape, Slice
 
 pytestmark = pytest.mark.timeout(30)
@@ -139,9 +140,12 @@ def test_routing_bound_holds_for_the_largest_subtree_at_the_largest_numbers(n: i
     bound = casting.routing_bound(addrs, sender) + len(reply.addr.encode())
     for fanout in (1, 2, 16):
         for group in casting.plan(dests, fanout):
-            # As cast_path._routing pickles it, asking for an acknowledgement at the largest
-            # port and token, from the sender or from the longest address passing it on.
+            # Asking for an acknowledgement at the largest port and token, from the sender or
+            # from the longest address passing it on, with a full patch of large numbers.
+            rest = Subtree.of(group.rest)
+            if rest:
+                rest.patch = {i: 2**63 for i in range(min(len(rest), casting.PATCH_MAX))}
             for acker in (sender, max(addrs, key=len)):
                 ack = (acker, 2**64 - 1, 2**64 - 1)
-                routing = pickle.dumps((group.rest, reply, True, ack), protocol=5)
+                routing = RoutingWriter(reply).part(group._replace(rest=rest), True, ack)
                 assert len(routing) <= bound

@@ -138,6 +138,27 @@ class Encoder:
         head = HEADER.pack(self.body_len, kind, self.nparts, flags, rank, dest, sender, seq)
         return [head + self.table, *self.parts]
 
+    def frame_after(
+        self,
+        first: bytes,
+        limit: int,
+        kind: int,
+        dest: int,
+        rank: int,
+        sender: int,
+        seq: int,
+    ) -> tuple[list[bytes | bytearray | memoryview], int]:
+        """The buffers of one frame (no flags) of ``first`` followed by these parts (raising
+        :class:`FrameTooLargeError` unless it fits ``limit``), and its size in bytes."""
+        nparts = self.nparts + 1
+        body_len = self.body_len + 8 + len(first)
+        if nparts > MAX_PARTS or body_len + LENGTH_PREFIX > limit:
+            _check(nparts, body_len + LENGTH_PREFIX, limit)
+        head = HEADER.pack(body_len, kind, nparts, 0, rank, dest, sender, seq)
+        return [head + _PART_TABLES[1].pack(len(first)) + self.table, first, *self.parts], (
+            body_len + LENGTH_PREFIX
+        )
+
 
 def _check(nparts: int, size: int, limit: int) -> None:
     """Raise :class:`FrameTooLargeError` if a frame of ``nparts`` parts, ``size`` bytes in all,

@@ -8,7 +8,6 @@ The tree itself (how destinations split into subtrees, how replies gather on the
 from __future__ import annotations
 
 import logging
-import pickle
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -19,6 +18,7 @@ from regency._runtime.kernel.losses import Losses
 from regency._runtime.kernel.parts import own_copies, postable
 from regency._runtime.kernel.port_handlers import PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
+from regency._runtime.kernel.routing import Plans, RoutingWriter, read_routing
 from regency._runtime.kernel.seam import FrameTransport
 from regency._transport import frames
 from regency._transport.transport import PeerUnreachableError
@@ -61,6 +61,8 @@ class CastPath:
         self._frame_limit = frame_limit
         # The frames sent to nodes that pass them on, until they acknowledge them.
         self.forwards = forwards
+        # How this process splits the subtrees it heads, by roster.
+        self._plans = Plans()
 
     def send(
         self,
@@ -90,22 +92,28 @@ class CastPath:
         lost: list[str] = []
         here: list[casting.Group] = []
         cast, acks = self._keeping(groups, mesh_id, sender, parts, upstream)
+        # What every frame of the cast shares is made once: the message's part table, the
+        # routing part's reply port and acknowledger.
+        message = frames.Encoder(parts, self._frame_limit)
+        writer = RoutingWriter(reply)
         todo = list(groups)
         while todo:
             posts: list[tuple[str, list[Part], int]] = []
             posted: dict[str, tuple[casting.Group, Ack | None]] = {}
             around: list[casting.Group] = []
+            address = self._router.address
             for group in todo:
-                if group.head.addr == self._router.address:
+                addr = group.head.addr
+                if addr == address:
                     here.append(group)
                     continue
-                ack = acks.pop(group.head.addr, None)
+                ack = acks.pop(addr, None)
                 if ack is None and cast is not None and (group.rest or upstream is not None):
                     # A group formed around a lost head.
-                    ack = self.forwards.keep(cast, group.head.addr, group.rest)
+                    ack = self.forwards.keep(cast, addr, group.rest)
                 try:
                     frame = self._frame_to_head(
-                        group, mesh_id, sender, reply, gather, parts, wait, ack
+                        group, mesh_id, sender, writer.part(group, gather, ack), message, wait
                     )
                 except (PeerUnreachableError, PeerLostError) as exc:
                     if ack is not None:
@@ -130,7 +138,9 @@ class CastPath:
         if cast is not None:
             self.forwards.sent(cast)
         for group in here:
-            self._to_own_actor(group, mesh_id, sender, reply, gather, parts)
+            self._to_own_actor(
+                group, mesh_id, sender, reply, writer.part(group, gather, None), parts
+            )
         if lost:
             raise PeerLostError("; ".join(lost))
 
@@ -163,29 +173,30 @@ class CastPath:
         group: casting.Group,
         mesh_id: int,
         sender: int,
-        reply: PortRef | None,
-        gather: bool,
-        parts: list[Part],
+        routing: bytes,
+        message: frames.Encoder,
         wait: bool,
-        ack: Ack | None,
     ) -> tuple[str, list[Part], int] | None:
-        """The small frame to post to the head of ``group`` (another process), or None once a
-        large one is sent."""
+        """The small frame (``routing``, then ``message``'s parts) to post to the head of
+        ``group`` (another process), or None once a large one is sent."""
         head = group.head
         self._losses.check_alive(head.addr)
-        framed = [_routing(group, reply, gather, ack), *parts]
-        encoder = frames.Encoder(framed, self._frame_limit)
-        flags = 0
-        if encoder.size >= bulk.BULK_MIN:
-            framed, flags = self._frame_parts(head.addr, framed)
+        parts = message.parts
+        if message.size + 8 + len(routing) < bulk.BULK_MIN:
+            buffers, size = message.frame_after(
+                routing, self._frame_limit, wire.KIND_CAST, mesh_id, head.rank, sender, head.seq
+            )
+        else:
+            framed, flags = self._frame_parts(head.addr, [routing, *parts])
             encoder = frames.Encoder(framed, self._frame_limit)
-        buffers = encoder.frame(
-            wire.KIND_CAST, mesh_id, flags=flags, rank=head.rank, sender=sender, seq=head.seq
-        )
-        if postable(len(parts), encoder.size):
+            size = encoder.size
+            buffers = encoder.frame(
+                wire.KIND_CAST, mesh_id, flags=flags, rank=head.rank, sender=sender, seq=head.seq
+            )
+        if postable(len(parts), size):
             # Coalesced in a burst of casts like direct sends are (each frame alone would wake
             # its head).
-            return head.addr, buffers, encoder.size
+            return head.addr, buffers, size
         self._link.send(head.addr, buffers, wait)
         return None
 
@@ -195,15 +206,15 @@ class CastPath:
         mesh_id: int,
         sender: int,
         reply: PortRef | None,
-        gather: bool,
+        routing: bytes,
         parts: list[Part],
     ) -> None:
-        """A subtree headed by this process: forward down it, then deliver to our actor."""
+        """A subtree headed by this process (``routing``: its routing part): forward down it,
+        then deliver to our actor."""
         head = group.head
         if not group.rest:
             self._deliver(mesh_id, sender, head.seq, head.rank, own_copies(parts), reply)
             return
-        routing = _routing(group, reply, gather, None)
         self.received(mesh_id, sender, head.seq, head.rank, routing, own_copies(parts))
 
     def received(
@@ -217,9 +228,10 @@ class CastPath:
     ) -> None:
         """A cast for this process's actor of mesh ``mesh_id``: forward it down the subtree
         its routing part lists, then deliver it here."""
-        rest, reply, gather, ack = pickle.loads(routing_part)
-        # Most procs are leaves of the tree (``rest`` empty): they need not read the fan-out.
-        groups = casting.plan(rest, casting.fanout()) if rest else []
+        routing = read_routing(routing_part)  # ValueError: the frame is dropped
+        # Most procs are leaves of the tree: they need not read the fan-out.
+        groups = self._plans.groups(routing, casting.fanout()) if routing.key is not None else []
+        reply, gather, ack = routing.reply, routing.gather, routing.ack
         if ack is not None and not groups:
             self.forwards.arrived(ack)  # a leaf below a node that passed the cast on
         local_reply = reply
@@ -236,15 +248,6 @@ class CastPath:
             except PeerLostError as exc:
                 log.warning("cast could not reach some subtree heads: %s", exc)
         self._deliver(mesh_id, sender, seq, rank, parts, local_reply)
-
-
-def _routing(group: casting.Group, reply: PortRef | None, gather: bool, ack: Ack | None) -> bytes:
-    """The routing part of a cast frame to ``group``'s head: the rest of its subtree, where
-    replies go, whether they are gathered on the way (a leaf gathers nothing), and where the
-    head acknowledges the frame (None: it need not)."""
-    if not group.rest:
-        return pickle.dumps(((), reply, False, ack), protocol=5)
-    return pickle.dumps((group.rest, reply, gather, ack), protocol=5)
 
 
 def _without_head(group: casting.Group) -> list[casting.Group]:

@@ -4,6 +4,10 @@ The sender splits its destination list into at most ``fanout`` contiguous groups
 message once to the head of each group, with the rest of the group attached. Each head delivers
 to its own actor and does the same for its rest, so the tree has depth ``log_fanout(n)``. For
 ``call`` each head also gathers its subtree's replies into one message before passing it up.
+
+A frame describes its head's subtree compactly (:mod:`.routing`) and the sender numbers a
+stream of casts to one view by counting them (:mod:`.seqs`), so a cast costs its sender and
+each head per frame it sends, not per destination below.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from regency._config_keys import CAST_FANOUT
 from regency._runtime.kernel import wire
 from regency._runtime.kernel.refs import Part, PortRef
 
+# Where a node acknowledges a cast frame: its parent's address and port, and the frame's token
+# (:mod:`.forwards`). A plain tuple, as it travels in the frame's routing part.
+Ack = tuple[str, int, int]
+
 
 class Dest(NamedTuple):
     """One destination actor: its process, the sender's sequence number for it, its rank."""
@@ -28,10 +36,16 @@ class Dest(NamedTuple):
 
 
 class Group(NamedTuple):
-    """A subtree: the head receives the message and forwards it to ``rest``."""
+    """A subtree: the head receives the message and forwards it to ``rest`` (a tuple, or a
+    :class:`~.routing.Subtree`, which lists them without making them one by one)."""
 
     head: Dest
-    rest: tuple[Dest, ...]
+    rest: Sequence[Dest]
+
+
+# At most this many (position, extra) pairs in a subtree's sequence numbers: messages sent
+# straight to its destinations since its base numbers were taken (the sender rebases after).
+PATCH_MAX = 64
 
 
 _fanout = (-1, 0)  # (config.changes() when read, cast_fanout then); -1: not read yet
@@ -52,28 +66,32 @@ def fanout() -> int:
     return value
 
 
-def plan(dests: Sequence[Dest], fanout: int) -> list[Group]:
-    """Split ``dests`` into at most ``fanout`` subtrees of near-equal size."""
-    n = len(dests)
+def spans(n: int, fanout: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of at most ``fanout`` contiguous subtrees of near-equal size over
+    ``n`` destinations, the larger first."""
     if n <= fanout:
-        return [Group(d, ()) for d in dests]
-    groups = []
+        return [(i, i + 1) for i in range(n)]
+    out = []
     base, extra = divmod(n, fanout)
     start = 0
     for i in range(fanout):
-        size = base + (1 if i < extra else 0)
-        chunk = dests[start : start + size]
-        groups.append(Group(chunk[0], tuple(chunk[1:])))
-        start += size
-    return groups
+        stop = start + base + (1 if i < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
 
 
-# A pickled destination takes at most this many bytes besides its address, a routing part at
-# most this many besides its destinations, its reply port's address and its acknowledgement's,
-# and an acknowledgement (port and token) this many besides its address (measured: 27, 146 and
-# 30, with sequence numbers, ranks, ports and tokens at their largest).
+def plan(dests: Sequence[Dest], fanout: int) -> list[Group]:
+    """Split ``dests`` into at most ``fanout`` subtrees of near-equal size."""
+    return [Group(dests[s], tuple(dests[s + 1 : e])) for s, e in spans(len(dests), fanout)]
+
+
+# A pickled destination takes at most this many bytes besides its address (its address, rank
+# and sequence number in the roster and the array), a routing part at most this many besides
+# its destinations, its reply port's address and its acknowledgement's (a full patch
+# included), and an acknowledgement (port and token) this many besides its address.
 _DEST_BYTES = 40
-_ROUTING_BYTES = 192
+_ROUTING_BYTES = 256 + 24 * PATCH_MAX
 _ACK_BYTES = 40
 
 

@@ -50,8 +50,7 @@ ACK_DELAY = 0.01
 
 
 # Where a node acknowledges a cast frame: its parent's address and port, and the frame's token.
-# A plain tuple, as it travels in the frame's routing part (a class would cost bytes and time).
-Ack = tuple[str, int, int]
+Ack = casting.Ack
 
 
 class ForwardHost(Protocol):
@@ -95,7 +94,7 @@ class Cast:
 
 
 # A frame sent to a child and not acknowledged yet: the child, the cast, the rest of its subtree.
-_Kept = tuple[str, Cast, tuple[casting.Dest, ...]]
+_Kept = tuple[str, Cast, Sequence[casting.Dest]]
 
 
 class Forwards:
@@ -130,7 +129,7 @@ class Forwards:
         sender: int,
         parts: list[Part],
         upstream: Ack | None,
-        children: Sequence[tuple[str, tuple[casting.Dest, ...]]],
+        children: Sequence[tuple[str, Sequence[casting.Dest]]],
     ) -> tuple[Cast, dict[str, Ack]]:
         """A cast this process is about to send frames of (``upstream``: where it came from),
         kept until each of ``children`` (a child's address, the rest of its subtree) answers;
@@ -168,13 +167,13 @@ class Forwards:
         if schedule:
             self._timers.call_later(ACK_DELAY, self._send_acks)
 
-    def keep(self, cast: Cast, child: str, rest: tuple[casting.Dest, ...]) -> Ack:
+    def keep(self, cast: Cast, child: str, rest: Sequence[casting.Dest]) -> Ack:
         """Keep ``cast`` (begun already) until one more ``child`` answers as well."""
         with self._lock:
             token = self._keep_locked(cast, child, rest)
         return (self._router.address, self._port, token)
 
-    def _keep_locked(self, cast: Cast, child: str, rest: tuple[casting.Dest, ...]) -> int:
+    def _keep_locked(self, cast: Cast, child: str, rest: Sequence[casting.Dest]) -> int:
         token = next(self._tokens)
         self._kept[token] = (child, cast, rest)
         waiting = self._by_child.get(child)
@@ -257,7 +256,7 @@ class Forwards:
                 finished.extend(self._settle(cast))
         self._finish(finished)
 
-    def _resend(self, child: str, cast: Cast, rest: tuple[casting.Dest, ...], reason: str) -> None:
+    def _resend(self, child: str, cast: Cast, rest: Sequence[casting.Dest], reason: str) -> None:
         targets = [(dest.addr, dest.seq, dest.rank) for dest in rest]
         log.info(
             "cast head %s was lost (%s) before its subtree acknowledged: sending to its %d "

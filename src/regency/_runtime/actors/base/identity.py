@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import time
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from regency import _hooks
 from regency._runtime.actors.base.mesh_trait import ProcMeshBase
+from regency._runtime.kernel.seqs import SeqBook
 from regency.shape import Point
 
 if TYPE_CHECKING:
@@ -118,7 +118,8 @@ class InstanceBase:
     proc_id: str
 
     def __init__(self) -> None:
-        self._seqs: dict[tuple[str, int], itertools.count[int]] = {}
+        # The sequence numbers of this instance's messages, by destination actor.
+        self.seqs = SeqBook()
         # Meshes this instance spawned (it owns them): stopped when it stops or fails.
         self.owned: list[Stoppable] = []
 
@@ -167,11 +168,7 @@ class InstanceBase:
 
     def next_seq(self, addr: str, mesh_id: int) -> int:
         """The next sequence number for a message from this instance to one actor."""
-        key = (addr, mesh_id)
-        counter = self._seqs.get(key)
-        if counter is None:
-            counter = self._seqs.setdefault(key, itertools.count(1))
-        return next(counter)
+        return self.seqs.next(addr, mesh_id)
 
     @property
     def actor_id(self) -> ActorId:

@@ -446,12 +446,9 @@ class SendPipeline:
             ]
             rt.send_actor(targets, mesh_id, uid, encoder)
         else:
-            dests = [
-                casting.Dest(addr, next_seq(addr, mesh_id), rank)
-                for addr, rank in zip(addrs, ranks, strict=True)
-            ]
-            groups = casting.plan(dests, route.fanout)  # one headed here goes last
-            rt.casts.send(groups, mesh_id, uid, reply, gather, parts)
+            # Numbered per subtree, not per destination (the same route's lists every time).
+            groups = sender.seqs.cast(mesh_id, addrs, ranks, route.fanout)
+            rt.casts.send(groups, mesh_id, uid, reply, gather, parts)  # one headed here last
 
     def __reduce__(self) -> tuple[Any, ...]:
         # As a mesh received in a message: a reference that sends, without the owner's supervisor.

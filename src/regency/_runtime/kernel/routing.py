@@ -1,0 +1,263 @@
+"""What a cast frame tells its head: the routing part, and the compact subtree it describes.
+
+A frame to a subtree head carries, before the message's own parts, one *routing part*:
+
+- a fixed header: flags (replies gather here; the frame is acknowledged; a subtree follows),
+  the subtree's ``bump``, the acknowledgement's token, and the lengths that follow;
+- a pickle made once per cast: the reply port and where frames are acknowledged;
+- the subtree's patch, pickled, when it has one;
+- for a head (not a leaf): its subtree's :class:`Roster` as bytes made once (a digest, then
+  the pickled addresses and ranks) and the sender's base sequence numbers for it, one array.
+
+Destination ``i`` of the subtree has the number ``seqs[i] + bump`` (plus ``patch[i]``). A head
+splits a roster into its children's once and keeps that plan (:class:`Plans`, by digest): a
+stream of casts to one view costs the sender and every head per frame, not per destination.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+import threading
+from array import array
+from collections.abc import Sequence
+from typing import NamedTuple, overload
+
+from regency._runtime.kernel import casting
+from regency._runtime.kernel.casting import Ack, Dest, Group
+from regency._runtime.kernel.refs import Part, PortRef
+
+# A subtree's sequence numbers travel as one array of unsigned 64-bit integers.
+_SEQ_CODE = "Q"
+_SEQ_BYTES = 8
+# flags, bump, acknowledgement token, length of the per-cast pickle, length of the patch
+_HEADER = struct.Struct("<BQQII")
+_GATHER, _ACKED, _SUBTREE = 1, 2, 4
+_KEY_BYTES = 16
+_BLOB_LEN = struct.Struct("<I")
+
+
+class Roster:
+    """The addresses and ranks of a run of destinations, pickled once, with a digest of that
+    pickle (``key``): what a frame tells a head of its subtree, and the key it keeps the
+    subtree's plan under."""
+
+    __slots__ = ("addrs", "key", "ranks", "wire")
+
+    def __init__(self, addrs: tuple[str, ...], ranks: tuple[int, ...]) -> None:
+        self.addrs = addrs
+        self.ranks = ranks
+        blob = pickle.dumps((addrs, ranks), protocol=5)
+        self.key = hashlib.blake2b(blob, digest_size=_KEY_BYTES).digest()
+        self.wire = self.key + _BLOB_LEN.pack(len(blob)) + blob
+
+    @classmethod
+    def known(cls, addrs: tuple[str, ...], ranks: tuple[int, ...], key: bytes) -> Roster:
+        """A roster received under ``key`` (kept to plan by, never sent on)."""
+        roster = cls.__new__(cls)
+        roster.addrs, roster.ranks, roster.key, roster.wire = addrs, ranks, key, b""
+        return roster
+
+
+class Subtree(Sequence[Dest]):
+    """The destinations of a subtree below its head: a roster, and the sequence numbers the
+    sender took for them: ``seqs[i] + bump``, plus ``patch[i]`` where it lists ``i``.
+
+    A sequence of :class:`~.casting.Dest`, made one by one only when read (a lost head's
+    subtree sent to directly): sending it costs a frame, whatever its size.
+    """
+
+    __slots__ = ("bump", "patch", "raw", "roster", "seqs")
+
+    def __init__(
+        self,
+        roster: Roster,
+        seqs: array[int],
+        bump: int,
+        patch: dict[int, int] | None,
+        raw: bytes | None = None,
+    ) -> None:
+        self.roster = roster
+        self.seqs = seqs
+        self.bump = bump
+        self.patch = patch
+        self.raw = raw  # ``seqs`` as bytes, when made already
+
+    @classmethod
+    def of(cls, dests: Sequence[Dest]) -> Subtree:
+        """The subtree of these destinations."""
+        roster = Roster(tuple(d.addr for d in dests), tuple(d.rank for d in dests))
+        return cls(roster, array(_SEQ_CODE, [d.seq for d in dests]), 0, None)
+
+    def seq(self, index: int) -> int:
+        """The sequence number of destination ``index``."""
+        patch = self.patch
+        return self.seqs[index] + self.bump + (patch.get(index, 0) if patch else 0)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @overload
+    def __getitem__(self, index: int) -> Dest: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Dest, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Dest | tuple[Dest, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("subtree index out of range")
+        roster = self.roster
+        return Dest(roster.addrs[index], self.seq(index), roster.ranks[index])
+
+    def part(self, start: int, stop: int, roster: Roster) -> Subtree:
+        """Destinations ``start`` to ``stop`` of this subtree, whose roster is ``roster``."""
+        patch = self.patch
+        sub = None
+        if patch:
+            sub = {i - start: extra for i, extra in patch.items() if start <= i < stop} or None
+        return Subtree(roster, self.seqs[start:stop], self.bump, sub)
+
+
+class RoutingWriter:
+    """Makes the routing parts of one cast's frames (what they share is pickled once)."""
+
+    __slots__ = ("_common", "_reply")
+
+    def __init__(self, reply: PortRef | None) -> None:
+        self._reply = reply
+        self._common: dict[tuple[str, int] | None, bytes] = {}
+
+    def part(self, group: Group, gather: bool, ack: Ack | None) -> bytes:
+        """The routing part of the frame to ``group``'s head: replies go to the reply port,
+        gathered on the way when ``gather`` (a leaf gathers nothing); ``ack``: where the head
+        acknowledges the frame (None: it need not)."""
+        home = None if ack is None else (ack[0], ack[1])
+        common = self._common.get(home)
+        if common is None:
+            common = self._common[home] = pickle.dumps((self._reply, home), protocol=5)
+        flags, token = 0, 0
+        if ack is not None:
+            flags, token = _ACKED, ack[2]
+        tree = group.rest
+        if type(tree) is not Subtree:
+            if not tree:
+                return _HEADER.pack(flags, 0, token, len(common), 0) + common
+            tree = Subtree.of(tree)
+        raw = tree.raw
+        if raw is None:
+            raw = tree.seqs.tobytes()
+        flags |= _SUBTREE | (_GATHER if gather else 0)
+        patch = pickle.dumps(tree.patch, protocol=5) if tree.patch else b""
+        head = _HEADER.pack(flags, tree.bump, token, len(common), len(patch))
+        return b"".join((head, common, patch, tree.roster.wire, raw))
+
+
+class Routing(NamedTuple):
+    """A routing part's fields: where replies go, whether they gather at the head, where the
+    head acknowledges, and its subtree (``key`` None: the head is a leaf)."""
+
+    reply: PortRef | None
+    gather: bool
+    ack: Ack | None
+    key: bytes | None
+    blob: memoryview
+    seqs: memoryview
+    bump: int
+    patch: dict[int, int] | None
+
+
+def read_routing(part: Part) -> Routing:
+    """A routing part's fields; a malformed one raises :class:`ValueError` saying why."""
+    view = memoryview(part)
+    try:
+        flags, bump, token, common_len, patch_len = _HEADER.unpack_from(view)
+    except struct.error as exc:
+        raise ValueError(f"a cast frame's routing part is too short ({len(view)} bytes)") from exc
+    at = _HEADER.size
+    tail = at + common_len + patch_len
+    if tail > len(view):
+        raise ValueError("a cast frame's routing part is shorter than its header says")
+    common = pickle.loads(view[at : at + common_len])
+    if not (type(common) is tuple and len(common) == 2):
+        raise ValueError("a cast frame's routing part does not name its reply and acknowledger")
+    reply, home = common
+    patch = pickle.loads(view[at + common_len : tail]) if patch_len else None
+    if patch is not None and type(patch) is not dict:
+        raise ValueError("a cast frame's routing part has a malformed patch")
+    ack = None
+    if flags & _ACKED:
+        if not (type(home) is tuple and len(home) == 2):
+            raise ValueError("a cast frame's routing part asks for an acknowledgement to nowhere")
+        ack = (home[0], home[1], token)
+    empty = view[0:0]
+    if not flags & _SUBTREE:
+        return Routing(reply, False, ack, None, empty, empty, 0, None)
+    key = bytes(view[tail : tail + _KEY_BYTES])
+    try:
+        (blob_len,) = _BLOB_LEN.unpack_from(view, tail + _KEY_BYTES)
+    except struct.error as exc:
+        raise ValueError("a cast frame's routing part has a truncated roster") from exc
+    at = tail + _KEY_BYTES + _BLOB_LEN.size
+    blob, seqs = view[at : at + blob_len], view[at + blob_len :]
+    if len(blob) != blob_len or len(seqs) % _SEQ_BYTES:
+        raise ValueError("a cast frame's routing part has a truncated roster")
+    return Routing(reply, bool(flags & _GATHER), ack, key, blob, seqs, bump, patch)
+
+
+class Plan(NamedTuple):
+    """How a head splits the subtree of one roster: the roster, each child subtree's span of
+    it and its roster (``None`` for a leaf)."""
+
+    roster: Roster
+    children: list[tuple[int, int, Roster | None]]
+
+
+class Plans:
+    """A head's plans of the subtrees it was sent, by roster key and fan-out (a bounded
+    cache: a stream of casts to one view unpickles and splits its subtree once)."""
+
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[bytes, int], Plan] = {}
+        self._lock = threading.Lock()
+
+    def groups(self, routing: Routing, fanout: int) -> list[Group]:
+        """The child groups of the head a routing part (not a leaf's) came to."""
+        key = routing.key
+        if key is None:
+            raise ValueError("a leaf's routing part has no subtree to plan")
+        plan = self._plans.get((key, fanout))
+        if plan is None:
+            plan = self._plan(key, routing.blob, fanout)
+        roster = plan.roster
+        numbers = array(_SEQ_CODE)
+        numbers.frombytes(routing.seqs)
+        if len(numbers) != len(roster.addrs):
+            raise ValueError("a cast frame's subtree has not as many sequence numbers as places")
+        rest = Subtree(roster, numbers, routing.bump, routing.patch)
+        groups = []
+        for s, e, child in plan.children:
+            head = Dest(roster.addrs[s], rest.seq(s), roster.ranks[s])
+            groups.append(Group(head, rest.part(s + 1, e, child) if child is not None else ()))
+        return groups
+
+    def _plan(self, key: bytes, blob: memoryview, fanout: int) -> Plan:
+        addrs, ranks = pickle.loads(blob)
+        if not (type(addrs) is tuple and type(ranks) is tuple and len(addrs) == len(ranks)):
+            raise ValueError("a cast frame's roster is not its addresses and ranks")
+        children = [
+            (s, e, Roster(addrs[s + 1 : e], ranks[s + 1 : e]) if e - s > 1 else None)
+            for s, e in casting.spans(len(addrs), fanout)
+        ]
+        plan = Plan(Roster.known(addrs, ranks, key), children)
+        with self._lock:
+            if len(self._plans) >= self.LIMIT:
+                del self._plans[next(iter(self._plans))]
+            self._plans[(key, fanout)] = plan
+        return plan
