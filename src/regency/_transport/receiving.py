@@ -1,5 +1,5 @@
 """Reading one connection: the I/O loop's handler that cuts its bytes into frames and hands each
-on, in order; heartbeats are dropped and requests for reverse connections go apart.
+on, in order; heartbeats and requests for reverse connections go apart.
 
 A protocol error (bytes that cannot be a frame, or a frame the receiver refuses) closes the
 connection; any other error while routing a frame drops that frame alone.
@@ -19,13 +19,18 @@ from regency._transport.reverse import KIND_REVERSE
 log = logging.getLogger("regency.transport")
 
 FrameHandler = Callable[[Connection, Frame], None]
+BeatHandler = Callable[[Connection, int], None]  # a heartbeat's flags
 
 
 def reading(
-    conn: Connection, frame_limit: int, on_frame: FrameHandler, on_reverse: FrameHandler
+    conn: Connection,
+    frame_limit: int,
+    on_frame: FrameHandler,
+    on_reverse: FrameHandler,
+    on_beat: BeatHandler,
 ) -> Callable[[int], None]:
     """The handler of ``conn``'s socket becoming readable: its frames go to ``on_frame``, those
-    asking for a reverse connection to ``on_reverse``."""
+    asking for a reverse connection to ``on_reverse``, the flags of heartbeats to ``on_beat``."""
     read = FrameReader(conn.sock, frame_limit).read
     peer = conn.peer
     read_lock = threading.Lock()
@@ -63,5 +68,7 @@ def reading(
                         log.exception("dropping a frame from %s that could not be routed", peer)
                 elif frame.kind == KIND_REVERSE:
                     on_reverse(conn, frame)
+                else:
+                    on_beat(conn, frame.flags)
 
     return readable
