@@ -7,7 +7,9 @@ connection; any other error while routing a frame drops that frame alone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 from collections.abc import Callable
 
@@ -17,6 +19,8 @@ from regency._transport.reader import FrameReader
 from regency._transport.reverse import KIND_REVERSE
 
 log = logging.getLogger("regency.transport")
+
+_TCP_CLOSE = 7  # tcpi_state of a connection the kernel ended (timed out, reset), not a peer's FIN
 
 FrameHandler = Callable[[Connection, Frame], None]
 BeatHandler = Callable[[Connection, int], None]  # a heartbeat's flags
@@ -52,7 +56,7 @@ def reading(
                 conn.close(f"read failed: {exc}")
                 return
             if frames is None:
-                conn.close("peer closed the connection")
+                conn.close(_end_reason(conn))
                 return
             conn.received += 1
             for frame in frames:
@@ -72,3 +76,15 @@ def reading(
                     on_beat(conn, frame.flags)
 
     return readable
+
+
+def _end_reason(conn: Connection) -> str:
+    """Why a read of ``conn`` found the end of its stream: the peer closed it, or the kernel
+    ended the connection (a peer that stopped answering its keepalive probes or data within
+    ``TCP_USER_TIMEOUT``, or a reset; over TLS the error itself can read as an end)."""
+    if conn.tcp:
+        with contextlib.suppress(OSError):
+            info = conn.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)
+            if info[0] == _TCP_CLOSE:
+                return "the connection timed out or was reset (the peer did not close it)"
+    return "peer closed the connection"
