@@ -23,8 +23,9 @@ saying so in the JSON, when it does not. Per size:
   ``utime + stime`` of ``/proc/self/stat``, which also counts threads that ended, in 10 ms
   ticks; ``idle_cpu_pct_schedstat`` the same from the live threads' ``schedstat``, in ns), with
   the load average before and after that window;
-- ``cut_1`` and ``cut_rack`` (``min(--rack, hosts // 2)`` hosts at once, from 4 hosts on): actors on
-  the cut hosts are in a 60 s call when their links go down (silent: no socket error); the
+- ``cut_1`` and ``cut_rack`` (``min(64, hosts // 2)`` hosts at once, or ``--rack``, at most
+  ``hosts - 2``; from 4 hosts on): actors on the cut hosts are in a 60 s call when their links
+  go down (silent: no socket error); the
   time until every one of those calls has failed, until the root's supervision hook
   (``unhandled_fault_hook``: the controller owns these meshes) has run for each cut mesh, and
   the ``call_one`` latency to a healthy actor during that storm next to its quiet value.
@@ -304,7 +305,8 @@ def measure_size(
             result.update(measure_main(api, actor, hosts, n, per_host))
         if "idle" in parts:
             result.update(measure_idle(actor, hosts, n, per_host, idle_s, (rss0, fds0)))
-        rack = min(rack, n // 2) if n >= 4 else 0
+        # Host 0 serves the healthy actor and host n - 1 is cut alone first: at most n - 2.
+        rack = min(rack or min(RACK, n // 2), n - 2) if n >= 4 else 0
         if n >= 2 and "cuts" in parts:
             healthy_procs = hosts.slice(hosts=0).spawn_procs(per_host={"gpus": 1})
             healthy = healthy_procs.spawn("healthy", actor).slice(gpus=0)
@@ -351,7 +353,9 @@ def main() -> None:
     parser.add_argument(
         "--parts", default="main,idle,cuts", help="what to measure: main, idle, cuts (comma list)"
     )
-    parser.add_argument("--rack", type=int, default=RACK, help="most hosts cut at once")
+    parser.add_argument(
+        "--rack", type=int, default=0, help="hosts cut at once (default: min(64, hosts / 2))"
+    )
     parser.add_argument("--fanout", type=int, default=16, help="cast_fanout (16: the default)")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
