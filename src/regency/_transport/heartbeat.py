@@ -27,6 +27,7 @@ detected (as on one machine, where unix sockets carry no heartbeats either).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -67,6 +68,7 @@ class Heartbeat:
         # nothing arrived on it.
         self._last: dict[Connection, tuple[int, int, float]] = {}
         self._started = False
+        self._start_lock = threading.Lock()
         self._stopped = False
         self.sweeps = 0  # statistics: sweeps run, pings sent, pings answered
         self.pings = 0
@@ -82,8 +84,9 @@ class Heartbeat:
                 conn.send([_QUIET], wait=False)
             return
         conn.asks = dialed
-        if not self._started:
-            self._started = True
+        with self._start_lock:  # connections are adopted on dialing threads and the I/O thread
+            start, self._started = not self._started, True
+        if start:
             self._call_later(self.settings()[0], self._sweep)
 
     def received(self, conn: Connection, flags: int) -> None:
