@@ -157,15 +157,9 @@ def test_a_connection_that_carries_traffic_both_ways_needs_no_ping(
     assert b.lost.empty()
 
 
-@pytest.mark.parametrize("quiet_dials", [True, False])
-def test_a_quiet_transport_takes_no_part_and_is_not_lost(
-    make: Callable[..., Peer], quiet_dials: bool
-) -> None:
+def test_a_quiet_transport_takes_no_part_where_it_is_dialed(make: Callable[..., Peer]) -> None:
     quiet, loud = make((0.05, 0.3), quiet=True), make((0.05, 0.3))
-    if quiet_dials:
-        connected(quiet, loud)
-    else:
-        connected(loud, quiet)
+    connected(loud, quiet)
     with pytest.raises(queue.Empty):  # five timeouts of silence: nobody is declared lost
         loud.lost.get(timeout=1.5)
     # (At most one ping, sent before the quiet side's word arrived.)
@@ -173,6 +167,22 @@ def test_a_quiet_transport_takes_no_part_and_is_not_lost(
     assert (loud.stats()["answers"], loud.stats()["watched"]) == (0, 0)
     assert quiet.stats() == {"sweeps": 0, "pings": 0, "answers": 0, "watched": 0}
     assert quiet.lost.empty()
+
+
+def test_a_quiet_transport_pings_a_host_agent_it_dials(make: Callable[..., Peer]) -> None:
+    """A proc that dials a host agent (``tcp://host:port``: to spawn procs there) watches it
+    as any owner must; the agent answers and watches it in turn."""
+    quiet, agent = make((0.05, 0.5), quiet=True), make((0.05, 0.5))
+    connected(quiet, agent)
+    wait_for(lambda: quiet.stats()["pings"] >= 10)
+    wait_for(lambda: agent.stats()["answers"] >= quiet.stats()["pings"] - 1)
+    assert quiet.stats()["watched"] == agent.stats()["watched"] == 1
+    assert quiet.lost.empty()
+    assert agent.lost.empty()
+    agent.transport.loop.stop()  # the host agent hangs: the proc finds out
+    peer, reason = quiet.lost.get(timeout=10)
+    assert peer == agent.address
+    assert f"no heartbeat from {agent.address}" in reason
 
 
 def test_a_dialed_peer_whose_io_stops_is_lost_after_the_timeout(

@@ -61,7 +61,8 @@ class Connection:
         self.tcp = sock.family != socket.AF_UNIX
         self.received = 0  # reads that brought bytes (the heartbeat watches it change)
         self.sent = 0  # writes that took bytes (a connection that carries traffic needs no ping)
-        self.asks = False  # whether this side pings (it dialed; see heartbeat.py)
+        self.beats = self.tcp  # whether this side takes part in heartbeats (see heartbeat.py)
+        self.asks = False  # whether this side pings (it dialed)
         self.peer_quiet = False  # the peer takes no part in heartbeats (a proc)
         self._on_close = on_close
         self._lock = threading.Lock()

@@ -15,12 +15,14 @@ neither an end of stream nor a reset. Two mechanisms find it:
   connection); its pings go out together and their answers come back together, so the I/O loop
   wakes for many of them at once.
 
-A *quiet* transport (a proc's: its host agent answers for it) takes no part: it says so once on
-each TCP connection (a heartbeat flagged :data:`QUIET`), sends no pings, answers none and
-watches no silence, and its peers neither ping it nor watch its silence. A proc that exits is
-reported by its host agent at once; a host that is cut off or hung is found by the heartbeats on
-its agent's connection and takes its procs with it; a proc's own links are watched by the
-kernel. What is given up: a proc that hangs while its host agent and links are fine is not
+A *quiet* transport (a proc's: its host agent answers for it) takes no part on the connections
+others dial to it or it dials to other procs: it says so once on each (a heartbeat flagged
+:data:`QUIET`), answers no pings there and watches no silence, and its peers neither ping it
+nor watch its silence. A proc that exits is reported by its host agent at once; a host that is
+cut off or hung is found by the heartbeats on its agent's connection and takes its procs with
+it; a proc's own links are watched by the kernel. Only where a proc dials a host agent itself
+(an actor that spawns procs on another host) does it ping, as their owner must find that host
+stopped too. What is given up: a proc that hangs while its host agent and links are fine is not
 detected (as on one machine, where unix sockets carry no heartbeats either).
 """
 
@@ -31,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from regency._transport import frames
+from regency._transport import address, frames
 from regency._transport.connection import Connection, ConnectionClosedError
 
 Settings = Callable[[], tuple[float, float]]  # (interval, timeout) in seconds, read every sweep
@@ -76,10 +78,12 @@ class Heartbeat:
 
     def adopted(self, conn: Connection, dialed: bool) -> None:
         """A new connection (this process ``dialed`` it, or accepted it): a quiet transport
-        says so on it; otherwise the sweeps watch it, and ping on it if it was ``dialed``."""
+        says so on it unless it dialed a host agent; otherwise the sweeps watch it, and ping on
+        it if it was ``dialed``."""
         if not conn.tcp:
             return
-        if self.quiet:
+        if self.quiet and not (dialed and _host_agent(conn.peer)):
+            conn.beats = False
             with contextlib.suppress(ConnectionClosedError):
                 conn.send([_QUIET], wait=False)
             return
@@ -93,7 +97,7 @@ class Heartbeat:
         """A heartbeat with ``flags`` arrived on ``conn`` (on the thread that read it)."""
         if flags & QUIET:
             conn.peer_quiet = True
-        elif flags & PING and not self.quiet:
+        elif flags & PING and conn.beats:
             try:
                 conn.send([_ANSWER], wait=False)
             except ConnectionClosedError:
@@ -121,7 +125,7 @@ class Heartbeat:
         now = time.monotonic()
         last: dict[Connection, tuple[int, int, float]] = {}
         for conn in self._connections():
-            if not conn.tcp or conn.closed is not None or conn.peer_quiet:
+            if not conn.beats or conn.closed is not None or conn.peer_quiet:
                 continue
             received, sent = conn.received, conn.sent
             seen = self._last.get(conn)
@@ -145,3 +149,9 @@ class Heartbeat:
         self._last = last
         self.sweeps += 1
         self._call_later(interval, self._sweep)
+
+
+def _host_agent(peer: str) -> bool:
+    """Whether ``peer`` is a host agent (a worker: ``tcp://host:port``, where a proc is
+    ``tcp://host:port/NAME``)."""
+    return address.is_tcp(peer) and not address.route_key(peer)
