@@ -19,9 +19,13 @@ saying so in the JSON, when it does not. Per size:
   main mesh sleeps in a call (median, p99 ms);
 - ``controller_rss_mb_per_host`` and ``controller_fds_per_host``: growth over the controller
   before ``attach``, divided by the hosts; ``idle_cpu_pct``: the controller's CPU over
-  ``--idle`` seconds with every host attached and the mesh up (% of one core);
-- ``cut_1`` and ``cut_rack`` (``min(64, hosts // 2)`` hosts at once, from 4 hosts on): actors on
-  the cut hosts are in a 60 s call when their links go down (silent: no socket error); the
+  ``--idle`` seconds with every host attached and the mesh up (% of one core, from the
+  ``utime + stime`` of ``/proc/self/stat``, which also counts threads that ended, in 10 ms
+  ticks; ``idle_cpu_pct_schedstat`` the same from the live threads' ``schedstat``, in ns), with
+  the load average before and after that window;
+- ``cut_1`` and ``cut_rack`` (``min(64, hosts // 2)`` hosts at once, or ``--rack``, at most
+  ``hosts - 2``; from 4 hosts on): actors on the cut hosts are in a 60 s call when their links
+  go down (silent: no socket error); the
   time until every one of those calls has failed, until the root's supervision hook
   (``unhandled_fault_hook``: the controller owns these meshes) has run for each cut mesh, and
   the ``call_one`` latency to a healthy actor during that storm next to its quiet value.
@@ -29,6 +33,9 @@ saying so in the JSON, when it does not. Per size:
 Usage (as root; one command runs the whole curve, ~30-60 min on a quiet machine):
     PYTHONPATH=src .venv/bin/python benchmarks/scale_hosts_bench.py \
         --hosts 1,2,4,8,16,32,64,128,256 --json benchmarks/results/scale-hosts.json
+
+``--parts idle`` (or ``idle,cuts``) leaves out the busy figures (spawn, gather, broadcast): the
+idle controller's CPU and the cuts alone, which are what a shared machine can still measure.
 """
 
 from __future__ import annotations
@@ -96,6 +103,14 @@ def own_status(field: str) -> float:
 def own_fds() -> int:
     """How many file descriptors this process holds."""
     return len(os.listdir("/proc/self/fd"))
+
+
+def own_stat_cpu_s() -> float:
+    """CPU seconds this process has run (``utime + stime`` of ``/proc/self/stat``: every
+    thread, ended ones included)."""
+    with open("/proc/self/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def own_cpu_ns() -> int:
@@ -269,8 +284,10 @@ def storm(
     }
 
 
-def measure_size(api: Any, actor: type, n: int, per_host: int, idle_s: float) -> dict[str, Any]:
-    """Everything for one cluster of ``n`` hosts (fresh)."""
+def measure_size(
+    api: Any, actor: type, n: int, per_host: int, idle_s: float, parts: set[str], rack: int
+) -> dict[str, Any]:
+    """Everything in ``parts`` for one cluster of ``n`` hosts (fresh)."""
     from regency import config
     from regency.job import attach_to_workers
 
@@ -284,19 +301,13 @@ def measure_size(api: Any, actor: type, n: int, per_host: int, idle_s: float) ->
         start = time.perf_counter()
         hosts = attach_to_workers(addresses, secret=secret, timeout=ATTACH_TIMEOUT_S)
         result: dict[str, Any] = {"attach_s": time.perf_counter() - start}
-        result.update(measure_main(api, actor, hosts, n, per_host))
-        procs = hosts.spawn_procs(per_host={"gpus": per_host})
-        mesh = procs.spawn("idle", actor)
-        mesh.ping.call().get(timeout=CALL_TIMEOUT_S)
-        result["controller_rss_mb_per_host"] = (own_status("VmRSS") - rss0) / n
-        result["controller_fds_per_host"] = (own_fds() - fds0) / n
-        before, begin = own_cpu_ns(), time.perf_counter()
-        time.sleep(idle_s)  # the measurement itself: an idle window
-        seconds = time.perf_counter() - begin
-        result["idle_cpu_pct"] = (own_cpu_ns() - before) / 1e9 / seconds * 100
-        procs.stop().get(timeout=CALL_TIMEOUT_S)
-        rack = min(RACK, n // 2) if n >= 4 else 0
-        if n >= 2:
+        if "main" in parts:
+            result.update(measure_main(api, actor, hosts, n, per_host))
+        if "idle" in parts:
+            result.update(measure_idle(actor, hosts, n, per_host, idle_s, (rss0, fds0)))
+        # Host 0 serves the healthy actor and host n - 1 is cut alone first: at most n - 2.
+        rack = min(rack or min(RACK, n // 2), n - 2) if n >= 4 else 0
+        if n >= 2 and "cuts" in parts:
             healthy_procs = hosts.slice(hosts=0).spawn_procs(per_host={"gpus": 1})
             healthy = healthy_procs.spawn("healthy", actor).slice(gpus=0)
             healthy.ping.call_one().get(timeout=CALL_TIMEOUT_S)
@@ -307,12 +318,44 @@ def measure_size(api: Any, actor: type, n: int, per_host: int, idle_s: float) ->
         return result
 
 
+def measure_idle(
+    actor: type, hosts: Any, n: int, per_host: int, idle_s: float, start: tuple[float, int]
+) -> dict[str, float]:
+    """The controller's memory and fds (growth over ``start``: RSS MB and fds before the
+    attach) and CPU with every host attached and a mesh up, idle."""
+    rss0, fds0 = start
+    result: dict[str, float] = {}
+    procs = hosts.spawn_procs(per_host={"gpus": per_host})
+    mesh = procs.spawn("idle", actor)
+    mesh.ping.call().get(timeout=CALL_TIMEOUT_S)
+    result["controller_rss_mb_per_host"] = (own_status("VmRSS") - rss0) / n
+    result["controller_fds_per_host"] = (own_fds() - fds0) / n
+    time.sleep(1.0)  # the spawn's stragglers (replies, log lines) settle first
+    result["idle_load_before"] = os.getloadavg()[0]
+    before, before_ns, begin = own_stat_cpu_s(), own_cpu_ns(), time.perf_counter()
+    time.sleep(idle_s)  # the measurement itself: an idle window
+    seconds = time.perf_counter() - begin
+    result["idle_s"] = seconds
+    result["idle_cpu_pct"] = (own_stat_cpu_s() - before) / seconds * 100
+    # The same from the threads' schedstat (ns, not 10 ms ticks; live threads only).
+    result["idle_cpu_pct_schedstat"] = (own_cpu_ns() - before_ns) / 1e9 / seconds * 100
+    result["idle_load_after"] = os.getloadavg()[0]
+    procs.stop().get(timeout=CALL_TIMEOUT_S)
+    return result
+
+
 def main() -> None:
     """Parse the command line, run the sizes, print (and write) the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", default=",".join(map(str, HOSTS)), help="host counts")
     parser.add_argument("--per-host", type=int, default=1, help="procs per host")
-    parser.add_argument("--idle", type=float, default=5.0, help="seconds of the idle window")
+    parser.add_argument("--idle", type=float, default=20.0, help="seconds of the idle window")
+    parser.add_argument(
+        "--parts", default="main,idle,cuts", help="what to measure: main, idle, cuts (comma list)"
+    )
+    parser.add_argument(
+        "--rack", type=int, default=0, help="hosts cut at once (default: min(64, hosts / 2))"
+    )
     parser.add_argument("--fanout", type=int, default=16, help="cast_fanout (16: the default)")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
@@ -329,6 +372,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "per_host": args.per_host,
         "fanout": args.fanout,
+        "parts": args.parts,
         "sizes": {},
         "skipped": {},
     }
@@ -338,7 +382,8 @@ def main() -> None:
             result["skipped"][str(n)] = f"needs ~{need:.0f} MB, {have:.0f} MB available"
             print(f"{n} hosts: skipped, {result['skipped'][str(n)]}", file=sys.stderr)
             break
-        figures = measure_size(api, actor, n, args.per_host, args.idle)
+        parts = set(args.parts.split(","))
+        figures = measure_size(api, actor, n, args.per_host, args.idle, parts, args.rack)
         figures["available_mb_before"] = have
         figures["load_average_after"] = os.getloadavg()[0]
         result["sizes"][str(n)] = figures

@@ -21,8 +21,10 @@ key                         default   meaning
                                       counts as failed (a duration, or a number of seconds); also
                                       how long a stop waits for an actor busy in ``__init__`` or a
                                       handler before it goes on without it
-``heartbeat_interval``      1.0       seconds between heartbeats on an idle TCP connection (to
-                                      worker hosts and their procs); also the TCP keepalive period
+``heartbeat_interval``      1.0       seconds between pings on an idle TCP connection to a
+                                      worker host or controller (procs have none: their host
+                                      answers for them); also the time between unanswered TCP
+                                      keepalive probes
 ``heartbeat_timeout``       5.0       seconds of silence after which a TCP peer (a stopped
                                       process, a host cut off) is declared lost
 ``max_procs_per_host``      1024      most processes one request starts on one machine: the

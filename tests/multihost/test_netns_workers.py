@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -51,6 +52,26 @@ class Counter(Actor):
     def ping(self, other: Here) -> str:
         # A call from one namespace host to an actor on another, over their own addresses.
         return str(other.ip.call_one().get(timeout=30))
+
+    @endpoint
+    def wait_on(self, other: Sleeper, flag: str) -> tuple[float, str]:
+        """Call ``other`` (on another host) for a long sleep (it creates ``flag`` once under
+        way); when that call failed (``time.monotonic()``) and its error."""
+        try:
+            other.sleep.call_one(flag, 60.0).get(timeout=60)
+        except Exception as exc:
+            return time.monotonic(), f"{type(exc).__name__}: {exc}"
+        return time.monotonic(), "returned"
+
+
+class Sleeper(Actor):
+    """Sleeps when asked."""
+
+    @endpoint
+    def sleep(self, flag: str, seconds: float) -> None:
+        with open(flag, "w"):
+            pass
+        time.sleep(seconds)
 
 
 def test_actors_on_namespace_hosts(hosts_and_workers: tuple[NetnsCluster, list[str]]) -> None:
@@ -102,6 +123,37 @@ def test_cut_host_is_declared_lost_and_the_others_serve_on(
     # Back on the network, the cut host's worker (which lost its controller too and stopped
     # its procs) serves the next controller.
     assert _serves_a_new_controller(addresses[1], cut.ip)
+
+
+def test_a_call_between_procs_across_a_cut_fails_within_the_timeout(
+    hosts_and_workers: tuple[NetnsCluster, list[str]], failures: Failures, tmp_path: Path
+) -> None:
+    """Procs send no heartbeats (their hosts answer for them); a proc's call to a proc on a
+    host that is cut off fails all the same, by the kernel's keepalive on their connection."""
+    cluster, addresses = hosts_and_workers
+    with config.configured(heartbeat_interval=0.25, heartbeat_timeout=1.5):
+        hosts = attach_to_workers(addresses, timeout=30)
+        procs = hosts.spawn_procs(per_host={"gpus": 1})
+        caller = procs.spawn("caller", Counter).slice(hosts=0, gpus=0)
+        sleeper = procs.spawn("sleeper", Sleeper).slice(hosts=1, gpus=0)
+        flag = tmp_path / "sleeping"
+        pending = caller.wait_on.call_one(sleeper, str(flag))
+        deadline = time.monotonic() + 60
+        while not flag.exists():  # the call from host 0 is under way on host 1
+            assert time.monotonic() < deadline, "the sleeper never started"
+            time.sleep(0.01)
+        cluster.cut(cluster.hosts[1])
+        cut_at = time.monotonic()
+        failed_at, error = pending.get(timeout=60)
+        assert error.startswith("SupervisionError"), error
+        assert "tcp://" in error, error
+        assert "the connection timed out or was reset (the peer did not close it)" in error, error
+        # A keepalive probe after 2 s of quiet (the 1.5 s timeout in whole seconds), unanswered
+        # 1 s later (the interval, at least 1 s): about 3 s; then slack for a loaded machine.
+        assert failed_at - cut_at < 2.0 + 1.0 + 3.0, f"failed after {failed_at - cut_at:.2f} s"
+        assert any(addresses[1] in f for f in failures.wait_for(1))
+        cluster.restore(cluster.hosts[1])
+        procs.stop().get(timeout=30)
 
 
 NEXT_CONTROLLER = """

@@ -18,10 +18,34 @@ from _worker_helpers import (
 )
 
 from regency import config
-from regency.actor import SupervisionError
+from regency.actor import Actor, MeshFailure, SupervisionError, endpoint, this_host
 from regency.job import ProcessJob
+from regency.shape import Shape, Slice
 
 pytestmark = pytest.mark.timeout(120)
+
+
+class Owner(Actor):
+    """Spawns procs on another host (from its own proc) and records its failures."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    @endpoint
+    def spawn_on(self, host: int) -> list[int]:
+        there = Shape(["hosts"], Slice(offset=host, sizes=[1], strides=[1]))
+        procs = this_host()._new_with_shape(there).spawn_procs(per_host={"gpus": 1})
+        self.probes = procs.spawn("owned", Probe)
+        pids = self.probes.where.call().get(timeout=30)
+        return [int(v["pid"]) for _, v in pids.items()]  # type: ignore[call-overload]
+
+    @endpoint
+    def seen(self) -> list[str]:
+        return list(self.failures)
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.failures.append(str(failure))
+        return True
 
 
 @pytest.fixture
@@ -81,3 +105,25 @@ def test_stopped_host_is_declared_lost_within_the_heartbeat_timeout(
         assert elapsed < 1.5 + 0.25 + 2.5, f"declared lost after {elapsed:.2f} s"
         assert probes.slice(hosts=0).value.call_one(5).get(timeout=30) == 5
         assert "crashed_ranks=[1]" in failures.wait_for(1)[0]
+
+
+def test_stopped_host_is_found_by_a_proc_that_owns_procs_there(job: ProcessJob) -> None:
+    """Procs send no heartbeats, except to a host agent they dial themselves: an actor that
+    spawned procs on another host hears of that host falling silent within the timeout."""
+    with config.configured(heartbeat_interval=0.25, heartbeat_timeout=1.5):
+        hosts = job.state(cached_path=None).hosts
+        lost = job._worker_addresses()["hosts"][1]
+        owner = hosts.slice(hosts=0).spawn_procs(per_host={"gpus": 1}).spawn("owner", Owner)
+        owner = owner.slice(gpus=0)
+        owned = owner.spawn_on.call_one(1).get(timeout=60)
+        silent = host_processes(job, "hosts", 1)
+        assert {pid for pid, _ in silent} >= set(owned), "the owned proc runs on host 1"
+        stop_processes([pid for pid, _ in silent])  # stopped, not closed: no FIN, no RST
+        start = time.monotonic()
+        while not (seen := owner.seen.call_one().get(timeout=30)):
+            assert time.monotonic() - start < 30, "the owner never heard of the stopped host"
+            time.sleep(0.05)
+        elapsed = time.monotonic() - start
+        assert f"its host {lost} was lost" in seen[0], seen
+        assert f"no heartbeat from {lost}" in seen[0], seen
+        assert elapsed < 1.5 + 0.25 + 2.5, f"heard after {elapsed:.2f} s"

@@ -123,14 +123,17 @@ def dial(address: str, timeout: float) -> socket.socket:
 
 
 def tune_tcp(sock: socket.socket, interval: float, timeout: float) -> None:
-    """Have the kernel notice a silent TCP peer: keepalive probes every ``interval`` seconds
-    when idle, and ``TCP_USER_TIMEOUT`` so unacknowledged data fails after ``timeout``."""
+    """Have the kernel notice a silent TCP peer: a keepalive probe once the connection was
+    quiet for ``timeout`` seconds, then every ``interval`` while unanswered, and
+    ``TCP_USER_TIMEOUT`` so that unanswered probes or unacknowledged data fail the connection
+    after ``timeout``: within about ``timeout + interval`` of a cut (whole seconds), and one
+    probe per ``timeout`` on a healthy idle connection."""
     if sock.family == socket.AF_UNIX:
         return
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     every = max(1, math.ceil(interval))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, every)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, math.ceil(timeout)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, every)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, max(1, math.ceil(timeout / every)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, int(timeout * 1000)))

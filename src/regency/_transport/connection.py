@@ -60,6 +60,10 @@ class Connection:
         self.peer = peer
         self.tcp = sock.family != socket.AF_UNIX
         self.received = 0  # reads that brought bytes (the heartbeat watches it change)
+        self.sent = 0  # writes that took bytes (a connection that carries traffic needs no ping)
+        self.beats = self.tcp  # whether this side takes part in heartbeats (see heartbeat.py)
+        self.asks = False  # whether this side pings (it dialed)
+        self.peer_quiet = False  # the peer takes no part in heartbeats (a proc)
         self._on_close = on_close
         self._lock = threading.Lock()
         self._backlog: deque[_Pending] = deque()
@@ -119,12 +123,14 @@ class Connection:
         """Write what the socket takes now (0 bytes if none); a failure closes the connection
         and raises :class:`ConnectionClosedError`."""
         try:
-            return self.sock.sendmsg(buffers)
+            sent = self.sock.sendmsg(buffers)
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:
             self._close_locked(f"send failed: {exc}")
             raise ConnectionClosedError(f"connection to {self.peer} failed: {exc}") from exc
+        self.sent += 1
+        return sent
 
     def _queue_rest_locked(self, rest: list[memoryview], done: threading.Event | None) -> _Pending:
         """Queue what the socket did not take for the writer thread (started on first use)."""
@@ -203,6 +209,7 @@ class Connection:
                     self._close_locked(failure)
                     self._release_waiters()
                     break
+                self.sent += 1
                 item.buffers = _advance(item.buffers, sent)
                 if not item.buffers:
                     self._backlog.popleft()

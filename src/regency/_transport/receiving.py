@@ -1,5 +1,5 @@
 """Reading one connection: the I/O loop's handler that cuts its bytes into frames and hands each
-on, in order; heartbeats are dropped and requests for reverse connections go apart.
+on, in order; heartbeats and requests for reverse connections go apart.
 
 A protocol error (bytes that cannot be a frame, or a frame the receiver refuses) closes the
 connection; any other error while routing a frame drops that frame alone.
@@ -7,7 +7,9 @@ connection; any other error while routing a frame drops that frame alone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 from collections.abc import Callable
 
@@ -18,14 +20,21 @@ from regency._transport.reverse import KIND_REVERSE
 
 log = logging.getLogger("regency.transport")
 
+_TCP_CLOSE = 7  # tcpi_state of a connection the kernel ended (timed out, reset), not a peer's FIN
+
 FrameHandler = Callable[[Connection, Frame], None]
+BeatHandler = Callable[[Connection, int], None]  # a heartbeat's flags
 
 
 def reading(
-    conn: Connection, frame_limit: int, on_frame: FrameHandler, on_reverse: FrameHandler
+    conn: Connection,
+    frame_limit: int,
+    on_frame: FrameHandler,
+    on_reverse: FrameHandler,
+    on_beat: BeatHandler,
 ) -> Callable[[int], None]:
     """The handler of ``conn``'s socket becoming readable: its frames go to ``on_frame``, those
-    asking for a reverse connection to ``on_reverse``."""
+    asking for a reverse connection to ``on_reverse``, the flags of heartbeats to ``on_beat``."""
     read = FrameReader(conn.sock, frame_limit).read
     peer = conn.peer
     read_lock = threading.Lock()
@@ -47,7 +56,7 @@ def reading(
                 conn.close(f"read failed: {exc}")
                 return
             if frames is None:
-                conn.close("peer closed the connection")
+                conn.close(_end_reason(conn))
                 return
             conn.received += 1
             for frame in frames:
@@ -63,5 +72,19 @@ def reading(
                         log.exception("dropping a frame from %s that could not be routed", peer)
                 elif frame.kind == KIND_REVERSE:
                     on_reverse(conn, frame)
+                else:
+                    on_beat(conn, frame.flags)
 
     return readable
+
+
+def _end_reason(conn: Connection) -> str:
+    """Why a read of ``conn`` found the end of its stream: the peer closed it, or the kernel
+    ended the connection (a peer that stopped answering its keepalive probes or data within
+    ``TCP_USER_TIMEOUT``, or a reset; over TLS the error itself can read as an end)."""
+    if conn.tcp:
+        with contextlib.suppress(OSError):
+            info = conn.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)
+            if info[0] == _TCP_CLOSE:
+                return "the connection timed out or was reset (the peer did not close it)"
+    return "peer closed the connection"

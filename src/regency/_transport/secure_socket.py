@@ -39,6 +39,10 @@ class SecureSocket:
         """The peer's address."""
         return self._ssl.getpeername()
 
+    def getsockopt(self, level: int, option: int, size: int) -> bytes:
+        """A socket option of the underlying TCP socket, as bytes."""
+        return self._ssl.getsockopt(level, option, size)
+
     def channel_binding(self) -> bytes:
         """This connection's ``tls-unique`` value, the same at both ends and different on every
         connection (TLS 1.3: the client's Finished message, a MAC over the whole handshake)."""

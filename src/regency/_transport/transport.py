@@ -13,8 +13,9 @@ host's single port reaches every process it started; a process whose peers are o
 machine reaches ``unix:`` addresses through the ``gateway`` of the controller's machine, or over
 reverse connections the controller opens when it cannot be dialed (:mod:`regency._transport.
 reverse`). Dialing is :mod:`regency._transport.outbound`; reading a connection's frames,
-:mod:`regency._transport.receiving`. TCP connections carry heartbeats
-(:mod:`regency._transport.heartbeat`) and run mutual TLS 1.3 below the secret handshake
+:mod:`regency._transport.receiving`. TCP connections are watched by the kernel and, unless
+one end is ``quiet`` (a proc, whose host agent answers for it), by heartbeats
+(:mod:`regency._transport.heartbeat`); they run mutual TLS 1.3 below the secret handshake
 (:mod:`regency._transport.tls`); accepted connections are taken through authentication, within
 bounds and one deadline, by :mod:`regency._transport.inbound`.
 """
@@ -78,6 +79,7 @@ class Transport:
         connect_timeout: float,
         loop: IOLoop | None = None,
         heartbeat: Settings = lambda: DEFAULT_HEARTBEAT,
+        quiet: bool = False,
         handoff: socket.socket | None = None,
     ) -> None:
         self.secret = secret
@@ -106,8 +108,9 @@ class Transport:
         self._flush_pending = False
         self._last_post = 0.0  # when the last post() ended (0: a thread has waited since)
         self._closing = False
-        self._heartbeat = Heartbeat(heartbeat, self._tcp_connections, self.loop.call_later)
-        self._beating = False
+        self.heartbeat = Heartbeat(
+            heartbeat, self._tcp_connections, self.loop.call_later, quiet=quiet
+        )
         self._handoff = handoff
         self._inbound = Inbound(
             self.loop,
@@ -359,7 +362,7 @@ class Transport:
         if sock is None:
             self._fail_peer(peer, entry, self._lost.get(peer, reason))
             return
-        conn = self._adopt(sock, peer)
+        conn = self._adopt(sock, peer, dialed=True)
         # Flush what queued up while dialing, outside the lock (a big frame may take a while);
         # frames queued meanwhile go out in a later round, so order is kept.
         while True:
@@ -388,15 +391,14 @@ class Transport:
 
     # -- receiving -----------------------------------------------------------------------------
 
-    def _adopt(self, sock: Stream, peer: str) -> Connection:
+    def _adopt(self, sock: Stream, peer: str, dialed: bool) -> Connection:
         conn = Connection(sock, peer, self._connection_closed)
         with self._lock:
             self._conns.add(conn)
-            start_beating = conn.tcp and not self._beating
-            self._beating = self._beating or conn.tcp
-        if start_beating:
-            self._heartbeat.start()
-        readable = reading(conn, self.frame_limit, self._on_frame, self._answer_reverse)
+        self.heartbeat.adopted(conn, dialed)
+        readable = reading(
+            conn, self.frame_limit, self._on_frame, self._answer_reverse, self.heartbeat.received
+        )
         self.loop.register(conn.fileno(), readable, stealable=True)
         return conn
 
@@ -458,11 +460,11 @@ class Transport:
         return True
 
     def _tune(self, sock: socket.socket) -> None:
-        interval, silence = self._heartbeat.settings()
+        interval, silence = self.heartbeat.settings()
         addr.tune_tcp(sock, interval, silence)
 
     def _authenticated(self, sock: Stream, peer: str) -> None:
-        conn = self._adopt(sock, peer)
+        conn = self._adopt(sock, peer, dialed=False)
         with self._lock:
             entry = self._peers.get(peer)
             if entry is None:
@@ -476,7 +478,7 @@ class Transport:
     def close(self) -> None:
         """Close the listener and every connection."""
         self._closing = True
-        self._heartbeat.stop()
+        self.heartbeat.stop()
         self._waits.close()
         with self._lock:
             conns = list(self._conns)

@@ -105,6 +105,7 @@ def serve(settings: dict[str, Any]) -> None:
         gateway=settings.get("gateway"),
         reverse=bool(settings.get("reverse")),
         via=settings.get("via"),
+        quiet=True,  # a proc: its host agent answers for its liveness (no heartbeats)
     )
     runtime.gateway_ips = list(settings.get("gateway_ips") or ())
     context.install_client(ClientInstance(runtime, is_root=False))

@@ -25,7 +25,9 @@ class ProcRuntime(FrameRouter):
     """The router of a real process: over the socket :class:`Transport` and its I/O loop.
 
     ``gateway``, ``reverse`` and ``via`` say how it reaches other machines' processes (see
-    :class:`regency._transport.outbound.Paths`).
+    :class:`regency._transport.outbound.Paths`); a ``quiet`` one (a proc, whose host agent
+    answers for its liveness) takes no part in heartbeats (see :mod:`regency._transport.
+    heartbeat`).
     """
 
     def __init__(
@@ -37,6 +39,7 @@ class ProcRuntime(FrameRouter):
         gateway: str | None = None,
         reverse: bool = False,
         via: dict[str, str] | None = None,
+        quiet: bool = False,
     ) -> None:
         # The IPs other hosts reach the controller's machine on (set at a proc's start there).
         self.gateway_ips: list[str] = []
@@ -53,6 +56,7 @@ class ProcRuntime(FrameRouter):
                 connect_timeout=config.value(CONNECT_TIMEOUT),
                 loop=self.loop,
                 heartbeat=_heartbeat_settings,
+                quiet=quiet,
                 handoff=handoff,
             )
             transport.gateway = gateway
