@@ -242,7 +242,13 @@ class FaultLog:
 
 
 def storm(
-    cluster: Any, hosts: Any, actor: type, faults: FaultLog, cut: range, healthy: Any
+    cluster: Any,
+    hosts: Any,
+    actor: type,
+    faults: FaultLog,
+    cut: range,
+    healthy: Any,
+    heartbeat_s: float,
 ) -> dict[str, float]:
     """Cut ``cut`` (host indices) at once under 60 s calls; time the failures and the probe."""
     procs = hosts.slice(hosts=slice(cut.start, cut.stop)).spawn_procs(per_host={"gpus": 1})
@@ -255,7 +261,7 @@ def storm(
         cluster.cut(index)
     cut_s = time.perf_counter() - start
     during, failed_at = [], 0.0
-    deadline = start + 20 * HEARTBEAT_S + 60
+    deadline = start + 20 * heartbeat_s + 60
     while time.perf_counter() < deadline:
         during += timed_calls(healthy.ping.call_one, 1)
         if all(f.done() for f in pending):
@@ -285,7 +291,14 @@ def storm(
 
 
 def measure_size(
-    api: Any, actor: type, n: int, per_host: int, idle_s: float, parts: set[str], rack: int
+    api: Any,
+    actor: type,
+    n: int,
+    per_host: int,
+    idle_s: float,
+    parts: set[str],
+    rack: int,
+    heartbeat_s: float,
 ) -> dict[str, Any]:
     """Everything in ``parts`` for one cluster of ``n`` hosts (fresh)."""
     from regency import config
@@ -295,7 +308,7 @@ def measure_size(
     api.unhandled_fault_hook = faults
     rss0, fds0 = own_status("VmRSS"), own_fds()
     with (
-        config.configured(heartbeat_timeout=HEARTBEAT_S),
+        config.configured(heartbeat_timeout=heartbeat_s),
         worker_cluster(n) as (cluster, addresses, secret),
     ):
         start = time.perf_counter()
@@ -311,10 +324,12 @@ def measure_size(
             healthy_procs = hosts.slice(hosts=0).spawn_procs(per_host={"gpus": 1})
             healthy = healthy_procs.spawn("healthy", actor).slice(gpus=0)
             healthy.ping.call_one().get(timeout=CALL_TIMEOUT_S)
-            result["cut_1"] = storm(cluster, hosts, actor, faults, range(n - 1, n), healthy)
+            result["cut_1"] = storm(
+                cluster, hosts, actor, faults, range(n - 1, n), healthy, heartbeat_s
+            )
             if rack:
                 cut = range(n - 1 - rack, n - 1)
-                result["cut_rack"] = storm(cluster, hosts, actor, faults, cut, healthy)
+                result["cut_rack"] = storm(cluster, hosts, actor, faults, cut, healthy, heartbeat_s)
         return result
 
 
@@ -357,6 +372,12 @@ def main() -> None:
         "--rack", type=int, default=0, help="hosts cut at once (default: min(64, hosts / 2))"
     )
     parser.add_argument("--fanout", type=int, default=16, help="cast_fanout (16: the default)")
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=HEARTBEAT_S,
+        help="heartbeat_timeout in seconds (2: the cut figures' default; regency's own is 5)",
+    )
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
     why = netns_unavailable()
@@ -372,6 +393,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "per_host": args.per_host,
         "fanout": args.fanout,
+        "heartbeat_timeout_s": args.heartbeat_timeout,
         "parts": args.parts,
         "sizes": {},
         "skipped": {},
@@ -383,7 +405,9 @@ def main() -> None:
             print(f"{n} hosts: skipped, {result['skipped'][str(n)]}", file=sys.stderr)
             break
         parts = set(args.parts.split(","))
-        figures = measure_size(api, actor, n, args.per_host, args.idle, parts, args.rack)
+        figures = measure_size(
+            api, actor, n, args.per_host, args.idle, parts, args.rack, args.heartbeat_timeout
+        )
         figures["available_mb_before"] = have
         figures["load_average_after"] = os.getloadavg()[0]
         result["sizes"][str(n)] = figures
