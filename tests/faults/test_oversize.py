@@ -92,7 +92,7 @@ result["reply_after"] = attempt(lambda: replies.echo.call_one("still here"))
 # Down a casting tree a frame also carries its subtree's routing: messages a little under the
 # limit, either refused at the call site or sent, and the mesh answering after each.
 sweep = result["tree_sweep"] = []
-for size in range(LIMIT - 1024, LIMIT, 16):
+for size in range(LIMIT - 4096, LIMIT, 64):
     outcome = attempt(lambda: tree.length.call(np.zeros(size, dtype=np.uint8)))
     after = attempt(lambda: tree.echo.call("still here"))
     sweep.append((size, outcome["stage"], outcome.get("error"), after))
