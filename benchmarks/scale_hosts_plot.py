@@ -8,7 +8,8 @@ affected call failed and until supervision ran, and ``call_one`` p99 during the 
 its quiet value). Needs matplotlib (``pip install -e '.[bench]'``).
 
 Usage: .venv/bin/python benchmarks/scale_hosts_plot.py results/scale-hosts.json \
-    [--projection results/cast-projection.json] [--extra results/other-sweep.json] out.png
+    [--projection results/cast-projection.json] [--extra results/other-sweep.json]
+    [--title TEXT] out.png
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--projection")
     parser.add_argument("--extra", action="append", default=[], help="another sweep's JSON")
+    parser.add_argument(
+        "--title",
+        default="regency on network-namespace hosts (TLS between hosts), 2-vCPU machine",
+        help="the figure's title",
+    )
     args = parser.parse_args()
     import matplotlib
 
@@ -55,7 +61,7 @@ def main() -> None:
     start.plot(*curve(sweep, "attach_s"), "o-", label="attach_to_workers")
     start.plot(*curve(sweep, "spawn_s"), "s-", label="spawn_procs + spawn + every actor answered")
     for data in [sweep, *extras]:
-        tag = f"fan-out {data.get('fanout', 16)}"
+        tag = data.get("label") or f"fan-out {data.get('fanout', 16)}"
         gather.plot(*curve(data, "gather_median_ms"), "o-", label=f"call + gather median, {tag}")
         gather.plot(*curve(data, "gather_p90_ms"), ":", label=f"call + gather p90, {tag}")
     gather.plot(*curve(sweep, "call_one_busy_median_ms"), "^-", label="call_one, mesh busy")
@@ -65,12 +71,14 @@ def main() -> None:
         for fanout in sorted({r["fanout"] for r in rows}):
             mine = sorted((r["hosts"], r["predicted_ms"]) for r in rows if r["fanout"] == fanout)
             gather.plot(*zip(*mine, strict=True), "x--", label=f"model, fan-out {fanout}")
-    cpu.plot(*curve(sweep, "broadcast_controller_cpu_us"), "o-", label="per broadcast")
-    cpu.plot(*curve(sweep, "gather_controller_cpu_us"), "s-", label="per call + gather")
+    for data in [sweep, *extras]:
+        tag = data.get("label") or f"fan-out {data.get('fanout', 16)}"
+        cpu.plot(*curve(data, "broadcast_controller_cpu_us"), "o-", label=f"per broadcast, {tag}")
+        cpu.plot(*curve(data, "gather_controller_cpu_us"), "s-", label=f"per call + gather, {tag}")
+        cost.plot(*curve(data, "idle_cpu_pct"), "^-", label=f"idle CPU, % of a core, {tag}")
     rate.plot(*curve(sweep, "broadcast_deliveries_per_s"), "o-", label="deliveries/s")
     cost.plot(*curve(sweep, "controller_rss_mb_per_host"), "o-", label="RSS MB per host")
     cost.plot(*curve(sweep, "controller_fds_per_host"), "s-", label="fds per host")
-    cost.plot(*curve(sweep, "idle_cpu_pct"), "^-", label="idle CPU, % of a core")
     for cut, style in (("cut_1", "o-"), ("cut_rack", "s-")):
         cuts.plot(*curve(sweep, cut, "all_calls_failed_s"), style, label=f"{cut}: calls failed, s")
         cuts.plot(*curve(sweep, cut, "supervision_last_s"), style + "-", label=f"{cut}: supervised")
@@ -94,10 +102,7 @@ def main() -> None:
         ax.set_ylabel(unit)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(
-        "regency on network-namespace hosts (TLS between hosts), 2-vCPU machine shared with "
-        "other work; sizes above 16 hosts are for a quiet machine"
-    )
+    fig.suptitle(args.title)
     fig.tight_layout()
     fig.savefig(args.out, dpi=100)
     print(f"wrote {args.out}")
