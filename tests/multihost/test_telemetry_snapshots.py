@@ -13,6 +13,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
+from _telemetry_helpers import rows_when
 
 from regency import config
 from regency.actor import Actor, endpoint
@@ -44,16 +45,6 @@ class Worker(Actor):
     @endpoint
     def ping(self) -> int:
         return 1
-
-
-def _rows(state: JobState, sql: str, least: int = 1, timeout: float = 30.0) -> list[dict[str, Any]]:
-    """The rows of ``sql`` once there are at least ``least``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows: list[dict[str, Any]] = state.query_engine_client.query(sql)["rows"]
-        if len(rows) >= least or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -115,7 +106,7 @@ def test_a_periodic_capture_links_each_actor_to_its_proc_host_and_root(make_job:
     workers.ping.call().get(timeout=60)
     answered_us = time.time_ns() // 1000  # a capture after this finds both actors running
 
-    found = _rows(
+    found = rows_when(
         state,
         "SELECT a.node_id, a.snapshot_id, a.actor_status, a.actor_type, pn.proc_name "
         "FROM actor_nodes a "

@@ -12,15 +12,15 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import cloudpickle
 import pytest
+from _telemetry_helpers import rows_when
 
 import regency.actor as actor_module
 from regency import config
 from regency.actor import Actor, SupervisionError, endpoint, get_meter, span
-from regency.job import JobState, ProcessJob, TelemetryConfig
+from regency.job import ProcessJob, TelemetryConfig
 
 pytestmark = pytest.mark.timeout(180)
 pytest.importorskip("datafusion")
@@ -39,16 +39,6 @@ class Worker(Actor):
     def traced_step(self, name: str) -> None:
         with span(name):
             pass
-
-
-def _rows(state: JobState, sql: str, least: int = 1, timeout: float = 30.0) -> list[dict[str, Any]]:
-    """The rows of ``sql`` once there are at least ``least`` (rows arrive every interval)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows: list[dict[str, Any]] = state.query_engine_client.query(sql)["rows"]
-        if len(rows) >= least or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -77,12 +67,12 @@ def test_a_query_joins_rows_kept_on_both_hosts_and_still_answers_after_the_mesh_
         "JOIN actors a ON msg.to_actor_id = a.id JOIN meshes m ON a.mesh_id = m.id "
         "WHERE m.given_name = 'sql_workers' AND msg.endpoint = 'ping'"
     )
-    rows = _rows(state, received, 12)
+    rows = rows_when(state, received, 12)
     assert len(rows) == 12  # 3 calls x 4 actors, received on two hosts
     assert sorted({r["rank"] for r in rows}) == [0, 1, 2, 3]
     agents = {h.agent for h in state.hosts._hosts}
     assert {r["full_name"].rpartition("/")[0] for r in rows} == agents
-    sent = _rows(
+    sent = rows_when(
         state,
         "SELECT sm.sender_actor_id, sm.view_json FROM sent_messages sm "
         "JOIN meshes m ON sm.actor_mesh_id = m.id WHERE m.given_name = 'sql_workers'",
@@ -97,7 +87,7 @@ def test_a_query_joins_rows_kept_on_both_hosts_and_still_answers_after_the_mesh_
     assert view["labels"] == ["hosts", "workers"]
     assert view["slice"]["sizes"] == [2, 2]
 
-    statuses = _rows(
+    statuses = rows_when(
         state,
         "SELECT a.rank, ase.new_status FROM actor_status_events ase "
         "JOIN actors a ON ase.actor_id = a.id JOIN meshes m ON a.mesh_id = m.id "
@@ -120,7 +110,7 @@ def test_meshes_record_their_class_shape_and_parent_view(job: ProcessJob) -> Non
     sliced.initialized.get(timeout=60)
     meshes = {
         r["given_name"]: r
-        for r in _rows(
+        for r in rows_when(
             state,
             "SELECT id, class, given_name, full_name, shape_json, parent_mesh_id, "
             "parent_view_json FROM meshes",
@@ -140,7 +130,7 @@ def test_meshes_record_their_class_shape_and_parent_view(job: ProcessJob) -> Non
     assert parent_view["labels"] == ["hosts", "workers"]
     assert parent_view["slice"]["offset"] == 1
     assert parent_view["slice"]["sizes"] == [2, 2]
-    ranks = _rows(state, f"SELECT rank FROM actors WHERE mesh_id = {actor['id']}", 4)
+    ranks = rows_when(state, f"SELECT rank FROM actors WHERE mesh_id = {actor['id']}", 4)
     assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
 
 
@@ -148,7 +138,7 @@ def test_user_spans_and_pyspy_dumps_are_queryable(job: ProcessJob) -> None:
     state = job.state(cached_path=None)
     workers = state.hosts.spawn_procs(per_host={"workers": 1}).spawn("span_workers", Worker)
     workers.traced_step.call("step-7").get(timeout=60)
-    spans = _rows(
+    spans = rows_when(
         state,
         "SELECT name, fields_json FROM spans WHERE fields_json LIKE '%step-7%'",
         2,
@@ -175,7 +165,7 @@ def test_a_host_that_does_not_answer_is_left_out_after_the_timeout(job: ProcessJ
         "SELECT a.full_name FROM messages msg JOIN actors a ON msg.to_actor_id = a.id "
         "JOIN meshes m ON a.mesh_id = m.id WHERE m.given_name = 'quiet_workers'"
     )
-    assert len(_rows(state, sql, 2)) == 2
+    assert len(rows_when(state, sql, 2)) == 2
     stopped = job._workers["hosts"][1].pid
     os.kill(stopped, signal.SIGSTOP)
     try:
@@ -199,7 +189,7 @@ def test_mailbox_posts_and_get_meter_rows_carry_monarchs_names_and_scope(
 
     ranks = {
         r["id"]: r["rank"]
-        for r in _rows(
+        for r in rows_when(
             state,
             "SELECT a.id, a.rank FROM actors a JOIN meshes m ON a.mesh_id = m.id "
             "WHERE m.given_name = 'posts_workers'",
@@ -233,7 +223,7 @@ def test_mailbox_posts_and_get_meter_rows_carry_monarchs_names_and_scope(
     assert resource["telemetry.sdk.name"] == "opentelemetry"
     assert resource["service.name"] == "regency"
 
-    (custom,) = _rows(
+    (custom,) = rows_when(
         state,
         "SELECT scope_name, attributes_json, sum_u64 FROM metric_sums "
         "WHERE name = 'example.requests'",
@@ -255,18 +245,18 @@ def test_the_root_records_processing_when_supervision_refuses_its_call(job: Proc
             "SELECT ase.new_status FROM actor_status_events ase "
             "JOIN actors a ON ase.actor_id = a.id WHERE a.display_name = '<root>'"
         )
-        before = [r["new_status"] for r in _rows(state, root_events, 2)]
+        before = [r["new_status"] for r in rows_when(state, root_events, 2)]
         assert {"Created", "Client"} <= set(before)
         with pytest.raises(SupervisionError, match="stopped"):
             workers.ping.call().get(timeout=60)
-        after = [r["new_status"] for r in _rows(state, root_events, len(before) + 1)]
+        after = [r["new_status"] for r in rows_when(state, root_events, len(before) + 1)]
     finally:
         actor_module.unhandled_fault_hook = unhandled_fault_hook
     # One more (this controller's earlier tests may have made some): the refused call's.
     assert after.count("Processing") == before.count("Processing") + 1
     assert len(after) == len(before) + 1
     # The root's sends name it by the id of its actors row.
-    sent = _rows(
+    sent = rows_when(
         state,
         "SELECT a.display_name FROM sent_messages sm JOIN actors a "
         "ON sm.sender_actor_id = a.id JOIN meshes m ON sm.actor_mesh_id = m.id "
