@@ -14,7 +14,9 @@ saying so in the JSON, when it does not. Per size:
   for a core (``core_wait``: where that is a large part of the latency, cores are the limit);
 - ``broadcast_*``: ``K`` ``mesh.incr.broadcast()`` then ``mesh.total.call()`` that must count
   ``K`` from every actor: deliveries/s and the controller's CPU per broadcast (µs; the final
-  gather's CPU taken off);
+  gather's CPU taken off); ``_net``: less what the controller spent in the same time with no
+  cast at all (``background_controller_cpu_pct``, measured over ``BACKGROUND_S`` just before:
+  heartbeats to the hosts, which cost per second, not per cast);
 - ``call_one_busy_*``: ``call_one`` to an idle actor on the last host while every actor of the
   main mesh sleeps in a call (median, p99 ms);
 - ``controller_rss_mb_per_host`` and ``controller_fds_per_host``: growth over the controller
@@ -178,6 +180,9 @@ def timed_calls(call: Any, reps: int) -> list[float]:
     return times
 
 
+BACKGROUND_S = 3.0  # the quiet window before the broadcasts
+
+
 def measure_main(api: Any, actor: type, hosts: Any, n: int, per_host: int) -> dict[str, float]:
     """Spawn, gather, broadcast and busy ``call_one`` figures on a mesh over all ``n`` hosts."""
     figures: dict[str, float] = {}
@@ -201,8 +206,14 @@ def measure_main(api: Any, actor: type, hosts: Any, n: int, per_host: int) -> di
         figures["gather_p90_ms"] = percentile(times, 90) * 1e3
         # The fastest tenth: gathers that found the cores free (the others' load is bursty).
         figures["gather_p10_ms"] = percentile(times, 10) * 1e3
-        count = max(100, min(2000, 20000 // actors))
+        count = max(300, min(2000, 20000 // actors))
         base = sum(mesh.total.call().get(timeout=CALL_TIMEOUT_S).values())
+        # What the controller spends meanwhile with no cast at all (heartbeats to the hosts):
+        # taken off the broadcasts' CPU in ``broadcast_controller_cpu_net_us``.
+        before, begin = own_cpu_ns(), time.perf_counter()
+        time.sleep(BACKGROUND_S)
+        background = (own_cpu_ns() - before) / (time.perf_counter() - begin)
+        figures["background_controller_cpu_pct"] = background / 1e7
         before, begin = own_cpu_ns(), time.perf_counter()
         for _ in range(count):
             mesh.incr.broadcast()
@@ -212,6 +223,8 @@ def measure_main(api: Any, actor: type, hosts: Any, n: int, per_host: int) -> di
             raise AssertionError(f"{count} broadcasts to {actors} actors: {totals - base} came")
         cast_ns = own_cpu_ns() - before - figures["gather_controller_cpu_us"] * 1e3
         figures["broadcast_controller_cpu_us"] = cast_ns / count / 1e3
+        figures["broadcast_controller_cpu_net_us"] = (cast_ns - background * seconds) / count / 1e3
+        figures["broadcast_s"] = seconds
         figures["broadcast_deliveries_per_s"] = count * actors / seconds
         one = probe.slice(hosts=n - 1, gpus=per_host - 1).ping.call_one
         busy = mesh.sleep.call(2.0)

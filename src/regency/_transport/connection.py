@@ -28,22 +28,27 @@ class ConnectionClosedError(RegencyError, ConnectionError):
     """The connection is closed, perhaps in the middle of an exchange; nothing more can be sent."""
 
 
-def _advance(buffers: Sequence[Buffer], sent: int) -> list[memoryview]:
-    rest: list[memoryview] = []
+def _advance(buffers: Sequence[Buffer], sent: int) -> list[Buffer]:
+    """What is left of ``buffers`` once ``sent`` bytes of them went out: the untouched ones as
+    they are (a queue of many small frames is not turned into views one by one), the one cut
+    in the middle as a view of its rest."""
+    index = 0
     for buf in buffers:
-        view = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
-        if sent >= view.nbytes:
-            sent -= view.nbytes
-            continue
-        rest.append(view[sent:] if sent else view)
-        sent = 0
+        size = buf.nbytes if isinstance(buf, memoryview) else len(buf)
+        if sent < size:
+            break
+        sent -= size
+        index += 1
+    rest = list(buffers[index:])
+    if sent and rest:
+        rest[0] = memoryview(rest[0]).cast("B")[sent:]
     return rest
 
 
 class _Pending:
     __slots__ = ("buffers", "done", "ok")
 
-    def __init__(self, buffers: list[memoryview], done: threading.Event | None) -> None:
+    def __init__(self, buffers: list[Buffer], done: threading.Event | None) -> None:
         self.buffers = buffers
         self.done = done
         self.ok = False
@@ -132,7 +137,7 @@ class Connection:
         self.sent += 1
         return sent
 
-    def _queue_rest_locked(self, rest: list[memoryview], done: threading.Event | None) -> _Pending:
+    def _queue_rest_locked(self, rest: list[Buffer], done: threading.Event | None) -> _Pending:
         """Queue what the socket did not take for the writer thread (started on first use)."""
         item = _Pending(rest, done)
         self._backlog.append(item)

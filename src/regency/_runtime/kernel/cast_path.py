@@ -20,6 +20,7 @@ from regency._runtime.kernel.port_handlers import PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
 from regency._runtime.kernel.routing import Plans, RoutingWriter, read_routing
 from regency._runtime.kernel.seam import FrameTransport
+from regency._runtime.kernel.seqs import ViewCast
 from regency._transport import frames
 from regency._transport.transport import PeerUnreachableError
 
@@ -89,6 +90,12 @@ class CastPath:
         would hold back every later message from that sender (see ``FrameRouter.send_actor``).
         Then :class:`PeerLostError` names the lost heads.
         """
+        if (
+            type(groups) is ViewCast
+            and upstream is None
+            and self._send_view(groups, mesh_id, sender, reply, gather, parts)
+        ):
+            return
         lost: list[str] = []
         here: list[casting.Group] = []
         cast, acks = self._keeping(groups, mesh_id, sender, parts, upstream)
@@ -144,6 +151,63 @@ class CastPath:
         if lost:
             raise PeerLostError("; ".join(lost))
 
+    def _send_view(
+        self,
+        cast: ViewCast,
+        mesh_id: int,
+        sender: int,
+        reply: PortRef | None,
+        gather: bool,
+        parts: list[Part],
+    ) -> bool:
+        """Send a cast to a view as its sender, each frame made from the view's shape (its
+        subtrees' routing tails made once): what :meth:`send` does, at a cost per frame close
+        to a direct send's. False, having sent nothing, when it does not apply: a head is
+        this process or known lost, or a frame would not be small enough to post."""
+        shape = cast.shape
+        here = self._router.address
+        dead = self._losses.dead
+        if here in shape.heads or (dead and not shape.heads.isdisjoint(dead)):
+            return False
+        forwards = self.forwards
+        message = frames.Encoder(parts, self._frame_limit)
+        writer = RoutingWriter(reply)
+        home = (here, forwards.port(), 0)
+        # The largest frame: the longest routing part (a leaf's is shorter than any prefix).
+        largest = message.size + 8 + len(writer.subtree_prefix(gather, 0, home)) + shape.tail_max
+        if largest >= bulk.BULK_MIN or not postable(len(parts), largest):
+            return False
+        kept, ack = forwards.begin_stream(
+            mesh_id, sender, own_copies(parts), shape.subtree_heads, cast
+        )
+        prefix = writer.subtree_prefix(gather, cast.bump, ack)
+        leaf = None
+        base, addrs, ranks, bump = shape.base, shape.addrs, shape.ranks, cast.bump
+        frame_after, limit, kind = message.frame_after, self._frame_limit, wire.KIND_CAST
+        posts: list[tuple[str, list[Part], int]] = []
+        for s, _, _, _, _, tail in shape.spans:
+            if tail is not None:
+                routing = prefix + tail
+            else:
+                if leaf is None:
+                    leaf = writer.leaf_part()
+                routing = leaf
+            buffers, size = frame_after(
+                routing, limit, kind, mesh_id, ranks[s], sender, base[s] + bump
+            )
+            posts.append((addrs[s], buffers, size))
+        try:
+            self._link.post(posts)
+        except PeerUnreachableError as exc:
+            # Each lost head's subtree gets this cast (and any earlier one it did not
+            # acknowledge) straight from here, as when a head is lost later.
+            for addr in exc.peers:
+                forwards.peer_lost(addr, str(exc))
+            forwards.sent(kept)
+            raise PeerLostError(str(exc)) from exc
+        forwards.sent(kept)
+        return True
+
     def _keeping(
         self,
         groups: Sequence[casting.Group],
@@ -156,16 +220,22 @@ class CastPath:
         the acknowledgement each such node's frame asks for, by its address (no record when no
         frame needs one: a sender's cast to leaves only)."""
         here = self._router.address
-        children = [
-            (group.head.addr, group.rest)
-            for group in groups
-            if group.head.addr != here and (group.rest or upstream is not None)
-        ]
-        if not children and upstream is None:
-            return None, {}
         if upstream is None:
+            # As the sender: kept once for all its heads (heads known lost are gone around).
+            dead = self._losses.dead
+            heads = tuple(
+                group.head.addr
+                for group in groups
+                if group.rest and group.head.addr != here and group.head.addr not in dead
+            )
+            if not heads:
+                return None, {}
             # The sender's buffers may change once the send returns: keep copies.
-            parts = own_copies(parts)
+            cast, ack = self.forwards.begin_stream(
+                mesh_id, sender, own_copies(parts), heads, groups
+            )
+            return cast, dict.fromkeys(heads, ack)
+        children = [(group.head.addr, group.rest) for group in groups if group.head.addr != here]
         return self.forwards.begin(mesh_id, sender, parts, upstream, children)
 
     def _frame_to_head(
@@ -233,7 +303,8 @@ class CastPath:
         groups = self._plans.groups(routing, casting.fanout()) if routing.key is not None else []
         reply, gather, ack = routing.reply, routing.gather, routing.ack
         if ack is not None and not groups:
-            self.forwards.arrived(ack)  # a leaf below a node that passed the cast on
+            # A leaf below a node that passed the cast on.
+            self.forwards.arrived(ack, sum(map(len, parts)))
         local_reply = reply
         if gather and groups:
             heads = [g.head.addr for g in groups]

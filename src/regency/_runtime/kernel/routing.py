@@ -123,6 +123,12 @@ class Subtree(Sequence[Dest]):
         return Subtree(roster, self.seqs[start:stop], self.bump, sub)
 
 
+def subtree_tail(roster: Roster, raw: bytes) -> bytes:
+    """The end of a routing part for a subtree with no patch: its roster, then its base
+    numbers (``raw``), made once per view and shared by every cast to it."""
+    return roster.wire + raw
+
+
 class RoutingWriter:
     """Makes the routing parts of one cast's frames (what they share is pickled once)."""
 
@@ -132,14 +138,30 @@ class RoutingWriter:
         self._reply = reply
         self._common: dict[tuple[str, int] | None, bytes] = {}
 
-    def part(self, group: Group, gather: bool, ack: Ack | None) -> bytes:
-        """The routing part of the frame to ``group``'s head: replies go to the reply port,
-        gathered on the way when ``gather`` (a leaf gathers nothing); ``ack``: where the head
-        acknowledges the frame (None: it need not)."""
+    def _common_for(self, ack: Ack | None) -> bytes:
         home = None if ack is None else (ack[0], ack[1])
         common = self._common.get(home)
         if common is None:
             common = self._common[home] = pickle.dumps((self._reply, home), protocol=5)
+        return common
+
+    def leaf_part(self) -> bytes:
+        """The routing part of a frame to a leaf that need not acknowledge it."""
+        common = self._common_for(None)
+        return _HEADER.pack(0, 0, 0, len(common), 0) + common
+
+    def subtree_prefix(self, gather: bool, bump: int, ack: Ack) -> bytes:
+        """What precedes a :func:`subtree_tail` in the routing part of a frame to the head of
+        a subtree with no patch (``bump``: the cast's; ``ack``: where the head acknowledges)."""
+        common = self._common_for(ack)
+        flags = _ACKED | _SUBTREE | (_GATHER if gather else 0)
+        return _HEADER.pack(flags, bump, ack[2], len(common), 0) + common
+
+    def part(self, group: Group, gather: bool, ack: Ack | None) -> bytes:
+        """The routing part of the frame to ``group``'s head: replies go to the reply port,
+        gathered on the way when ``gather`` (a leaf gathers nothing); ``ack``: where the head
+        acknowledges the frame (None: it need not)."""
+        common = self._common_for(ack)
         flags, token = 0, 0
         if ack is not None:
             flags, token = _ACKED, ack[2]

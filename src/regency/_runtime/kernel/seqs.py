@@ -21,18 +21,94 @@ from __future__ import annotations
 import threading
 from array import array
 from collections.abc import Sequence
+from typing import overload
 
 from regency._runtime.kernel import casting
-from regency._runtime.kernel.routing import Roster, Subtree
+from regency._runtime.kernel.routing import Roster, Subtree, subtree_tail
 
 # Views of one mesh whose numbers are kept by bump at once; the oldest retires past this.
 VIEWS_MAX = 8
+
+# One subtree of a view: its head's position, its end, its roster (None: the head is a leaf),
+# its base numbers, those as bytes, and the routing part's tail made of both (None: a leaf).
+Span = tuple[int, int, Roster | None, "array[int]", bytes, bytes | None]
+
+
+class Shape:
+    """A view's subtrees as one snapshot of its base numbers: what every cast to the view
+    shares until the view rebases."""
+
+    __slots__ = ("addrs", "base", "heads", "ranks", "spans", "subtree_heads", "tail_max")
+
+    def __init__(
+        self, addrs: Sequence[str], ranks: Sequence[int], base: list[int], spans: list[Span]
+    ) -> None:
+        self.addrs = addrs
+        self.ranks = ranks
+        self.base = base
+        self.spans = spans
+        self.heads = frozenset(addrs[s] for s, *_ in spans)
+        # The heads that pass a cast on: a cast's frames to them are acknowledged.
+        self.subtree_heads = tuple(addrs[s] for s, _, roster, *_ in spans if roster is not None)
+        self.tail_max = max((len(tail) for *_, tail in spans if tail is not None), default=0)
+
+    def groups(self, bump: int, patch: dict[int, int] | None) -> list[casting.Group]:
+        """The casting tree's subtrees at ``bump`` (and ``patch``)."""
+        base, addrs, ranks = self.base, self.addrs, self.ranks
+        out = []
+        # Without NamedTuple's Python-level __new__: this runs once per subtree of every cast.
+        new, dest, group = tuple.__new__, casting.Dest, casting.Group
+        for s, e, roster, seqs, raw, _ in self.spans:
+            extra = patch.get(s, 0) if patch else 0
+            head = new(dest, (addrs[s], base[s] + bump + extra, ranks[s]))
+            if roster is None:
+                out.append(new(group, (head, ())))
+                continue
+            sub = None
+            if patch:
+                sub = {i - s - 1: extra for i, extra in patch.items() if s < i < e} or None
+            out.append(new(group, (head, Subtree(roster, seqs, bump, sub, raw))))
+        return out
+
+
+class ViewCast(Sequence[casting.Group]):
+    """One cast to a view whose numbers need no patch: the view's shape and the cast's bump.
+
+    A sequence of the cast's groups, made only when read (a lost head's subtree sent to
+    directly): the cast path sends its frames from the shape itself.
+    """
+
+    __slots__ = ("_groups", "bump", "shape")
+
+    def __init__(self, shape: Shape, bump: int) -> None:
+        self.shape = shape
+        self.bump = bump
+        self._groups: list[casting.Group] | None = None
+
+    def groups(self) -> list[casting.Group]:
+        """The cast's groups (made once)."""
+        groups = self._groups
+        if groups is None:
+            groups = self._groups = self.shape.groups(self.bump, None)
+        return groups
+
+    def __len__(self) -> int:
+        return len(self.shape.spans)
+
+    @overload
+    def __getitem__(self, index: int) -> casting.Group: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[casting.Group]: ...
+
+    def __getitem__(self, index: int | slice) -> casting.Group | list[casting.Group]:
+        return self.groups()[index]
 
 
 class _View:
     """The counts of one view's destinations while casts number them by bump."""
 
-    __slots__ = ("addrs", "base", "bump", "fanout", "index", "patch", "ranks", "spans")
+    __slots__ = ("addrs", "base", "bump", "fanout", "index", "patch", "ranks", "rosters", "shape")
 
     def __init__(
         self,
@@ -49,22 +125,21 @@ class _View:
         self.base = base
         self.bump = 0
         self.patch: dict[int, int] = {}
-        # Each subtree: its head's position, its end, its roster and its base numbers (also as
-        # bytes, as frames carry them).
-        self.spans: list[tuple[int, int, Roster | None, array[int], bytes]] = []
-        rosters = [
+        self.rosters = [
             Roster(tuple(addrs[s + 1 : e]), tuple(ranks[s + 1 : e])) if e - s > 1 else None
             for s, e in casting.spans(len(addrs), fanout)
         ]
-        self._snapshot(rosters)
+        self.shape = self._snapshot()
 
-    def _snapshot(self, rosters: list[Roster | None]) -> None:
+    def _snapshot(self) -> Shape:
         base = self.base
-        spans = []
-        for (s, e), roster in zip(casting.spans(len(base), self.fanout), rosters, strict=True):
+        spans: list[Span] = []
+        for (s, e), roster in zip(casting.spans(len(base), self.fanout), self.rosters, strict=True):
             seqs = array("Q", base[s + 1 : e])
-            spans.append((s, e, roster, seqs, seqs.tobytes()))
-        self.spans = spans
+            raw = seqs.tobytes()
+            tail = subtree_tail(roster, raw) if roster is not None else None
+            spans.append((s, e, roster, seqs, raw, tail))
+        return Shape(self.addrs, self.ranks, base, spans)
 
     def count(self, i: int) -> int:
         """The last number taken for destination ``i``."""
@@ -75,26 +150,14 @@ class _View:
         bump, patch = self.bump, self.patch
         self.base = [n + bump + patch.get(i, 0) for i, n in enumerate(self.base)]
         self.bump, self.patch = 0, {}
-        self._snapshot([roster for _, _, roster, _, _ in self.spans])
+        self.shape = self._snapshot()
 
-    def groups(self) -> list[casting.Group]:
+    def cast(self) -> ViewCast | list[casting.Group]:
         """The casting tree's subtrees for the next cast (its numbers taken)."""
         self.bump += 1
-        bump, patch, base, addrs, ranks = self.bump, self.patch, self.base, self.addrs, self.ranks
-        out = []
-        # Without NamedTuple's Python-level __new__: this runs once per subtree of every cast.
-        new, dest, group = tuple.__new__, casting.Dest, casting.Group
-        for s, e, roster, seqs, raw in self.spans:
-            extra = patch.get(s, 0) if patch else 0
-            head = new(dest, (addrs[s], base[s] + bump + extra, ranks[s]))
-            if roster is None:
-                out.append(new(group, (head, ())))
-                continue
-            sub = None
-            if patch:
-                sub = {i - s - 1: extra for i, extra in patch.items() if s < i < e} or None
-            out.append(new(group, (head, Subtree(roster, seqs, bump, sub, raw))))
-        return out
+        if self.patch:
+            return self.shape.groups(self.bump, self.patch)
+        return ViewCast(self.shape, self.bump)
 
 
 class _Mesh:
@@ -134,7 +197,7 @@ class SeqBook:
 
     def cast(
         self, mesh_id: int, addrs: Sequence[str], ranks: Sequence[int], fanout: int
-    ) -> list[casting.Group]:
+    ) -> ViewCast | list[casting.Group]:
         """The casting tree's subtrees for one message to the actors of mesh ``mesh_id`` at
         ``addrs`` (ranks ``ranks``), each destination's next number taken.
 
@@ -160,7 +223,7 @@ class SeqBook:
                     mesh.counts[addr] = count
                     dests.append(casting.Dest(addr, count, rank))
                 return casting.plan(dests, fanout)
-            return view.groups()
+            return view.cast()
 
     def _start(
         self, mesh: _Mesh, addrs: Sequence[str], ranks: Sequence[int], fanout: int
