@@ -9,6 +9,7 @@ in order.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import random
 from typing import Any
@@ -17,9 +18,11 @@ import pytest
 
 from regency import config
 from regency._runtime.kernel import casting, wire
-from regency._runtime.kernel.forwards import ACK_DELAY
+from regency._runtime.kernel.errors import PeerLostError
+from regency._runtime.kernel.forwards import ACK_DELAY, ACK_EVERY
 from regency._runtime.kernel.loopback import Loopback
 from regency._runtime.kernel.router import FrameRouter
+from regency._runtime.kernel.seqs import SeqBook
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -159,3 +162,72 @@ def test_heads_killed_at_random_points_of_a_broadcast_stream(seed: int) -> None:
         if addr not in dead:
             assert got[addr] == sent, (addr, sorted(dead))
     assert _kept([root, *(procs[a] for a in addrs if a not in dead)]) == 0
+
+
+def _view_cast(root: FrameRouter, book: SeqBook, addrs: list[str], value: Any, fanout: int) -> None:
+    """A cast to the whole of ``addrs`` numbered by ``book`` (one view: the sender's fast path
+    builds its frames from the view's shape)."""
+    groups = book.cast(MESH, addrs, list(range(len(addrs))), fanout)
+    root.casts.send(groups, MESH, SENDER, None, False, [pickle.dumps(value)])
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_heads_killed_at_random_points_of_a_stream_of_casts_to_one_view(seed: int) -> None:
+    """As above, with the casts numbered by a sender's book for one view: kept once per cast
+    in a stream of its heads. Every survivor gets every message, once, in order."""
+    rng = random.Random(seed)
+    net, root, addrs, procs = _mesh(15)
+    got = _actors(procs)
+    book = SeqBook()
+    dead: set[str] = set()
+    with config.configured(cast_fanout=2):
+        for seq in range(1, 13):
+            with contextlib.suppress(PeerLostError):
+                _view_cast(root, book, addrs, seq, 2)
+            for _ in range(rng.randrange(6)):
+                if not net.step():
+                    break
+            if rng.random() < 0.25 and len(dead) < 4:
+                victim = rng.choice([a for a in addrs if a not in dead])
+                dead.add(victim)
+                net.kill(victim, "killed")
+            if rng.random() < 0.5:
+                net.timers.advance(ACK_DELAY)
+        _settle(net)
+    for addr in addrs:
+        if addr not in dead:
+            assert got[addr] == list(range(1, 13)), (addr, sorted(dead))
+    assert _kept([root, *(procs[a] for a in addrs if a not in dead)]) == 0
+
+
+def test_a_stream_of_casts_is_acknowledged_every_ack_every_casts_without_the_timer() -> None:
+    net, root, addrs, procs = _mesh(6)
+    got = _actors(procs)
+    book = SeqBook()
+    with config.configured(cast_fanout=2):
+        for seq in range(ACK_EVERY):
+            _view_cast(root, book, addrs, seq, 2)
+        net.pump()  # no timer runs: only the count sends acknowledgements
+        assert _kept([root, *procs.values()]) == 0
+    acks_to_root = [s for s in net.sent if s.dst == "unix:@root" and s.frame.kind == wire.KIND_PORT]
+    assert len(acks_to_root) == 2  # one per head
+    assert all(got[a] == list(range(ACK_EVERY)) for a in addrs)
+
+
+def test_a_head_whose_link_fails_as_the_cast_is_posted_is_gone_around() -> None:
+    """The sender's link to a head fails when the cast's frames are posted (the process is not
+    known lost yet): the head's subtree gets the cast straight from the sender, and the
+    sender's caller hears which head was lost."""
+    net, root, addrs, procs = _mesh(6)
+    got = _actors(procs)
+    book = SeqBook()
+    with config.configured(cast_fanout=2):
+        _view_cast(root, book, addrs, "first", 2)
+        _settle(net)
+        net.link(root.address).mark_lost(addrs[0], "link failed")  # p0 heads p1 and p2
+        with pytest.raises(PeerLostError, match="link failed"):
+            _view_cast(root, book, addrs, "second", 2)
+        _settle(net)
+    assert got[addrs[0]] == ["first"]
+    for addr in addrs[1:]:
+        assert got[addr] == ["first", "second"], addr

@@ -167,7 +167,7 @@ class CastPath:
         shape = cast.shape
         here = self._router.address
         dead = self._losses.dead
-        if here in shape.heads or (dead and not shape.heads.isdisjoint(dead)):
+        if here in shape.heads or (dead and any(map(dead.__contains__, shape.heads))):
             return False
         forwards = self.forwards
         message = frames.Encoder(parts, self._frame_limit)

@@ -170,6 +170,10 @@ class Loopback:
 
         return FrameRouter(job_id, b"loopback", connect, self.timers, _FRAME_LIMIT)
 
+    def link(self, address: str) -> Link:
+        """The link of the router at ``address`` (a test cuts it with :meth:`Link.mark_lost`)."""
+        return self._links[address]
+
     def gone(self, address: str) -> str | None:
         """Why ``address`` cannot be reached (unknown or killed), or None if it can."""
         if address in self._dead:
