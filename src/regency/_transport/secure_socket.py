@@ -141,25 +141,32 @@ _JOIN_BELOW = 64 * 1024
 def _pieces(
     buffers: Sequence[bytes | bytearray | memoryview],
 ) -> list[tuple[bytes | memoryview, int]]:
-    """The buffers as pieces to write: runs of small ones joined, large ones alone."""
+    """The buffers as pieces to write: runs of small ones joined (a ``bytes``), large ones
+    alone (a ``memoryview``). Small bytes are joined as they are: a queue of many small frames
+    is not turned into views one by one."""
     pieces: list[tuple[bytes | memoryview, int]] = []
-    run: list[memoryview] = []
+    run: list[bytes | bytearray | memoryview] = []
     run_bytes = 0
     for buf in buffers:
-        view = memoryview(buf).cast("B")
-        if not view.nbytes:
+        if type(buf) is memoryview:
+            if buf.format != "B" or buf.ndim != 1:
+                buf = buf.cast("B")
+            size = buf.nbytes
+        else:
+            size = len(buf)
+        if not size:
             continue
-        if view.nbytes >= _JOIN_BELOW:
+        if size >= _JOIN_BELOW:
             if run:
                 pieces.append((b"".join(run), run_bytes))
                 run, run_bytes = [], 0
-            pieces.append((view, view.nbytes))
+            pieces.append((memoryview(buf), size))
             continue
-        if run_bytes + view.nbytes > _JOIN_BELOW:
+        if run_bytes + size > _JOIN_BELOW:
             pieces.append((b"".join(run), run_bytes))
             run, run_bytes = [], 0
-        run.append(view)
-        run_bytes += view.nbytes
+        run.append(buf)
+        run_bytes += size
     if run:
         pieces.append((b"".join(run), run_bytes))
     return pieces

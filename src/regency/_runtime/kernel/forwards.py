@@ -155,9 +155,12 @@ class Forwards:
     def kept(self) -> int:
         """How many frames wait for an acknowledgement (for tests and statistics)."""
         with self._lock:
+            streams = {id(s): s for s in self._streams.values()}
+            for lists in self._child_streams.values():
+                streams.update((id(s), s) for s in lists)  # streams that only drain
             streamed = sum(
                 sum(1 for last in stream.acked.values() if last < token)
-                for stream in self._streams.values()
+                for stream in streams.values()
                 for token, _, _ in stream.casts
             )
             return len(self._kept) + streamed
@@ -237,18 +240,23 @@ class Forwards:
         finished: list[Cast] = []
         while casts and casts[0][0] <= floor:
             finished.extend(self._settle(casts.popleft()[1]))
-        if not casts and self._streams.get(stream.children) is stream:
-            del self._streams[stream.children]
+        if not casts:
+            self._detach_locked(stream)
             for child in stream.children:
                 streams = self._child_streams.get(child)
-                if streams is None:
-                    continue  # lost
+                if streams is None or stream not in streams:
+                    continue  # lost, or forgotten already
                 streams.remove(stream)
                 if not streams:
                     del self._child_streams[child]
                     if child not in self._by_child:
                         self.watching.discard(child)
         return finished
+
+    def _detach_locked(self, stream: _Stream) -> None:
+        """Later casts to the stream's heads start a new stream (this one only drains)."""
+        if self._streams.get(stream.children) is stream:
+            del self._streams[stream.children]
 
     def arrived(self, upstream: Ack, nbytes: int = 0) -> None:
         """A leaf has the cast frame of ``upstream`` (``nbytes`` long): it owes its parent only
@@ -372,6 +380,9 @@ class Forwards:
                 finished.extend(self._settle(cast))
             for stream in streams:
                 stream.acked[addr] = _LOST
+                # A later cast to the same heads must find this one in a stream again, should
+                # its frame to it fail too (a link that failed, a process not known lost).
+                self._detach_locked(stream)
                 finished.extend(self._drain_locked(stream))
         self._finish(finished)
 
