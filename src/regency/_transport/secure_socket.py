@@ -147,7 +147,8 @@ def _pieces(
     pieces: list[tuple[bytes | memoryview, int]] = []
     run: list[bytes | bytearray | memoryview] = []
     run_bytes = 0
-    for buf in buffers:
+    for given in buffers:
+        buf = given
         if type(buf) is memoryview:
             if buf.format != "B" or buf.ndim != 1:
                 buf = buf.cast("B")
