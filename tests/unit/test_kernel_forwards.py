@@ -233,3 +233,34 @@ def test_a_head_whose_link_fails_as_the_cast_is_posted_is_gone_around() -> None:
     for addr in addrs[1:]:
         assert got[addr] == ["first", "second", "third"], addr
     assert _kept([root]) == 0
+
+
+def test_a_cast_begun_while_its_head_is_being_found_lost_reaches_the_subtree() -> None:
+    """The I/O thread handles a head's loss (it is resending what the head left undelivered)
+    when the sender begins its next cast, whose frame to the head is lost with it: that cast
+    is sent to the head's subtree as well."""
+    net, root, addrs, procs = _mesh(6)
+    got = _actors(procs)
+    book = SeqBook()
+    forwards = root.casts.forwards
+    resend = forwards._resend
+    began: list[str] = []
+
+    def resend_while_the_sender_casts(*args: Any) -> None:
+        if not began:
+            began.append("second")
+            _view_cast(root, book, addrs, "second", 2)
+        resend(*args)
+
+    with config.configured(cast_fanout=2):
+        _view_cast(root, book, addrs, "first", 2)
+        net.pump()  # delivered, not acknowledged yet
+        net.silence(addrs[0])  # p0 (heading p1 and p2) dies; frames to it vanish
+        forwards._resend = resend_while_the_sender_casts  # type: ignore[method-assign]
+        forwards.peer_lost(addrs[0], "killed")  # before the router has a record of the loss
+        net.kill(addrs[0], "killed")
+        _settle(net)
+    assert began == ["second"]
+    for addr in addrs[1:]:
+        assert got[addr] == ["first", "second"], addr
+    assert _kept([root]) == 0

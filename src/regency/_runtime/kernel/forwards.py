@@ -364,8 +364,11 @@ class Forwards:
             generic = len(lost)
             streams = self._child_streams.pop(addr, [])
             # What the streams sent this child and it did not acknowledge: its subtree's
-            # destinations in each cast (the casts stay kept until resent).
+            # destinations in each cast (the casts stay kept until resent). A cast begun from
+            # now on goes in a new stream, which watches the child again: should its frame go
+            # to the child still, ``sent`` finds the child lost and it is resent too.
             for stream in streams:
+                self._detach_locked(stream)
                 last = stream.acked[addr]
                 for token, cast, groups in stream.casts:
                     if token > last:
@@ -380,9 +383,6 @@ class Forwards:
                 finished.extend(self._settle(cast))
             for stream in streams:
                 stream.acked[addr] = _LOST
-                # A later cast to the same heads must find this one in a stream again, should
-                # its frame to it fail too (a link that failed, a process not known lost).
-                self._detach_locked(stream)
                 finished.extend(self._drain_locked(stream))
         self._finish(finished)
 

@@ -158,6 +158,7 @@ class Loopback:
         self.sent: list[Sent] = []
         self._links: dict[str, Link] = {}
         self._dead: dict[str, str] = {}
+        self._silent: set[str] = set()
         self._queue: deque[tuple[str, str, bytes]] = deque()
         self._lock = threading.Lock()
 
@@ -199,7 +200,7 @@ class Loopback:
         view = memoryview(data)
         frame = frames.decode(view)
         self.sent.append(Sent(src, dst, frame))
-        if dst not in self._dead:
+        if dst not in self._dead and dst not in self._silent:
             self._links[dst].receive(src, frame)
         return True
 
@@ -212,6 +213,11 @@ class Loopback:
             if not self.step():
                 return delivered
         raise RuntimeError(f"loopback still busy after {limit} frames")
+
+    def silence(self, address: str) -> None:
+        """The router at ``address`` stops taking frames, and nobody is told (a process that
+        died a moment before its peers notice): frames to it are dropped as they arrive."""
+        self._silent.add(address)
 
     def kill(self, address: str, reason: str) -> None:
         """The router at ``address`` dies: its queued frames are dropped and the others lose it."""
