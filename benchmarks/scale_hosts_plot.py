@@ -74,6 +74,9 @@ def main() -> None:
     for data in [sweep, *extras]:
         tag = data.get("label") or f"fan-out {data.get('fanout', 16)}"
         cpu.plot(*curve(data, "broadcast_controller_cpu_us"), "o-", label=f"per broadcast, {tag}")
+        net = curve(data, "broadcast_controller_cpu_net_us")
+        if net[0]:
+            cpu.plot(*net, "o--", label=f"per broadcast less the background, {tag}")
         cpu.plot(*curve(data, "gather_controller_cpu_us"), "s-", label=f"per call + gather, {tag}")
         cost.plot(*curve(data, "idle_cpu_pct"), "^-", label=f"idle CPU, % of a core, {tag}")
     rate.plot(*curve(sweep, "broadcast_deliveries_per_s"), "o-", label="deliveries/s")

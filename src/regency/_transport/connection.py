@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from regency._errors import RegencyError
+from regency._transport.secure_socket import SecureSocket
 from regency._transport.tls import Stream
 
 Buffer = bytes | bytearray | memoryview
@@ -139,6 +140,9 @@ class Connection:
 
     def _queue_rest_locked(self, rest: list[Buffer], done: threading.Event | None) -> _Pending:
         """Queue what the socket did not take for the writer thread (started on first use)."""
+        if isinstance(self.sock, SecureSocket) and len(rest) > 1:
+            # Many small frames: joined once here, not at every partial write of the writer.
+            rest = list(self.sock.coalesce(rest))
         item = _Pending(rest, done)
         self._backlog.append(item)
         if self._writer is None:

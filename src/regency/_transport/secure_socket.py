@@ -112,6 +112,13 @@ class SecureSocket:
                 sent += n
         return sent
 
+    @staticmethod
+    def coalesce(buffers: Sequence[bytes | bytearray | memoryview]) -> list[bytes | memoryview]:
+        """The buffers as :meth:`sendmsg` writes them (small neighbours joined), for a queue that
+        is written a little at a time: the same pieces form again from these, without joining
+        the small buffers anew at every try."""
+        return [piece for piece, _ in _pieces(buffers)]
+
     def send(self, data: bytes) -> int:
         """Send ``data`` (blocking sockets: all of it)."""
         return self.sendmsg([data])
