@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Callable, Iterator
@@ -256,3 +257,51 @@ def test_the_dialer_tries_again_after_a_busy_hang_up() -> None:
     for join in tries:
         join()
     sock.close()
+
+
+def test_the_dialer_tries_again_after_a_hang_up_before_the_handshake() -> None:
+    # A listener whose own deadline passed before it answered (hundreds of dials at once)
+    # closes without a word: the dial goes on within its timeout, and the next try is served.
+    tries: list[Callable[[], Any]] = []
+
+    def connect(limit: float) -> socket.socket:
+        dialer, listener = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        dialer.settimeout(limit)
+        listener.settimeout(limit)
+        first = not tries
+        tries.append(
+            in_thread(lambda: listener.close() if first else run_listener(listener, SECRET))
+        )
+        try:
+            dialer_handshake(dialer, SECRET, "unix:@me")
+        except BaseException:
+            dialer.close()
+            raise
+        return dialer
+
+    sock, reason = outbound.dial("unix:@late", connect, 10, 5, lambda: False)
+    assert sock is not None, reason
+    assert len(tries) == 2
+    for join in tries:
+        join()
+    sock.close()
+
+
+def test_a_peer_hanging_up_in_the_tls_handshake_is_worth_another_try() -> None:
+    dialer, listener = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    dialer.settimeout(5)
+    listener.settimeout(5)
+    # The listener reads the client's hello and hangs up without answering it.
+    join = in_thread(lambda: (listener.recv(4096), listener.close()))
+    with pytest.raises(ssl.SSLError) as caught:
+        ssl.create_default_context().wrap_socket(dialer, server_hostname="peer")
+    join()
+    dialer.close()
+    error = outbound.handshake_failure(caught.value)
+    assert isinstance(error, ConnectionResetError)
+    assert error.errno == errno.ECONNRESET
+    assert "hung up during the TLS handshake" in str(error)
+    # A refused certificate is not retried: it says the peer is another job's.
+    refused = ssl.SSLError(1, "certificate verify failed")
+    refused.reason = "CERTIFICATE_VERIFY_FAILED"
+    assert isinstance(outbound.handshake_failure(refused), AuthenticationError)

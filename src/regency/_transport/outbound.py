@@ -97,7 +97,7 @@ def connect(
         dialer_handshake(sock, secret, own_address)
     except ssl.SSLError as exc:
         sock.close()
-        raise AuthenticationError(tls.failure(exc)) from None
+        raise handshake_failure(exc) from None
     except BaseException:
         sock.close()
         raise
@@ -105,6 +105,17 @@ def connect(
 
 
 _RETRYABLE = {errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN, errno.ECONNRESET}
+
+
+def handshake_failure(exc: ssl.SSLError) -> OSError:
+    """The error a failed TLS handshake as the dialer raises: :class:`AuthenticationError`,
+    except when the peer only hung up in the middle (its own deadline passed while it was too
+    busy to finish, or it is closing), which is worth another try like a reset."""
+    if isinstance(exc, ssl.SSLEOFError) or exc.reason == "UNEXPECTED_EOF_WHILE_READING":
+        return ConnectionResetError(
+            errno.ECONNRESET, f"the peer hung up during the TLS handshake ({exc.reason or exc})"
+        )
+    return AuthenticationError(tls.failure(exc))
 
 
 def dial(
@@ -115,8 +126,9 @@ def dial(
     given_up: Callable[[], bool],
 ) -> tuple[Stream | None, str]:
     """Connect to ``peer`` with ``connect(limit)`` (one attempt, at most ``attempt_timeout``
-    seconds), retrying while it is not listening yet, for ``timeout`` seconds or until
-    ``given_up()``; return the stream, or ``None`` and why it could not be had."""
+    seconds), retrying while it is not listening yet or hangs up before the handshake is done
+    (not when it refuses the proof), for ``timeout`` seconds or until ``given_up()``; return
+    the stream, or ``None`` and why it could not be had."""
     started = time.monotonic()
     deadline = started + timeout
     delay = 0.002
@@ -134,7 +146,10 @@ def dial(
         except (OSError, addr.AddressError) as exc:
             reason = str(exc) or type(exc).__name__
             timed_out = isinstance(exc, TimeoutError)
-            retry = timed_out or (isinstance(exc, OSError) and exc.errno in _RETRYABLE)
+            # A peer that hung up before the handshake may only have been too busy to answer
+            # in its deadline (hundreds of dials at once): tried again while ours allows.
+            hung_up = type(exc) is ConnectionError
+            retry = timed_out or hung_up or (isinstance(exc, OSError) and exc.errno in _RETRYABLE)
             if retry and time.monotonic() + delay > deadline:
                 # Say how long it really waited (one attempt lasts at most the handshake
                 # timeout; a timed-out one is retried while the deadline allows).
