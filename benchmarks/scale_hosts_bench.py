@@ -17,6 +17,9 @@ saying so in the JSON, when it does not. Per size:
   gather's CPU taken off); ``_net``: less what the controller spent in the same time with no
   cast at all (``background_controller_cpu_pct``, measured over ``BACKGROUND_S`` just before:
   heartbeats to the hosts, which cost per second, not per cast);
+  ``broadcast_paced_controller_cpu_net_us``: the same for ``PACED`` broadcasts ``PACE_S`` apart
+  (each cast's frames leave on their own, as a cast does that is not part of a stream; the
+  sleeps' own CPU included);
 - ``call_one_busy_*``: ``call_one`` to an idle actor on the last host while every actor of the
   main mesh sleeps in a call (median, p99 ms);
 - ``controller_rss_mb_per_host`` and ``controller_fds_per_host``: growth over the controller
@@ -181,6 +184,7 @@ def timed_calls(call: Any, reps: int) -> list[float]:
 
 
 BACKGROUND_S = 3.0  # the quiet window before the broadcasts
+PACED, PACE_S = 200, 0.004  # broadcasts one at a time, and the pause after each
 
 
 def measure_main(api: Any, actor: type, hosts: Any, n: int, per_host: int) -> dict[str, float]:
@@ -225,6 +229,21 @@ def measure_main(api: Any, actor: type, hosts: Any, n: int, per_host: int) -> di
         figures["broadcast_controller_cpu_us"] = cast_ns / count / 1e3
         figures["broadcast_controller_cpu_net_us"] = (cast_ns - background * seconds) / count / 1e3
         figures["broadcast_s"] = seconds
+        # The same, one cast at a time (PACE_S apart): each cast's frames leave alone, none
+        # coalesced with the next cast's, and no backlog builds up behind slow receivers.
+        base = totals
+        before, begin = own_cpu_ns(), time.perf_counter()
+        for _ in range(PACED):
+            mesh.incr.broadcast()
+            time.sleep(PACE_S)
+        totals = sum(mesh.total.call().get(timeout=CALL_TIMEOUT_S).values())
+        seconds = time.perf_counter() - begin
+        if totals - base != PACED * actors:
+            raise AssertionError(f"{PACED} broadcasts to {actors} actors: {totals - base} came")
+        paced_ns = own_cpu_ns() - before - figures["gather_controller_cpu_us"] * 1e3
+        figures["broadcast_paced_controller_cpu_net_us"] = (
+            (paced_ns - background * seconds) / PACED / 1e3
+        )
         figures["broadcast_deliveries_per_s"] = count * actors / seconds
         one = probe.slice(hosts=n - 1, gpus=per_host - 1).ping.call_one
         busy = mesh.sleep.call(2.0)
