@@ -229,6 +229,7 @@ def measure_main(api: Any, actor: type, hosts: Any, n: int, per_host: int) -> di
         figures["broadcast_controller_cpu_us"] = cast_ns / count / 1e3
         figures["broadcast_controller_cpu_net_us"] = (cast_ns - background * seconds) / count / 1e3
         figures["broadcast_s"] = seconds
+        figures["broadcast_deliveries_per_s"] = count * actors / seconds
         # The same, one cast at a time (PACE_S apart): each cast's frames leave alone, none
         # coalesced with the next cast's, and no backlog builds up behind slow receivers.
         base = totals
@@ -237,14 +238,13 @@ def measure_main(api: Any, actor: type, hosts: Any, n: int, per_host: int) -> di
             mesh.incr.broadcast()
             time.sleep(PACE_S)
         totals = sum(mesh.total.call().get(timeout=CALL_TIMEOUT_S).values())
-        seconds = time.perf_counter() - begin
+        paced_s = time.perf_counter() - begin
         if totals - base != PACED * actors:
             raise AssertionError(f"{PACED} broadcasts to {actors} actors: {totals - base} came")
         paced_ns = own_cpu_ns() - before - figures["gather_controller_cpu_us"] * 1e3
         figures["broadcast_paced_controller_cpu_net_us"] = (
-            (paced_ns - background * seconds) / PACED / 1e3
+            (paced_ns - background * paced_s) / PACED / 1e3
         )
-        figures["broadcast_deliveries_per_s"] = count * actors / seconds
         one = probe.slice(hosts=n - 1, gpus=per_host - 1).ping.call_one
         busy = mesh.sleep.call(2.0)
         times = timed_calls(one, 20)
