@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import pickle
 import random
+import struct
+import zlib
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +23,7 @@ from regency._runtime.kernel import casting
 from regency._runtime.kernel.loopback import Loopback
 from regency._runtime.kernel.refs import PortRef
 from regency._runtime.kernel.router import FrameRouter
-from regency._runtime.kernel.routing import Plans, RoutingWriter, Subtree, read_routing
+from regency._runtime.kernel.routing import Plans, Roster, RoutingWriter, Subtree, read_routing
 from regency._runtime.kernel.seqs import SeqBook
 from regency._transport import frames
 
@@ -148,6 +151,30 @@ def test_a_malformed_routing_part_is_refused_with_what_is_wrong(
     part = RoutingWriter(None).part(casting.Group(dests[0], tuple(dests[1:])), False, None)
     with pytest.raises(ValueError, match=message):
         Plans().groups(read_routing(cut(part)), 2)
+
+
+def test_a_roster_travels_compressed_and_one_that_inflates_past_its_places_is_refused() -> None:
+    addrs = tuple(f"tcp://10.200.0.{i}:40000/regency-9af6ed6a-anon-{i:012x}" for i in range(15))
+    roster = Roster(addrs, tuple(range(15)))
+    assert len(roster.wire) < len(pickle.dumps((addrs, tuple(range(15))), protocol=5)) / 2
+    dests = [casting.Dest(a, 1, r) for r, a in enumerate(addrs)]
+    group = casting.Group(dests[0], Subtree.of(dests[1:]))
+    assert [g.head.addr for g in Plans().groups(read_routing(_part(group)), 4)] == [
+        addrs[i] for i in (1, 5, 9, 12)
+    ]
+    # A frame whose two places' roster inflates to 10 MB: refused before it is all inflated.
+    bomb = zlib.compress(b"\0" * 10_000_000, 9)
+    forged = Roster.__new__(Roster)
+    forged.addrs, forged.ranks, forged.key = addrs[:2], (0, 1), b"k" * 16
+    forged.wire = forged.key + struct.pack("<I", len(bomb)) + bomb
+    tree = Subtree(forged, array("Q", [1, 1]), 0, None)
+    part = _part(casting.Group(dests[0], tree))
+    with pytest.raises(ValueError, match="larger than its places allow"):
+        Plans().groups(read_routing(part), 4)
+
+
+def _part(group: casting.Group) -> bytes:
+    return RoutingWriter(None).part(group, False, None)
 
 
 def test_casts_and_direct_sends_reach_every_actor_in_order_down_the_tree() -> None:

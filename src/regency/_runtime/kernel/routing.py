@@ -20,6 +20,7 @@ import hashlib
 import pickle
 import struct
 import threading
+import zlib
 from array import array
 from collections.abc import Sequence
 from typing import NamedTuple, overload
@@ -35,6 +36,8 @@ _SEQ_BYTES = 8
 _HEADER = struct.Struct("<BQQII")
 _GATHER, _ACKED, _SUBTREE = 1, 2, 4
 _KEY_BYTES = 16
+# At most this many bytes of a roster's pickle per destination (an address and a rank).
+_ROSTER_BYTES_PER_PLACE = 4096
 _BLOB_LEN = struct.Struct("<I")
 
 
@@ -48,7 +51,9 @@ class Roster:
     def __init__(self, addrs: tuple[str, ...], ranks: tuple[int, ...]) -> None:
         self.addrs = addrs
         self.ranks = ranks
-        blob = pickle.dumps((addrs, ranks), protocol=5)
+        # Compressed: a subtree's addresses share most of their bytes (host prefix, job id),
+        # and every frame to its head carries them (encrypted, between hosts).
+        blob = zlib.compress(pickle.dumps((addrs, ranks), protocol=5), 1)
         self.key = hashlib.blake2b(blob, digest_size=_KEY_BYTES).digest()
         self.wire = self.key + _BLOB_LEN.pack(len(blob)) + blob
 
@@ -256,7 +261,7 @@ class Plans:
             raise ValueError("a leaf's routing part has no subtree to plan")
         plan = self._plans.get((key, fanout))
         if plan is None:
-            plan = self._plan(key, routing.blob, fanout)
+            plan = self._plan(key, routing.blob, fanout, len(routing.seqs) // _SEQ_BYTES)
         roster = plan.roster
         numbers = array(_SEQ_CODE)
         numbers.frombytes(routing.seqs)
@@ -269,8 +274,18 @@ class Plans:
             groups.append(Group(head, rest.part(s + 1, e, child) if child is not None else ()))
         return groups
 
-    def _plan(self, key: bytes, blob: memoryview, fanout: int) -> Plan:
-        addrs, ranks = pickle.loads(blob)
+    def _plan(self, key: bytes, blob: memoryview, fanout: int, places: int) -> Plan:
+        # A roster of ``places`` destinations; its pickle cannot be larger than this bound (a
+        # malformed frame must not make a head inflate without end).
+        bound = _ROSTER_BYTES_PER_PLACE * (places + 1)
+        inflater = zlib.decompressobj()
+        try:
+            raw = inflater.decompress(blob, bound)
+        except zlib.error as exc:
+            raise ValueError(f"a cast frame's roster does not decompress: {exc}") from exc
+        if inflater.unconsumed_tail or not inflater.eof:
+            raise ValueError("a cast frame's roster is larger than its places allow, or cut short")
+        addrs, ranks = pickle.loads(raw)
         if not (type(addrs) is tuple and type(ranks) is tuple and len(addrs) == len(ranks)):
             raise ValueError("a cast frame's roster is not its addresses and ranks")
         children = [
