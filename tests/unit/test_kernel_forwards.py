@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -131,59 +132,21 @@ def test_acknowledgements_are_cumulative_and_leave_together() -> None:
     assert all(got[a] == list(range(1, 11)) for a in addrs)
 
 
-@pytest.mark.parametrize("seed", range(100))
-def test_heads_killed_at_random_points_of_a_broadcast_stream(seed: int) -> None:
-    """A stream of casts over a tree three levels deep; one or two procs die at a random moment
-    each time. Every survivor gets every message, once, in order; nothing stays kept."""
-    rng = random.Random(seed)
-    n = 15
-    net, root, addrs, procs = _mesh(n)
-    got = _actors(procs)
-    dead: set[str] = set()
-    sent: list[int] = []
-    with config.configured(cast_fanout=2):
-        for seq in range(1, 13):
-            live = [a for a in addrs if a not in dead]
-            # Sequence numbers per destination: each live one has had every message so far.
-            dests = [casting.Dest(a, len(sent) + 1, r) for r, a in enumerate(addrs) if a in live]
-            root.casts.send(casting.plan(dests, 2), MESH, SENDER, None, False, [pickle.dumps(seq)])
-            sent.append(seq)
-            for _ in range(rng.randrange(6)):
-                if not net.step():
-                    break
-            if rng.random() < 0.25 and len(dead) < 4:
-                victim = rng.choice([a for a in addrs if a not in dead])
-                dead.add(victim)
-                net.kill(victim, "killed")
-            if rng.random() < 0.5:
-                net.timers.advance(ACK_DELAY)
-        _settle(net)
-    for addr in addrs:
-        if addr not in dead:
-            assert got[addr] == sent, (addr, sorted(dead))
-    assert _kept([root, *(procs[a] for a in addrs if a not in dead)]) == 0
+# Sends message ``seq`` (1, 2, ...) from the root to every proc of ``addrs`` not in ``dead``.
+CastFn = Callable[[FrameRouter, list[str], set[str], int], None]
 
 
-def _view_cast(root: FrameRouter, book: SeqBook, addrs: list[str], value: Any, fanout: int) -> None:
-    """A cast to the whole of ``addrs`` numbered by ``book`` (one view: the sender's fast path
-    builds its frames from the view's shape)."""
-    groups = book.cast(MESH, addrs, list(range(len(addrs))), fanout)
-    root.casts.send(groups, MESH, SENDER, None, False, [pickle.dumps(value)])
-
-
-@pytest.mark.parametrize("seed", range(100))
-def test_heads_killed_at_random_points_of_a_stream_of_casts_to_one_view(seed: int) -> None:
-    """As above, with the casts numbered by a sender's book for one view: kept once per cast
-    in a stream of its heads. Every survivor gets every message, once, in order."""
+def _random_kills_during_a_stream(seed: int, cast: CastFn) -> None:
+    """Twelve casts over a tree three levels deep (15 procs, fan-out 2); one or two procs die at
+    a random moment each time. Every survivor gets every message, once, in order; nothing stays
+    kept."""
     rng = random.Random(seed)
     net, root, addrs, procs = _mesh(15)
     got = _actors(procs)
-    book = SeqBook()
     dead: set[str] = set()
     with config.configured(cast_fanout=2):
         for seq in range(1, 13):
-            with contextlib.suppress(PeerLostError):
-                _view_cast(root, book, addrs, seq, 2)
+            cast(root, addrs, dead, seq)
             for _ in range(rng.randrange(6)):
                 if not net.step():
                     break
@@ -198,6 +161,38 @@ def test_heads_killed_at_random_points_of_a_stream_of_casts_to_one_view(seed: in
         if addr not in dead:
             assert got[addr] == list(range(1, 13)), (addr, sorted(dead))
     assert _kept([root, *(procs[a] for a in addrs if a not in dead)]) == 0
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_heads_killed_at_random_points_of_a_broadcast_stream(seed: int) -> None:
+    """Casts planned one by one, to the procs still alive."""
+
+    def cast(root: FrameRouter, addrs: list[str], dead: set[str], seq: int) -> None:
+        # Sequence numbers per destination: each live one has had every message so far.
+        dests = [casting.Dest(a, seq, r) for r, a in enumerate(addrs) if a not in dead]
+        root.casts.send(casting.plan(dests, 2), MESH, SENDER, None, False, [pickle.dumps(seq)])
+
+    _random_kills_during_a_stream(seed, cast)
+
+
+def _view_cast(root: FrameRouter, book: SeqBook, addrs: list[str], value: Any, fanout: int) -> None:
+    """A cast to the whole of ``addrs`` numbered by ``book`` (one view: the sender's fast path
+    builds its frames from the view's shape)."""
+    groups = book.cast(MESH, addrs, list(range(len(addrs))), fanout)
+    root.casts.send(groups, MESH, SENDER, None, False, [pickle.dumps(value)])
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_heads_killed_at_random_points_of_a_stream_of_casts_to_one_view(seed: int) -> None:
+    """Casts numbered by a sender's book for one view (the dead included, as a mesh's view is):
+    kept once per cast in a stream of its heads."""
+    book = SeqBook()
+
+    def cast(root: FrameRouter, addrs: list[str], dead: set[str], seq: int) -> None:
+        with contextlib.suppress(PeerLostError):
+            _view_cast(root, book, addrs, seq, 2)
+
+    _random_kills_during_a_stream(seed, cast)
 
 
 def test_a_stream_of_casts_is_acknowledged_every_ack_every_casts_without_the_timer() -> None:

@@ -228,22 +228,17 @@ def test_listener_rejects_a_wrong_proof_without_waiting_for_an_address() -> None
         shake.feed(garbage)
 
 
-def test_the_dialer_tries_again_after_a_busy_hang_up() -> None:
-    # A listener busy with a flood pushes out the first try after its proof; the dial goes on
-    # within its timeout and the second try is served (no "different job secret").
+def _dial_twice(first: Callable[[socket.socket], Any]) -> None:
+    """Dial a listener that does ``first`` with the first connection and serves the second:
+    the dial goes on within its timeout, and the second try is served."""
     tries: list[Callable[[], Any]] = []
-
-    def busy(sock: socket.socket) -> None:
-        sock.sendall(ListenerHandshake(SECRET).hello())
-        sock.recv(4096)
-        sock.shutdown(socket.SHUT_RDWR)
 
     def connect(limit: float) -> socket.socket:
         dialer, listener = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         dialer.settimeout(limit)
         listener.settimeout(limit)
-        first = not tries
-        tries.append(in_thread(lambda: busy(listener) if first else run_listener(listener, SECRET)))
+        serve = first if not tries else (lambda sock: run_listener(sock, SECRET))
+        tries.append(in_thread(lambda: serve(listener)))
         try:
             dialer_handshake(dialer, SECRET, "unix:@me")
         except BaseException:
@@ -259,32 +254,21 @@ def test_the_dialer_tries_again_after_a_busy_hang_up() -> None:
     sock.close()
 
 
+def test_the_dialer_tries_again_after_a_busy_hang_up() -> None:
+    # A listener busy with a flood pushes out the first try after its proof (no "different job
+    # secret").
+    def busy(sock: socket.socket) -> None:
+        sock.sendall(ListenerHandshake(SECRET).hello())
+        sock.recv(4096)
+        sock.shutdown(socket.SHUT_RDWR)
+
+    _dial_twice(busy)
+
+
 def test_the_dialer_tries_again_after_a_hang_up_before_the_handshake() -> None:
     # A listener whose own deadline passed before it answered (hundreds of dials at once)
-    # closes without a word: the dial goes on within its timeout, and the next try is served.
-    tries: list[Callable[[], Any]] = []
-
-    def connect(limit: float) -> socket.socket:
-        dialer, listener = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        dialer.settimeout(limit)
-        listener.settimeout(limit)
-        first = not tries
-        tries.append(
-            in_thread(lambda: listener.close() if first else run_listener(listener, SECRET))
-        )
-        try:
-            dialer_handshake(dialer, SECRET, "unix:@me")
-        except BaseException:
-            dialer.close()
-            raise
-        return dialer
-
-    sock, reason = outbound.dial("unix:@late", connect, 10, 5, lambda: False)
-    assert sock is not None, reason
-    assert len(tries) == 2
-    for join in tries:
-        join()
-    sock.close()
+    # closes without a word.
+    _dial_twice(lambda sock: sock.close())
 
 
 def test_a_peer_hanging_up_in_the_tls_handshake_is_worth_another_try() -> None:
