@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -242,3 +243,36 @@ def test_an_exit_report_grace_runs_on_the_loopbacks_clock() -> None:
     assert "unix:@b" not in a.losses.dead
     net.timers.advance(1.0)
     assert a.losses.dead == {"unix:@b": "connection reset"}
+
+
+def test_a_frame_that_comes_while_a_router_is_being_made_waits_until_it_is_whole() -> None:
+    """A proc's zygote hands it a connection the controller already writes on: a frame can be
+    read before the router's constructor is done. It waits, then is delivered."""
+    net = Loopback()
+    sender = net.router("unix:@sender")
+    entered = threading.Event()
+    readers: list[threading.Thread] = []
+    failures: list[BaseException] = []
+
+    def read() -> None:
+        entered.set()
+        try:
+            net.step()
+        except BaseException as exc:
+            failures.append(exc)
+
+    def frame_arrives_now() -> None:
+        encoder = frames.Encoder([pickle.dumps("early")], 1 << 20)
+        sender.send_actor([("unix:@new", 1, 0)], 3, 5, encoder)
+        reader = threading.Thread(target=read)
+        reader.start()
+        readers.append(reader)
+        assert entered.wait(10)
+
+    router = net.router("unix:@new", connected=frame_arrives_now)
+    readers[0].join(10)
+    assert not readers[0].is_alive()
+    got: list[Any] = []
+    router.mailbox(3).attach(lambda delivery: got.append(pickle.loads(delivery[0][0])))
+    assert failures == []
+    assert got == ["early"]

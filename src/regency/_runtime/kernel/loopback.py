@@ -162,11 +162,19 @@ class Loopback:
         self._queue: deque[tuple[str, str, bytes]] = deque()
         self._lock = threading.Lock()
 
-    def router(self, address: str, job_id: str = "loopback") -> FrameRouter:
-        """A new router at ``address`` on this loopback."""
+    def router(
+        self,
+        address: str,
+        job_id: str = "loopback",
+        connected: Callable[[], None] | None = None,
+    ) -> FrameRouter:
+        """A new router at ``address`` on this loopback; ``connected`` runs as soon as its link
+        exists, before the router is whole (as frames may come on a real transport)."""
 
         def connect(on_frame: FrameSink, on_peer_lost: LossSink) -> Link:
             link = self._links[address] = Link(self, address, on_frame, on_peer_lost)
+            if connected is not None:
+                connected()
             return link
 
         return FrameRouter(job_id, b"loopback", connect, self.timers, _FRAME_LIMIT)

@@ -39,6 +39,10 @@ from regency._transport.transport import PeerUnreachableError
 log = logging.getLogger("regency.proc")
 
 
+# How long a frame that came while its router was being made waits for it.
+_MADE_WITHIN_S = 60.0
+
+
 class FrameRouter:
     """Routing state of one process, over any :class:`~.seam.FrameTransport` (the send seam).
 
@@ -56,6 +60,10 @@ class FrameRouter:
         self.job_id = job_id
         self.secret = secret
         self.frame_limit = frame_limit
+        # Frames and losses can come as soon as the transport exists (a proc's zygote hands it a
+        # connection the controller already writes on): they wait until this router is whole.
+        self._whole = False
+        self._made = threading.Event()
         # Made by ``transport``, which is given where received frames and losses go.
         self._link = transport(self._on_frame, self._on_peer_lost)
         self._timers = timers
@@ -82,6 +90,8 @@ class FrameRouter:
             frame_limit,
             Forwards(self, self.losses, timers),
         )
+        self._whole = True
+        self._made.set()
 
     def port_handler(self, port: int) -> PortHandler | None:
         """The handler of port ``port`` of this process, if it is open."""
@@ -385,7 +395,13 @@ class FrameRouter:
     ) -> None:
         self.mailbox(mesh_id).post(sender, seq, (parts, rank, reply))
 
+    def _wait_until_whole(self) -> None:
+        if not self._made.wait(_MADE_WITHIN_S):
+            raise RuntimeError(f"a router of job {self.job_id} was not made in {_MADE_WITHIN_S} s")
+
     def _on_frame(self, conn: FrameSource, frame: frames.Frame) -> None:
+        if not self._whole:
+            self._wait_until_whole()
         if frame.flags & wire.FLAG_BULK:
             if not frame.parts:
                 raise frames.FrameError("bulk frame without its descriptor part")
@@ -437,6 +453,8 @@ class FrameRouter:
         self.bulk.peer_lost(addr)
 
     def _on_peer_lost(self, addr: str, reason: str) -> None:
+        if not self._whole:
+            self._wait_until_whole()
         self.losses.connection_lost(addr, reason)
 
     def close(self) -> None:
