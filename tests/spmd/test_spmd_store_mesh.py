@@ -5,6 +5,7 @@ such as torchstore call)."""
 from __future__ import annotations
 
 import json
+import random
 import socket
 import subprocess
 import sys
@@ -22,9 +23,18 @@ SCRIPT = Path(__file__).parent / "scripts" / "store_mesh.py"
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing is bound to now, below the kernel's ephemeral range: a port the kernel
+    hands out (bind to 0) can be taken by any outgoing connection before the store binds it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 10000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def _running(marker: str) -> list[int]:
