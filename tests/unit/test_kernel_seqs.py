@@ -114,7 +114,9 @@ def test_a_head_plans_a_roster_once_and_expands_the_numbers_it_is_sent() -> None
     rest = Subtree.of(dests)
     rest.bump, rest.patch = 3, {5: 2}
     reply = PortRef("unix:@root", 17)
-    part = RoutingWriter(reply).part(casting.Group(dests[0], rest), True, ("unix:@up", 4, 99))
+    part = _frame(
+        RoutingWriter(reply).parts(casting.Group(dests[0], rest), True, ("unix:@up", 4, 99))
+    )
     routing = read_routing(part)
     assert (routing.reply, routing.gather, routing.ack) == (reply, True, ("unix:@up", 4, 99))
     plans = Plans()
@@ -129,28 +131,36 @@ def test_a_head_plans_a_roster_once_and_expands_the_numbers_it_is_sent() -> None
 
 
 def test_a_leaf_routing_part_names_no_subtree() -> None:
-    part = RoutingWriter(None).part(casting.Group(casting.Dest("unix:@a", 1, 0), ()), True, None)
-    routing = read_routing(part)
+    part = _frame(
+        RoutingWriter(None).parts(casting.Group(casting.Dest("unix:@a", 1, 0), ()), True, None)
+    )
+    assert len(part) == 1
+    routing = read_routing([*part, b"message"])
     assert routing.key is None
+    assert routing.parts == 1
     assert (routing.reply, routing.gather, routing.ack) == (None, False, None)
 
 
 @pytest.mark.parametrize(
     ("cut", "message"),
     [
-        (lambda part: part[:5], "too short"),
-        (lambda part: part[:30], "shorter than its header says"),
-        (lambda part: part[:-3], "truncated roster"),
-        (lambda part: part[:-8], "not as many sequence numbers"),
+        (lambda parts: [parts[0][:5], parts[1]], "too short"),
+        (lambda parts: [parts[0][:30], parts[1]], "not as long as its header says"),
+        (lambda parts: [parts[0] + b"x", parts[1]], "not as long as its header says"),
+        (lambda parts: parts[:1], "no subtree part"),
+        (lambda parts: [parts[0], parts[1][:-3]], "truncated roster"),
+        (lambda parts: [parts[0], parts[1][:-8]], "not as many sequence numbers"),
     ],
 )
 def test_a_malformed_routing_part_is_refused_with_what_is_wrong(
-    cut: Callable[[bytes], bytes], message: str
+    cut: Callable[[list[bytes]], list[bytes]], message: str
 ) -> None:
     dests = [casting.Dest(f"unix:@p{r}", 1, r) for r in range(5)]
-    part = RoutingWriter(None).part(casting.Group(dests[0], tuple(dests[1:])), False, None)
+    parts = _frame(
+        RoutingWriter(None).parts(casting.Group(dests[0], tuple(dests[1:])), False, None)
+    )
     with pytest.raises(ValueError, match=message):
-        Plans().groups(read_routing(cut(part)), 2)
+        Plans().groups(read_routing(cut(parts)), 2)
 
 
 def test_a_roster_travels_compressed_and_one_that_inflates_past_its_places_is_refused() -> None:
@@ -173,8 +183,14 @@ def test_a_roster_travels_compressed_and_one_that_inflates_past_its_places_is_re
         Plans().groups(read_routing(part), 4)
 
 
-def _part(group: casting.Group) -> bytes:
-    return RoutingWriter(None).part(group, False, None)
+def _part(group: casting.Group) -> list[bytes]:
+    return _frame(RoutingWriter(None).parts(group, False, None))
+
+
+def _frame(parts: tuple[bytes, bytes | None]) -> list[bytes]:
+    """A cast frame's routing and subtree parts, as the frame carries them."""
+    routing, subtree = parts
+    return [routing] if subtree is None else [routing, subtree]
 
 
 def test_casts_and_direct_sends_reach_every_actor_in_order_down_the_tree() -> None:

@@ -16,6 +16,7 @@ from regency._transport import auth, frames
 from regency._transport import inbound as inbound_module
 from regency._transport.connection import Connection
 from regency._transport.frames import Frame
+from regency._transport.names import FLAG_NAMED, KIND_NAME, NAMES_MAX, Named
 from regency._transport.transport import BURST_WINDOW, PeerUnreachableError, Transport
 
 pytestmark = pytest.mark.timeout(60)
@@ -236,3 +237,75 @@ def test_raw_client_sending_garbage_after_the_handshake(make: Callable[..., Endp
     peer, reason = b.lost.get(timeout=5)
     assert peer == "unix:@regency-unit-raw"
     assert "limit" in reason
+
+
+def _post_named(a: Endpoint, b: Endpoint, named: Named, seq: int) -> None:
+    buffers = frames.encode(
+        1, 5, [b"routing", named.name, b"m%d" % seq], flags=FLAG_NAMED, seq=seq, limit=LIMIT
+    )
+    a.transport.post([(b.address, buffers, len(b"".join(buffers)))], [named])
+
+
+def test_named_parts_over_a_real_connection_come_back_whole(
+    make: Callable[..., Endpoint],
+) -> None:
+    a, b = make(SECRET), make(SECRET)
+    named = Named.of(os.urandom(2000))
+    # The first goes while the connection is still being dialed, queued with its part.
+    for seq in range(1, 6):
+        _post_named(a, b, named, seq)
+    a.transport.flush()
+    for seq in range(1, 6):
+        _, frame = b.frames.get(timeout=10)
+        assert frame.seq == seq
+        assert not frame.flags & FLAG_NAMED
+        assert [bytes(p) for p in frame.parts] == [b"routing", named.blob, b"m%d" % seq]
+    conn = a.transport._peers[b.address].conn
+    assert conn is not None
+    assert len(conn._names) == 1, "the part crossed the connection once"
+    other = Named.of(b"another subtree")
+    a.transport.send(
+        b.address,
+        frames.encode(1, 5, [b"r", other.name], flags=FLAG_NAMED, seq=6, limit=LIMIT),
+        named=other,
+    )
+    _, frame = b.frames.get(timeout=10)
+    assert bytes(frame.parts[1]) == other.blob
+    assert len(conn._names) == 2
+
+
+def test_a_peer_naming_a_part_it_never_sent_is_cut_off(make: Callable[..., Endpoint]) -> None:
+    b = make(SECRET)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect("\0" + b.address[len("unix:@") :])
+    try:
+        auth.dialer_handshake(sock, SECRET, "unix:@regency-unit-names")
+        named = Named.of(b"never defined")
+        bogus = frames.encode(1, 5, [b"r", named.name], flags=FLAG_NAMED, limit=LIMIT)
+        sock.sendall(b"".join(bogus))
+        assert sock.recv(64) == b"", "the receiver must close the connection"
+    finally:
+        sock.close()
+    peer, reason = b.lost.get(timeout=5)
+    assert peer == "unix:@regency-unit-names"
+    assert "protocol error" in reason
+    assert "never sent" in reason
+    assert b.frames.empty(), "nothing of the frame reached the router"
+
+
+def test_a_name_frame_that_breaks_the_bounds_is_cut_off(make: Callable[..., Endpoint]) -> None:
+    b = make(SECRET)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect("\0" + b.address[len("unix:@") :])
+    try:
+        auth.dialer_handshake(sock, SECRET, "unix:@regency-unit-names-flood")
+        for i in range(NAMES_MAX + 1):
+            name = struct.pack("<QQ", i, 0)
+            sock.sendall(b"".join(frames.encode(KIND_NAME, 0, [name, b"b", b""], limit=LIMIT)))
+        assert sock.recv(64) == b"", "the receiver must close the connection"
+    finally:
+        sock.close()
+    _, reason = b.lost.get(timeout=5)
+    assert "past what a connection holds" in reason

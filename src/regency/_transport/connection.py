@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from regency._errors import RegencyError
+from regency._transport.names import Named, NamesSent
 from regency._transport.secure_socket import SecureSocket
 from regency._transport.tls import Stream
 
@@ -83,17 +84,23 @@ class Connection:
         self._outbox: list[Buffer] = []
         self._outbox_bytes = 0
         self._flush_scheduled = False
+        self._names = NamesSent()  # the parts the peer holds by name (see names.py)
 
     def fileno(self) -> int:
         """The socket's file descriptor."""
         return self.sock.fileno()
 
-    def send(self, buffers: Sequence[Buffer], wait: bool = True) -> None:
-        """Send the buffers of one or more frames, in order with every other send.
+    def send(
+        self, buffers: Sequence[Buffer], wait: bool = True, named: Named | None = None
+    ) -> None:
+        """Send the buffers of one or more frames, in order with every other send; ``named``:
+        the part a frame names (:mod:`.names`), defined first unless the peer holds it.
 
         Raises :class:`ConnectionClosedError` if the connection is (or becomes) closed.
         """
         with self._lock:
+            if named is not None:
+                buffers = self._naming_locked(buffers, named)[0]
             item = self._write_locked(buffers, wait)
         if item is not None and item.done is not None:
             item.done.wait()
@@ -154,18 +161,36 @@ class Connection:
             self._wakeup.notify()
         return item
 
-    def post(self, buffers: Sequence[Buffer], size: int, burst: bool) -> bool:
+    def _naming_locked(
+        self, buffers: Sequence[Buffer], named: Named
+    ) -> tuple[Sequence[Buffer], int]:
+        """``buffers`` preceded by the name frame of ``named`` if the peer does not hold it yet
+        (or the connection is closed: nothing goes out then), and how many bytes that adds."""
+        if self.closed is not None:
+            return buffers, 0
+        define = self._names.define(named)
+        if define is None:
+            return buffers, 0
+        return [*define[0], *buffers], define[1]
+
+    def post(
+        self, buffers: Sequence[Buffer], size: int, burst: bool, named: Named | None = None
+    ) -> bool:
         """Send small, self-owned frame buffers, coalescing them with others during bursts.
 
         Outside a ``burst`` (the sender's judgement) a frame goes out at once. In one, frames
         wait in an outbox and go out together (one ``sendmsg`` for many frames, one wake-up of
         the receiver) when the outbox is large, when :meth:`flush` is called, or on any direct
         :meth:`send`. Returns True when the caller must arrange a later :meth:`flush` (the
-        outbox just became non-empty). ``size`` is the frame's byte count.
+        outbox just became non-empty). ``size`` is the frame's byte count; ``named`` as for
+        :meth:`send`.
         """
         with self._lock:
             if self.closed is not None:
                 raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
+            if named is not None:
+                buffers, extra = self._naming_locked(buffers, named)
+                size += extra
             if not burst and not self._outbox and not self._backlog:
                 sent = self._sendmsg_locked(buffers)  # nearly always all of it goes
                 if sent != size:

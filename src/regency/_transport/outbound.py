@@ -32,6 +32,7 @@ from regency._transport import address as addr
 from regency._transport import routing, tls
 from regency._transport.auth import AuthenticationError, dialer_handshake
 from regency._transport.connection import Buffer, Connection
+from regency._transport.names import Named
 from regency._transport.tls import Stream
 
 log = logging.getLogger("regency.transport")
@@ -165,13 +166,17 @@ def dial(
 
 
 class Queued:
-    """Frame buffers waiting for a connection, and whether they made it."""
+    """Frame buffers waiting for a connection (and the part they name, if any: see
+    :mod:`.names`), and whether they made it."""
 
-    __slots__ = ("buffers", "done", "sent")
+    __slots__ = ("buffers", "done", "named", "sent")
 
-    def __init__(self, buffers: list[Buffer], done: threading.Event | None) -> None:
+    def __init__(
+        self, buffers: list[Buffer], done: threading.Event | None, named: Named | None = None
+    ) -> None:
         self.buffers = buffers
         self.done = done
+        self.named = named
         self.sent = False
 
     def finish(self, sent: bool) -> None:

@@ -1,5 +1,6 @@
 """Reading one connection: the I/O loop's handler that cuts its bytes into frames and hands each
-on, in order; heartbeats and requests for reverse connections go apart.
+on, in order; heartbeats and requests for reverse connections go apart, and parts sent by name
+are put back (:mod:`.names`).
 
 A protocol error (bytes that cannot be a frame, or a frame the receiver refuses) closes the
 connection; any other error while routing a frame drops that frame alone.
@@ -15,6 +16,7 @@ from collections.abc import Callable
 
 from regency._transport.connection import Connection
 from regency._transport.frames import KIND_HEARTBEAT, Frame, FrameError
+from regency._transport.names import FLAG_NAMED, KIND_NAME, NamesReceived
 from regency._transport.reader import FrameReader
 from regency._transport.reverse import KIND_REVERSE
 
@@ -38,6 +40,7 @@ def reading(
     read = FrameReader(conn.sock, frame_limit).read
     peer = conn.peer
     read_lock = threading.Lock()
+    names = NamesReceived()
 
     def readable(_: int) -> None:
         # Any thread may run this (see IOLoop.wait_reading); the lock keeps both the byte
@@ -48,6 +51,10 @@ def reading(
                 return
             try:
                 frames = read()
+                if frames is not None:
+                    conn.received += 1
+                    for frame in frames:
+                        dispatch(frame)
             except FrameError as exc:
                 log.warning("closing connection from %s: %s", peer, exc)
                 conn.close(f"protocol error: {exc}")
@@ -57,23 +64,26 @@ def reading(
                 return
             if frames is None:
                 conn.close(_end_reason(conn))
-                return
-            conn.received += 1
-            for frame in frames:
-                # Kinds are one byte: a heartbeat is 0, a reverse request the last.
-                if KIND_HEARTBEAT < frame.kind < KIND_REVERSE:
-                    try:
-                        on_frame(conn, frame)
-                    except FrameError as exc:
-                        log.warning("closing connection from %s: %s", peer, exc)
-                        conn.close(f"protocol error: {exc}")
-                        return
-                    except Exception:
-                        log.exception("dropping a frame from %s that could not be routed", peer)
-                elif frame.kind == KIND_REVERSE:
-                    on_reverse(conn, frame)
-                else:
-                    on_beat(conn, frame.flags)
+
+    def dispatch(frame: Frame) -> None:
+        # FrameError: the peer broke the protocol (the connection closes).
+        kind = frame.kind
+        # Kinds are one byte: a heartbeat is 0, the transport's own are the last.
+        if KIND_HEARTBEAT < kind < KIND_NAME:
+            if frame.flags & FLAG_NAMED:
+                names.resolve(frame)
+            try:
+                on_frame(conn, frame)
+            except FrameError:
+                raise
+            except Exception:
+                log.exception("dropping a frame from %s that could not be routed", peer)
+        elif kind == KIND_NAME:
+            names.define(frame)
+        elif kind == KIND_REVERSE:
+            on_reverse(conn, frame)
+        else:
+            on_beat(conn, frame.flags)
 
     return readable
 

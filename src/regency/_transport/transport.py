@@ -39,6 +39,7 @@ from regency._transport.frames import Frame
 from regency._transport.heartbeat import Heartbeat, Settings
 from regency._transport.inbound import Inbound
 from regency._transport.io_loop import IOLoop
+from regency._transport.names import Named
 from regency._transport.ratelimit import FailureLimiter
 from regency._transport.receiving import FrameHandler, reading
 from regency._transport.tls import Stream
@@ -180,16 +181,24 @@ class Transport:
 
     # -- sending -------------------------------------------------------------------------------
 
-    def send(self, peer: str, buffers: Sequence[Buffer], wait: bool = True) -> None:
+    def send(
+        self,
+        peer: str,
+        buffers: Sequence[Buffer],
+        wait: bool = True,
+        named: Named | None = None,
+    ) -> None:
         """Send one frame's buffers to ``peer``; :class:`PeerUnreachableError` if it is lost.
 
         With ``wait`` the call returns once the bytes are in the kernel (the caller may then
         reuse its buffers); without it, buffers that cannot go out at once are copied.
+        ``named``: the part the frame names (flagged :data:`~.names.FLAG_NAMED`), which goes
+        out in full first on a connection that has not carried it.
         """
         entry = self._peers.get(peer)
         conn = entry.conn if entry is not None else None
         if conn is None:
-            conn, item = self._connection_or_queue(peer, buffers, wait)
+            conn, item = self._connection_or_queue(peer, buffers, wait, named)
             if item is not None:
                 if item.done is not None:
                     item.done.wait()
@@ -199,12 +208,17 @@ class Transport:
                 return
         assert conn is not None
         try:
-            conn.send(buffers, wait)
+            conn.send(buffers, wait, named)
         except ConnectionClosedError as exc:
             raise PeerUnreachableError(str(exc)) from exc
 
-    def post(self, frames: Sequence[tuple[str, Sequence[Buffer], int]]) -> None:
-        """Send small frames, one per ``(peer, buffers, size in bytes)``, coalescing bursts.
+    def post(
+        self,
+        frames: Sequence[tuple[str, Sequence[Buffer], int]],
+        named: Sequence[Named | None] = (),
+    ) -> None:
+        """Send small frames, one per ``(peer, buffers, size in bytes)``, coalescing bursts;
+        ``named`` lists, frame by frame, the part each names (as for :meth:`send`), if any.
 
         The frames of one call are one message's (to several peers): they are judged together,
         all part of a burst or all sent at once. The caller must not touch the buffers again.
@@ -223,14 +237,15 @@ class Transport:
         peers = self._peers
         lost: list[str] = []
         lost_peers: list[str] = []
-        for peer, buffers, size in frames:
+        for index, (peer, buffers, size) in enumerate(frames):
             entry = peers.get(peer)
             conn = entry.conn if entry is not None else None
+            part = named[index] if named else None
             try:
                 if conn is None:
-                    self.send(peer, buffers, wait=False)
+                    self.send(peer, buffers, False, part)
                     continue
-                schedule = conn.post(buffers, size, burst)
+                schedule = conn.post(buffers, size, burst, part)
             except (ConnectionClosedError, PeerUnreachableError) as exc:
                 lost.append(str(exc))
                 lost_peers.append(peer)
@@ -278,7 +293,7 @@ class Transport:
                 conn.flush()
 
     def _connection_or_queue(
-        self, peer: str, buffers: Sequence[Buffer], wait: bool
+        self, peer: str, buffers: Sequence[Buffer], wait: bool, named: Named | None
     ) -> tuple[Connection | None, outbound.Queued | None]:
         """The peer's connection, or (while dialing) the queue entry the frame was put in."""
         with self._lock:
@@ -295,7 +310,7 @@ class Transport:
                 return entry.conn, None
             # Without wait the caller may reuse its memory once we return: keep a copy.
             kept: list[Buffer] = list(buffers) if wait else [bytes(b) for b in buffers]
-            item = outbound.Queued(kept, threading.Event() if wait else None)
+            item = outbound.Queued(kept, threading.Event() if wait else None, named)
             entry.queue.append(item)
             return None, item
 
@@ -373,7 +388,7 @@ class Transport:
                     return
             for item in batch:
                 try:
-                    conn.send(item.buffers, wait=item.done is not None)
+                    conn.send(item.buffers, item.done is not None, item.named)
                 except ConnectionClosedError:
                     item.finish(sent=False)
                 else:

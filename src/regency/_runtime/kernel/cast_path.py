@@ -22,6 +22,7 @@ from regency._runtime.kernel.routing import Plans, RoutingWriter, read_routing
 from regency._runtime.kernel.seam import FrameTransport
 from regency._runtime.kernel.seqs import ViewCast
 from regency._transport import frames
+from regency._transport.names import FLAG_NAMED, Named
 from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.proc")
@@ -120,7 +121,7 @@ class CastPath:
                     ack = self.forwards.keep(cast, addr, group.rest)
                 try:
                     frame = self._frame_to_head(
-                        group, mesh_id, sender, writer.part(group, gather, ack), message, wait
+                        group, mesh_id, sender, writer.parts(group, gather, ack), message, wait
                     )
                 except (PeerUnreachableError, PeerLostError) as exc:
                     if ack is not None:
@@ -146,7 +147,7 @@ class CastPath:
             self.forwards.sent(cast)
         for group in here:
             self._to_own_actor(
-                group, mesh_id, sender, reply, writer.part(group, gather, None), parts
+                group, mesh_id, sender, reply, writer.parts(group, gather, None), parts
             )
         if lost:
             raise PeerLostError("; ".join(lost))
@@ -173,31 +174,39 @@ class CastPath:
         message = frames.Encoder(parts, self._frame_limit)
         writer = RoutingWriter(reply)
         home = (here, forwards.port(), 0)
-        # The largest frame: the longest routing part (a leaf's is shorter than any prefix).
-        largest = message.size + 8 + len(writer.subtree_prefix(gather, 0, home)) + shape.tail_max
+        # The largest frame: a subtree's, sent in full (a leaf's routing part is shorter).
+        largest = message.size + 16 + len(writer.subtree_routing(gather, 0, home))
+        largest += shape.subtree_max
         if largest >= bulk.BULK_MIN or not postable(len(parts), largest):
             return False
         kept, ack = forwards.begin_stream(
             mesh_id, sender, own_copies(parts), shape.subtree_heads, cast
         )
-        prefix = writer.subtree_prefix(gather, cast.bump, ack)
+        routing = writer.subtree_routing(gather, cast.bump, ack)
         leaf = None
         base, addrs, ranks, bump = shape.base, shape.addrs, shape.ranks, cast.bump
         frame_after, limit, kind = message.frame_after, self._frame_limit, wire.KIND_CAST
         posts: list[tuple[str, list[Part], int]] = []
-        for s, _, _, _, _, tail in shape.spans:
-            if tail is not None:
-                routing = prefix + tail
+        names: list[Named | None] = []
+        for s, _, _, _, _, subtree, named in shape.spans:
+            seq = base[s] + bump
+            if named is not None:
+                # The subtree part by name: it crosses each connection once per view.
+                buffers, size = frame_after(
+                    routing, limit, kind, mesh_id, ranks[s], sender, seq, named.name, FLAG_NAMED
+                )
+            elif subtree is not None:
+                buffers, size = frame_after(
+                    routing, limit, kind, mesh_id, ranks[s], sender, seq, subtree
+                )
             else:
                 if leaf is None:
                     leaf = writer.leaf_part()
-                routing = leaf
-            buffers, size = frame_after(
-                routing, limit, kind, mesh_id, ranks[s], sender, base[s] + bump
-            )
+                buffers, size = frame_after(leaf, limit, kind, mesh_id, ranks[s], sender, seq)
             posts.append((addrs[s], buffers, size))
+            names.append(named)
         try:
-            self._link.post(posts)
+            self._link.post(posts, names)
         except PeerUnreachableError as exc:
             # Each lost head's subtree gets this cast (and any earlier one it did not
             # acknowledge) straight from here, as when a head is lost later.
@@ -243,21 +252,32 @@ class CastPath:
         group: casting.Group,
         mesh_id: int,
         sender: int,
-        routing: bytes,
+        routing: tuple[bytes, bytes | None],
         message: frames.Encoder,
         wait: bool,
     ) -> tuple[str, list[Part], int] | None:
-        """The small frame (``routing``, then ``message``'s parts) to post to the head of
-        ``group`` (another process), or None once a large one is sent."""
+        """The small frame (the routing and subtree parts ``routing``, then ``message``'s
+        parts) to post to the head of ``group`` (another process), or None once a large one is
+        sent."""
         head = group.head
         self._losses.check_alive(head.addr)
         parts = message.parts
-        if message.size + 8 + len(routing) < bulk.BULK_MIN:
+        first, subtree = routing
+        extra = 8 + len(first) + (8 + len(subtree) if subtree is not None else 0)
+        if message.size + extra < bulk.BULK_MIN:
             buffers, size = message.frame_after(
-                routing, self._frame_limit, wire.KIND_CAST, mesh_id, head.rank, sender, head.seq
+                first,
+                self._frame_limit,
+                wire.KIND_CAST,
+                mesh_id,
+                head.rank,
+                sender,
+                head.seq,
+                subtree,
             )
         else:
-            framed, flags = self._frame_parts(head.addr, [routing, *parts])
+            lead = [first] if subtree is None else [first, subtree]
+            framed, flags = self._frame_parts(head.addr, [*lead, *parts])
             encoder = frames.Encoder(framed, self._frame_limit)
             size = encoder.size
             buffers = encoder.frame(
@@ -276,16 +296,18 @@ class CastPath:
         mesh_id: int,
         sender: int,
         reply: PortRef | None,
-        routing: bytes,
+        routing: tuple[bytes, bytes | None],
         parts: list[Part],
     ) -> None:
-        """A subtree headed by this process (``routing``: its routing part): forward down it,
-        then deliver to our actor."""
+        """A subtree headed by this process (``routing``: its routing and subtree parts):
+        forward down it, then deliver to our actor."""
         head = group.head
         if not group.rest:
             self._deliver(mesh_id, sender, head.seq, head.rank, own_copies(parts), reply)
             return
-        self.received(mesh_id, sender, head.seq, head.rank, routing, own_copies(parts))
+        first, subtree = routing
+        lead: list[Part] = [first] if subtree is None else [first, subtree]
+        self.received(mesh_id, sender, head.seq, head.rank, [*lead, *own_copies(parts)])
 
     def received(
         self,
@@ -293,12 +315,13 @@ class CastPath:
         sender: int,
         seq: int,
         rank: int,
-        routing_part: Part,
-        parts: Sequence[Part],
+        frame_parts: Sequence[Part],
     ) -> None:
-        """A cast for this process's actor of mesh ``mesh_id``: forward it down the subtree
-        its routing part lists, then deliver it here."""
-        routing = read_routing(routing_part)  # ValueError: the frame is dropped
+        """A cast for this process's actor of mesh ``mesh_id`` (the frame's parts: routing,
+        subtree if any, then the message's): forward it down the subtree the routing lists,
+        then deliver it here."""
+        routing = read_routing(frame_parts)  # ValueError: the frame is dropped
+        parts = frame_parts[routing.parts :]
         # Most procs are leaves of the tree: they need not read the fan-out.
         groups = self._plans.groups(routing, casting.fanout()) if routing.key is not None else []
         reply, gather, ack = routing.reply, routing.gather, routing.ack

@@ -21,6 +21,7 @@ from regency._runtime.kernel.router import FrameRouter
 from regency._runtime.kernel.seam import FrameSink, LossSink
 from regency._transport import frames
 from regency._transport.connection import Buffer
+from regency._transport.names import FLAG_NAMED, KIND_NAME, Named, NamesReceived, NamesSent
 from regency._transport.transport import PeerUnreachableError
 
 _FRAME_LIMIT = 1 << 30
@@ -90,22 +91,42 @@ class Link:
         self._on_frame = on_frame
         self._on_peer_lost = on_peer_lost
         self._lost: dict[str, str] = {}
+        # What each peer holds by name, as a connection keeps it (see regency._transport.names).
+        self._names: dict[str, NamesSent] = {}
 
-    def send(self, peer: str, buffers: Sequence[Buffer], wait: bool = True) -> None:
-        """Queue one frame for ``peer``; raise ``PeerUnreachableError`` if it is lost."""
+    def send(
+        self,
+        peer: str,
+        buffers: Sequence[Buffer],
+        wait: bool = True,
+        named: Named | None = None,
+    ) -> None:
+        """Queue one frame for ``peer`` (after the name frame of ``named``, unless ``peer``
+        holds it); raise ``PeerUnreachableError`` if it is lost."""
         reason = self._lost.get(peer) or self._hub.gone(peer)
         if reason is not None:
             raise PeerUnreachableError(f"{peer} is gone: {reason}")
+        if named is not None:
+            names = self._names.get(peer)
+            if names is None:
+                names = self._names[peer] = NamesSent()
+            define = names.define(named)
+            if define is not None:
+                self._hub.enqueue(self.address, peer, b"".join(define[0]))
         self._hub.enqueue(self.address, peer, b"".join(buffers))
 
-    def post(self, frames: Sequence[tuple[str, Sequence[Buffer], int]]) -> None:
+    def post(
+        self,
+        frames: Sequence[tuple[str, Sequence[Buffer], int]],
+        named: Sequence[Named | None] = (),
+    ) -> None:
         """Queue small frames (nothing is coalesced: every frame is queued at once); as the
         real transport does, frames to live peers are queued even when another peer is lost."""
         lost: list[str] = []
         lost_peers: list[str] = []
-        for peer, buffers, _ in frames:
+        for index, (peer, buffers, _) in enumerate(frames):
             try:
-                self.send(peer, buffers)
+                self.send(peer, buffers, True, named[index] if named else None)
             except PeerUnreachableError as exc:
                 lost.append(str(exc))
                 lost_peers.append(peer)
@@ -131,8 +152,11 @@ class Link:
         self._lost.setdefault(peer, reason)
 
     def forget_lost(self, peer: str) -> None:
-        """A new router answers at ``peer``: sends to it go through again."""
+        """A new router answers at ``peer``: sends to it go through again (a new connection:
+        it holds no names)."""
         self._lost.pop(peer, None)
+        self._names.pop(peer, None)
+        self._hub.forget_names(self.address, peer)
 
     def close(self) -> None:
         """This router stops: every other router loses it."""
@@ -161,6 +185,7 @@ class Loopback:
         self._silent: set[str] = set()
         self._queue: deque[tuple[str, str, bytes]] = deque()
         self._lock = threading.Lock()
+        self._names: dict[tuple[str, str], NamesReceived] = {}  # by (sender, receiver)
 
     def router(
         self,
@@ -207,10 +232,23 @@ class Loopback:
             src, dst, data = self._queue.popleft()
         view = memoryview(data)
         frame = frames.decode(view)
+        if frame.kind == KIND_NAME or frame.flags & FLAG_NAMED:
+            # As a connection's reader does; a protocol error here is a bug in the sender.
+            names = self._names.get((src, dst))
+            if names is None:
+                names = self._names[(src, dst)] = NamesReceived()
+            if frame.kind == KIND_NAME:
+                names.define(frame)
+                return True
+            names.resolve(frame)
         self.sent.append(Sent(src, dst, frame))
         if dst not in self._dead and dst not in self._silent:
             self._links[dst].receive(src, frame)
         return True
+
+    def forget_names(self, src: str, dst: str) -> None:
+        """A new connection from ``src`` to ``dst``: the names of the old one are gone."""
+        self._names.pop((src, dst), None)
 
     def pump(self, limit: int = 1_000_000) -> int:
         """Deliver frames, those sent meanwhile included, until none is queued; how many.

@@ -420,9 +420,7 @@ class FrameRouter:
         if kind == wire.KIND_CAST:
             if not frame.parts:
                 raise frames.FrameError("cast frame without a routing part")
-            self.casts.received(
-                frame.dest, frame.sender, frame.seq, frame.rank, frame.parts[0], frame.parts[1:]
-            )
+            self.casts.received(frame.dest, frame.sender, frame.seq, frame.rank, frame.parts)
             return
         if kind == wire.KIND_CONTROL:
             try:

@@ -6,8 +6,12 @@ A frame to a subtree head carries, before the message's own parts, one *routing 
   the subtree's ``bump``, the acknowledgement's token, and the lengths that follow;
 - a pickle made once per cast: the reply port and where frames are acknowledged;
 - the subtree's patch, pickled, when it has one;
-- for a head (not a leaf): its subtree's :class:`Roster` as bytes made once (a digest, then
-  the pickled addresses and ranks) and the sender's base sequence numbers for it, one array.
+
+and for a head (not a leaf) a *subtree part* after it: its subtree's :class:`Roster` as bytes
+made once (a digest, then the pickled addresses and ranks) and the sender's base sequence
+numbers for it, one array. A stream of casts to one view sends the same subtree part to a head
+again and again: the sender's frames name it (:mod:`regency._transport.names`), and it crosses
+each connection once.
 
 Destination ``i`` of the subtree has the number ``seqs[i] + bump`` (plus ``patch[i]``). A head
 splits a roster into its children's once and keeps that plan (:class:`Plans`, by digest): a
@@ -128,9 +132,9 @@ class Subtree(Sequence[Dest]):
         return Subtree(roster, self.seqs[start:stop], self.bump, sub)
 
 
-def subtree_tail(roster: Roster, raw: bytes) -> bytes:
-    """The end of a routing part for a subtree with no patch: its roster, then its base
-    numbers (``raw``), made once per view and shared by every cast to it."""
+def subtree_part(roster: Roster, raw: bytes) -> bytes:
+    """The subtree part of a frame to a head: its subtree's roster, then their numbers
+    (``raw``; for a view, its base numbers: made once and shared by every cast to it)."""
     return roster.wire + raw
 
 
@@ -155,17 +159,17 @@ class RoutingWriter:
         common = self._common_for(None)
         return _HEADER.pack(0, 0, 0, len(common), 0) + common
 
-    def subtree_prefix(self, gather: bool, bump: int, ack: Ack) -> bytes:
-        """What precedes a :func:`subtree_tail` in the routing part of a frame to the head of
-        a subtree with no patch (``bump``: the cast's; ``ack``: where the head acknowledges)."""
+    def subtree_routing(self, gather: bool, bump: int, ack: Ack) -> bytes:
+        """The routing part of a frame to the head of a subtree with no patch, before its
+        :func:`subtree_part` (``bump``: the cast's; ``ack``: where the head acknowledges)."""
         common = self._common_for(ack)
         flags = _ACKED | _SUBTREE | (_GATHER if gather else 0)
         return _HEADER.pack(flags, bump, ack[2], len(common), 0) + common
 
-    def part(self, group: Group, gather: bool, ack: Ack | None) -> bytes:
-        """The routing part of the frame to ``group``'s head: replies go to the reply port,
-        gathered on the way when ``gather`` (a leaf gathers nothing); ``ack``: where the head
-        acknowledges the frame (None: it need not)."""
+    def parts(self, group: Group, gather: bool, ack: Ack | None) -> tuple[bytes, bytes | None]:
+        """The routing part of the frame to ``group``'s head, and its subtree part (None for a
+        leaf): replies go to the reply port, gathered on the way when ``gather`` (a leaf
+        gathers nothing); ``ack``: where the head acknowledges the frame (None: it need not)."""
         common = self._common_for(ack)
         flags, token = 0, 0
         if ack is not None:
@@ -173,7 +177,7 @@ class RoutingWriter:
         tree = group.rest
         if type(tree) is not Subtree:
             if not tree:
-                return _HEADER.pack(flags, 0, token, len(common), 0) + common
+                return _HEADER.pack(flags, 0, token, len(common), 0) + common, None
             tree = Subtree.of(tree)
         raw = tree.raw
         if raw is None:
@@ -181,12 +185,13 @@ class RoutingWriter:
         flags |= _SUBTREE | (_GATHER if gather else 0)
         patch = pickle.dumps(tree.patch, protocol=5) if tree.patch else b""
         head = _HEADER.pack(flags, tree.bump, token, len(common), len(patch))
-        return b"".join((head, common, patch, tree.roster.wire, raw))
+        return b"".join((head, common, patch)), subtree_part(tree.roster, raw)
 
 
 class Routing(NamedTuple):
-    """A routing part's fields: where replies go, whether they gather at the head, where the
-    head acknowledges, and its subtree (``key`` None: the head is a leaf)."""
+    """A cast frame's routing: where replies go, whether they gather at the head, where the
+    head acknowledges, its subtree (``key`` None: the head is a leaf), and how many of the
+    frame's parts it took (the message's parts follow)."""
 
     reply: PortRef | None
     gather: bool
@@ -196,24 +201,28 @@ class Routing(NamedTuple):
     seqs: memoryview
     bump: int
     patch: dict[int, int] | None
+    parts: int
 
 
-def read_routing(part: Part) -> Routing:
-    """A routing part's fields; a malformed one raises :class:`ValueError` saying why."""
-    view = memoryview(part)
+def read_routing(parts: Sequence[Part]) -> Routing:
+    """The routing of a cast frame of these parts (its routing part, and its subtree part when
+    it has a subtree); a malformed one raises :class:`ValueError` saying why."""
+    if not parts:
+        raise ValueError("a cast frame has no routing part")
+    view = memoryview(parts[0])
     try:
         flags, bump, token, common_len, patch_len = _HEADER.unpack_from(view)
     except struct.error as exc:
         raise ValueError(f"a cast frame's routing part is too short ({len(view)} bytes)") from exc
     at = _HEADER.size
-    tail = at + common_len + patch_len
-    if tail > len(view):
-        raise ValueError("a cast frame's routing part is shorter than its header says")
+    end = at + common_len + patch_len
+    if end != len(view):
+        raise ValueError("a cast frame's routing part is not as long as its header says")
     common = pickle.loads(view[at : at + common_len])
     if not (type(common) is tuple and len(common) == 2):
         raise ValueError("a cast frame's routing part does not name its reply and acknowledger")
     reply, home = common
-    patch = pickle.loads(view[at + common_len : tail]) if patch_len else None
+    patch = pickle.loads(view[at + common_len : end]) if patch_len else None
     if patch is not None and type(patch) is not dict:
         raise ValueError("a cast frame's routing part has a malformed patch")
     ack = None
@@ -223,17 +232,20 @@ def read_routing(part: Part) -> Routing:
         ack = (home[0], home[1], token)
     empty = view[0:0]
     if not flags & _SUBTREE:
-        return Routing(reply, False, ack, None, empty, empty, 0, None)
-    key = bytes(view[tail : tail + _KEY_BYTES])
+        return Routing(reply, False, ack, None, empty, empty, 0, None, 1)
+    if len(parts) < 2:
+        raise ValueError("a cast frame to a subtree's head has no subtree part")
+    view = memoryview(parts[1])
+    key = bytes(view[:_KEY_BYTES])
     try:
-        (blob_len,) = _BLOB_LEN.unpack_from(view, tail + _KEY_BYTES)
+        (blob_len,) = _BLOB_LEN.unpack_from(view, _KEY_BYTES)
     except struct.error as exc:
-        raise ValueError("a cast frame's routing part has a truncated roster") from exc
-    at = tail + _KEY_BYTES + _BLOB_LEN.size
+        raise ValueError("a cast frame's subtree part has a truncated roster") from exc
+    at = _KEY_BYTES + _BLOB_LEN.size
     blob, seqs = view[at : at + blob_len], view[at + blob_len :]
     if len(blob) != blob_len or len(seqs) % _SEQ_BYTES:
-        raise ValueError("a cast frame's routing part has a truncated roster")
-    return Routing(reply, bool(flags & _GATHER), ack, key, blob, seqs, bump, patch)
+        raise ValueError("a cast frame's subtree part has a truncated roster")
+    return Routing(reply, bool(flags & _GATHER), ack, key, blob, seqs, bump, patch, 2)
 
 
 class Plan(NamedTuple):

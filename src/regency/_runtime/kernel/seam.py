@@ -13,6 +13,7 @@ from typing import Protocol
 
 from regency._transport import frames
 from regency._transport.connection import Buffer
+from regency._transport.names import Named
 
 
 class FrameSource(Protocol):
@@ -38,10 +39,15 @@ class FrameTransport(Protocol):
     def send(self, peer: str, buffers: Sequence[Buffer], wait: bool = True) -> None:
         """Send one frame to ``peer``; raise ``PeerUnreachableError`` if it is lost."""
 
-    def post(self, frames: Sequence[tuple[str, Sequence[Buffer], int]]) -> None:
+    def post(
+        self,
+        frames: Sequence[tuple[str, Sequence[Buffer], int]],
+        named: Sequence[Named | None] = (),
+    ) -> None:
         """Send small frames ``(peer, buffers, size)``, possibly coalesced with others until
         :meth:`flush`; frames to live peers go even when one peer is lost, then
-        ``PeerUnreachableError`` names it (its ``peers`` too)."""
+        ``PeerUnreachableError`` names it (its ``peers`` too). ``named``: frame by frame, the
+        part each names (see :mod:`regency._transport.names`), if any."""
 
     def post_one(self, peer: str, buffers: Sequence[Buffer], size: int) -> None:
         """:meth:`post` of one frame."""
