@@ -163,6 +163,20 @@ def test_a_malformed_routing_part_is_refused_with_what_is_wrong(
         Plans().groups(read_routing(cut(parts)), 2)
 
 
+def test_a_subtree_part_says_where_its_head_acknowledges() -> None:
+    dests = [casting.Dest(f"unix:@p{r}", 1, r) for r in range(5)]
+    group = casting.Group(dests[0], tuple(dests[1:]))
+    writer = RoutingWriter(None)
+    routing, subtree = writer.parts(group, False, ("tcp://10.0.0.1:7/regency-x-controller", 9, 3))
+    assert subtree is not None
+    assert read_routing([routing, subtree]).ack == ("tcp://10.0.0.1:7/regency-x-controller", 9, 3)
+    # A frame asking for an acknowledgement whose subtree part names no acknowledger.
+    _, unacked = writer.parts(group, False, None)
+    assert unacked is not None
+    with pytest.raises(ValueError, match="acknowledgement to nowhere"):
+        read_routing([routing, unacked])
+
+
 def test_a_roster_travels_compressed_and_one_that_inflates_past_its_places_is_refused() -> None:
     addrs = tuple(f"tcp://10.200.0.{i}:40000/regency-9af6ed6a-anon-{i:012x}" for i in range(15))
     roster = Roster(addrs, tuple(range(15)))

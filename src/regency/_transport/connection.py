@@ -99,8 +99,10 @@ class Connection:
         Raises :class:`ConnectionClosedError` if the connection is (or becomes) closed.
         """
         with self._lock:
-            if named is not None:
-                buffers = self._naming_locked(buffers, named)[0]
+            if named is not None and self.closed is None:
+                define = self._names.define(named)
+                if define is not None:
+                    buffers = [*define[0], *buffers]
             item = self._write_locked(buffers, wait)
         if item is not None and item.done is not None:
             item.done.wait()
@@ -161,18 +163,6 @@ class Connection:
             self._wakeup.notify()
         return item
 
-    def _naming_locked(
-        self, buffers: Sequence[Buffer], named: Named
-    ) -> tuple[Sequence[Buffer], int]:
-        """``buffers`` preceded by the name frame of ``named`` if the peer does not hold it yet
-        (or the connection is closed: nothing goes out then), and how many bytes that adds."""
-        if self.closed is not None:
-            return buffers, 0
-        define = self._names.define(named)
-        if define is None:
-            return buffers, 0
-        return [*define[0], *buffers], define[1]
-
     def post(
         self, buffers: Sequence[Buffer], size: int, burst: bool, named: Named | None = None
     ) -> bool:
@@ -189,8 +179,10 @@ class Connection:
             if self.closed is not None:
                 raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
             if named is not None:
-                buffers, extra = self._naming_locked(buffers, named)
-                size += extra
+                define = self._names.define(named)
+                if define is not None:
+                    buffers = [*define[0], *buffers]
+                    size += define[1]
             if not burst and not self._outbox and not self._backlog:
                 sent = self._sendmsg_locked(buffers)  # nearly always all of it goes
                 if sent != size:

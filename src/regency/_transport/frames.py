@@ -150,23 +150,26 @@ class Encoder:
         second: bytes | None = None,
         flags: int = 0,
     ) -> tuple[list[bytes | bytearray | memoryview], int]:
-        """The buffers of one frame of ``first`` (and ``second``, if given) followed by these
-        parts (raising :class:`FrameTooLargeError` unless it fits ``limit``), and its size in
-        bytes."""
+        """A small frame of ``first`` (and ``second``, if given) followed by these parts, as one
+        buffer (raising :class:`FrameTooLargeError` unless it fits ``limit``), and its size in
+        bytes. One buffer: a stream of such frames is written and coalesced without handling
+        each of their parts again."""
         if second is None:
             nparts = self.nparts + 1
             body_len = self.body_len + 8 + len(first)
-            table = _PART_TABLES[1].pack(len(first))
-            lead = [first]
+            lead = _PART_TABLES[1].pack(len(first))
         else:
             nparts = self.nparts + 2
             body_len = self.body_len + 16 + len(first) + len(second)
-            table = _PART_TABLES[2].pack(len(first), len(second))
-            lead = [first, second]
+            lead = _PART_TABLES[2].pack(len(first), len(second))
         if nparts > MAX_PARTS or body_len + LENGTH_PREFIX > limit:
             _check(nparts, body_len + LENGTH_PREFIX, limit)
         head = HEADER.pack(body_len, kind, nparts, flags, rank, dest, sender, seq)
-        return [head + table + self.table, *lead, *self.parts], body_len + LENGTH_PREFIX
+        if second is None:
+            frame = b"".join((head, lead, self.table, first, *self.parts))
+        else:
+            frame = b"".join((head, lead, self.table, first, second, *self.parts))
+        return [frame], body_len + LENGTH_PREFIX
 
 
 def _check(nparts: int, size: int, limit: int) -> None:

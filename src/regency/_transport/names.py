@@ -131,4 +131,3 @@ class NamesReceived:
 
     def __len__(self) -> int:
         return len(self._held)
-

@@ -18,7 +18,7 @@ from regency._runtime.kernel.losses import Losses
 from regency._runtime.kernel.parts import own_copies, postable
 from regency._runtime.kernel.port_handlers import PortHandler
 from regency._runtime.kernel.refs import Part, PortRef
-from regency._runtime.kernel.routing import Plans, RoutingWriter, read_routing
+from regency._runtime.kernel.routing import Plans, RoutingWriter, home_part, read_routing
 from regency._runtime.kernel.seam import FrameTransport
 from regency._runtime.kernel.seqs import ViewCast
 from regency._transport import frames
@@ -65,6 +65,8 @@ class CastPath:
         self.forwards = forwards
         # How this process splits the subtrees it heads, by roster.
         self._plans = Plans()
+        # Where this process's frames to subtree heads are acknowledged, as they carry it.
+        self._home: bytes | None = None
 
     def send(
         self,
@@ -162,9 +164,9 @@ class CastPath:
         parts: list[Part],
     ) -> bool:
         """Send a cast to a view as its sender, each frame made from the view's shape (its
-        subtrees' routing tails made once): what :meth:`send` does, at a cost per frame close
-        to a direct send's. False, having sent nothing, when it does not apply: a head is
-        this process or known lost, or a frame would not be small enough to post."""
+        subtrees' parts made once, and sent by name): what :meth:`send` does, at a cost per
+        frame close to a direct send's. False, having sent nothing, when it does not apply: a
+        head is this process or known lost, or a frame would not be small enough to post."""
         shape = cast.shape
         here = self._router.address
         dead = self._losses.dead
@@ -173,36 +175,40 @@ class CastPath:
         forwards = self.forwards
         message = frames.Encoder(parts, self._frame_limit)
         writer = RoutingWriter(reply)
-        home = (here, forwards.port(), 0)
+        home = self._home
+        if home is None:
+            home = self._home = home_part((here, forwards.port()))
         # The largest frame: a subtree's, sent in full (a leaf's routing part is shorter).
-        largest = message.size + 16 + len(writer.subtree_routing(gather, 0, home))
-        largest += shape.subtree_max
+        largest = message.size + 16 + len(writer.subtree_routing(gather, 0, 0))
+        largest += len(home) + shape.subtree_max
         if largest >= bulk.BULK_MIN or not postable(len(parts), largest):
             return False
         kept, ack = forwards.begin_stream(
             mesh_id, sender, own_copies(parts), shape.subtree_heads, cast
         )
-        routing = writer.subtree_routing(gather, cast.bump, ack)
+        routing = writer.subtree_routing(gather, cast.bump, ack[2])
         leaf = None
         base, addrs, ranks, bump = shape.base, shape.addrs, shape.ranks, cast.bump
         frame_after, limit, kind = message.frame_after, self._frame_limit, wire.KIND_CAST
         posts: list[tuple[str, list[Part], int]] = []
         names: list[Named | None] = []
-        for s, _, _, _, _, subtree, named in shape.spans:
+        for s, subtree in zip(shape.starts, shape.subtree_parts(home), strict=True):
             seq = base[s] + bump
-            if named is not None:
-                # The subtree part by name: it crosses each connection once per view.
-                buffers, size = frame_after(
-                    routing, limit, kind, mesh_id, ranks[s], sender, seq, named.name, FLAG_NAMED
-                )
-            elif subtree is not None:
-                buffers, size = frame_after(
-                    routing, limit, kind, mesh_id, ranks[s], sender, seq, subtree
-                )
-            else:
+            named = None
+            if subtree is None:
                 if leaf is None:
                     leaf = writer.leaf_part()
                 buffers, size = frame_after(leaf, limit, kind, mesh_id, ranks[s], sender, seq)
+            elif subtree[1] is not None:
+                # The subtree part by name: it crosses each connection once per view.
+                named = subtree[1]
+                buffers, size = frame_after(
+                    routing, limit, kind, mesh_id, ranks[s], sender, seq, named.name, FLAG_NAMED
+                )
+            else:
+                buffers, size = frame_after(
+                    routing, limit, kind, mesh_id, ranks[s], sender, seq, subtree[0]
+                )
             posts.append((addrs[s], buffers, size))
             names.append(named)
         try:

@@ -4,14 +4,15 @@ A frame to a subtree head carries, before the message's own parts, one *routing 
 
 - a fixed header: flags (replies gather here; the frame is acknowledged; a subtree follows),
   the subtree's ``bump``, the acknowledgement's token, and the lengths that follow;
-- a pickle made once per cast: the reply port and where frames are acknowledged;
+- a pickle made once per cast: the reply port, and where a leaf acknowledges the frame;
 - the subtree's patch, pickled, when it has one;
 
-and for a head (not a leaf) a *subtree part* after it: its subtree's :class:`Roster` as bytes
-made once (a digest, then the pickled addresses and ranks) and the sender's base sequence
-numbers for it, one array. A stream of casts to one view sends the same subtree part to a head
-again and again: the sender's frames name it (:mod:`regency._transport.names`), and it crosses
-each connection once.
+and for a head (not a leaf) a *subtree part* after it: where the head acknowledges the frame
+(its sender's address and port), its subtree's :class:`Roster` as bytes made once (a digest,
+then the pickled addresses and ranks) and the sender's base sequence numbers for it, one
+array. A stream of casts to one view sends the same subtree part to a head again and again:
+the sender's frames name it (:mod:`regency._transport.names`), so it crosses each connection
+once.
 
 Destination ``i`` of the subtree has the number ``seqs[i] + bump`` (plus ``patch[i]``). A head
 splits a roster into its children's once and keeps that plan (:class:`Plans`, by digest): a
@@ -43,6 +44,8 @@ _KEY_BYTES = 16
 # At most this many bytes of a roster's pickle per destination (an address and a rank).
 _ROSTER_BYTES_PER_PLACE = 4096
 _BLOB_LEN = struct.Struct("<I")
+# A subtree part's acknowledger: its port and the length of its address (0: none), then that.
+_HOME = struct.Struct("<QH")
 
 
 class Roster:
@@ -132,10 +135,18 @@ class Subtree(Sequence[Dest]):
         return Subtree(roster, self.seqs[start:stop], self.bump, sub)
 
 
-def subtree_part(roster: Roster, raw: bytes) -> bytes:
-    """The subtree part of a frame to a head: its subtree's roster, then their numbers
+def subtree_body(roster: Roster, raw: bytes) -> bytes:
+    """A subtree part without its acknowledger: the subtree's roster, then their numbers
     (``raw``; for a view, its base numbers: made once and shared by every cast to it)."""
     return roster.wire + raw
+
+
+def home_part(home: tuple[str, int] | None) -> bytes:
+    """What begins a subtree part: where its head acknowledges the frame (None: nowhere)."""
+    if home is None:
+        return _HOME.pack(0, 0)
+    addr = home[0].encode()
+    return _HOME.pack(home[1], len(addr)) + addr
 
 
 class RoutingWriter:
@@ -159,33 +170,35 @@ class RoutingWriter:
         common = self._common_for(None)
         return _HEADER.pack(0, 0, 0, len(common), 0) + common
 
-    def subtree_routing(self, gather: bool, bump: int, ack: Ack) -> bytes:
+    def subtree_routing(self, gather: bool, bump: int, token: int) -> bytes:
         """The routing part of a frame to the head of a subtree with no patch, before its
-        :func:`subtree_part` (``bump``: the cast's; ``ack``: where the head acknowledges)."""
-        common = self._common_for(ack)
+        subtree part (``bump``: the cast's; ``token``: the acknowledgement's)."""
+        common = self._common_for(None)
         flags = _ACKED | _SUBTREE | (_GATHER if gather else 0)
-        return _HEADER.pack(flags, bump, ack[2], len(common), 0) + common
+        return _HEADER.pack(flags, bump, token, len(common), 0) + common
 
     def parts(self, group: Group, gather: bool, ack: Ack | None) -> tuple[bytes, bytes | None]:
         """The routing part of the frame to ``group``'s head, and its subtree part (None for a
         leaf): replies go to the reply port, gathered on the way when ``gather`` (a leaf
         gathers nothing); ``ack``: where the head acknowledges the frame (None: it need not)."""
-        common = self._common_for(ack)
         flags, token = 0, 0
         if ack is not None:
             flags, token = _ACKED, ack[2]
         tree = group.rest
         if type(tree) is not Subtree:
             if not tree:
+                common = self._common_for(ack)
                 return _HEADER.pack(flags, 0, token, len(common), 0) + common, None
             tree = Subtree.of(tree)
         raw = tree.raw
         if raw is None:
             raw = tree.seqs.tobytes()
         flags |= _SUBTREE | (_GATHER if gather else 0)
+        common = self._common_for(None)
         patch = pickle.dumps(tree.patch, protocol=5) if tree.patch else b""
         head = _HEADER.pack(flags, tree.bump, token, len(common), len(patch))
-        return b"".join((head, common, patch)), subtree_part(tree.roster, raw)
+        home = home_part(None if ack is None else (ack[0], ack[1]))
+        return b"".join((head, common, patch)), home + subtree_body(tree.roster, raw)
 
 
 class Routing(NamedTuple):
@@ -225,27 +238,36 @@ def read_routing(parts: Sequence[Part]) -> Routing:
     patch = pickle.loads(view[at + common_len : end]) if patch_len else None
     if patch is not None and type(patch) is not dict:
         raise ValueError("a cast frame's routing part has a malformed patch")
-    ack = None
-    if flags & _ACKED:
-        if not (type(home) is tuple and len(home) == 2):
-            raise ValueError("a cast frame's routing part asks for an acknowledgement to nowhere")
-        ack = (home[0], home[1], token)
     empty = view[0:0]
     if not flags & _SUBTREE:
-        return Routing(reply, False, ack, None, empty, empty, 0, None, 1)
+        return Routing(reply, False, _ack(flags, home, token), None, empty, empty, 0, None, 1)
     if len(parts) < 2:
         raise ValueError("a cast frame to a subtree's head has no subtree part")
     view = memoryview(parts[1])
-    key = bytes(view[:_KEY_BYTES])
     try:
-        (blob_len,) = _BLOB_LEN.unpack_from(view, _KEY_BYTES)
+        port, addr_len = _HOME.unpack_from(view)
+        at = _HOME.size + addr_len
+        (blob_len,) = _BLOB_LEN.unpack_from(view, at + _KEY_BYTES)
     except struct.error as exc:
         raise ValueError("a cast frame's subtree part has a truncated roster") from exc
-    at = _KEY_BYTES + _BLOB_LEN.size
+    home = (bytes(view[_HOME.size : at]).decode(), port) if addr_len else None
+    key = bytes(view[at : at + _KEY_BYTES])
+    at += _KEY_BYTES + _BLOB_LEN.size
     blob, seqs = view[at : at + blob_len], view[at + blob_len :]
     if len(blob) != blob_len or len(seqs) % _SEQ_BYTES:
         raise ValueError("a cast frame's subtree part has a truncated roster")
+    ack = _ack(flags, home, token)
     return Routing(reply, bool(flags & _GATHER), ack, key, blob, seqs, bump, patch, 2)
+
+
+def _ack(flags: int, home: object, token: int) -> Ack | None:
+    """Where a frame with these routing flags is acknowledged (``home``: the acknowledger's
+    address and port), if anywhere; :class:`ValueError` if it asks to be and names nowhere."""
+    if not flags & _ACKED:
+        return None
+    if not (type(home) is tuple and len(home) == 2):
+        raise ValueError("a cast frame's routing part asks for an acknowledgement to nowhere")
+    return (home[0], home[1], token)
 
 
 class Plan(NamedTuple):

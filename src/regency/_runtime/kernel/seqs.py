@@ -24,23 +24,35 @@ from collections.abc import Sequence
 from typing import overload
 
 from regency._runtime.kernel import casting
-from regency._runtime.kernel.routing import Roster, Subtree, subtree_part
+from regency._runtime.kernel.routing import Roster, Subtree, subtree_body
 from regency._transport.names import NAMED_PART_MAX, Named
 
 # Views of one mesh whose numbers are kept by bump at once; the oldest retires past this.
 VIEWS_MAX = 8
 
 # One subtree of a view: its head's position, its end, its roster (None: the head is a leaf),
-# its base numbers, those as bytes, and the frame's subtree part made of both (None: a leaf),
-# by name unless it is too large to be sent by name.
-Span = tuple[int, int, Roster | None, "array[int]", bytes, bytes | None, Named | None]
+# its base numbers, those as bytes, and the frame's subtree part made of both without its
+# acknowledger (None: a leaf).
+Span = tuple[int, int, Roster | None, "array[int]", bytes, bytes | None]
+# A subtree part as a view's casts send it: in full, and by name unless it is too large.
+SubtreePart = tuple[bytes, Named | None]
 
 
 class Shape:
     """A view's subtrees as one snapshot of its base numbers: what every cast to the view
     shares until the view rebases."""
 
-    __slots__ = ("addrs", "base", "heads", "ranks", "spans", "subtree_heads", "subtree_max")
+    __slots__ = (
+        "_parts",
+        "addrs",
+        "base",
+        "heads",
+        "ranks",
+        "spans",
+        "starts",
+        "subtree_heads",
+        "subtree_max",
+    )
 
     def __init__(
         self, addrs: Sequence[str], ranks: Sequence[int], base: list[int], spans: list[Span]
@@ -49,10 +61,29 @@ class Shape:
         self.ranks = ranks
         self.base = base
         self.spans = spans
-        self.heads = frozenset(addrs[s] for s, *_ in spans)
+        self.starts = [s for s, *_ in spans]  # each subtree's head, by position
+        self.heads = frozenset(addrs[s] for s in self.starts)
         # The heads that pass a cast on: a cast's frames to them are acknowledged.
         self.subtree_heads = tuple(addrs[s] for s, _, roster, *_ in spans if roster is not None)
         self.subtree_max = max((len(span[5]) for span in spans if span[5] is not None), default=0)
+        self._parts: tuple[bytes, list[SubtreePart | None]] | None = None
+
+    def subtree_parts(self, home: bytes) -> list[SubtreePart | None]:
+        """Each subtree's part as the casts to this view send it, beginning with ``home``
+        (the acknowledger, as :func:`~.routing.home_part` writes it); None for a leaf. Made
+        once per view: a sender's acknowledger does not change."""
+        made = self._parts
+        if made is not None and made[0] == home:
+            return made[1]
+        parts: list[SubtreePart | None] = []
+        for *_, body in self.spans:
+            if body is None:
+                parts.append(None)
+                continue
+            part = home + body
+            parts.append((part, Named.of(part) if len(part) <= NAMED_PART_MAX else None))
+        self._parts = (home, parts)
+        return parts
 
     def groups(self, bump: int, patch: dict[int, int] | None) -> list[casting.Group]:
         """The casting tree's subtrees at ``bump`` (and ``patch``)."""
@@ -60,7 +91,7 @@ class Shape:
         out = []
         # Without NamedTuple's Python-level __new__: this runs once per subtree of every cast.
         new, dest, group = tuple.__new__, casting.Dest, casting.Group
-        for s, e, roster, seqs, raw, _, _ in self.spans:
+        for s, e, roster, seqs, raw, _ in self.spans:
             extra = patch.get(s, 0) if patch else 0
             head = new(dest, (addrs[s], base[s] + bump + extra, ranks[s]))
             if roster is None:
@@ -139,9 +170,8 @@ class _View:
         for (s, e), roster in zip(casting.spans(len(base), self.fanout), self.rosters, strict=True):
             seqs = array("Q", base[s + 1 : e])
             raw = seqs.tobytes()
-            tail = subtree_part(roster, raw) if roster is not None else None
-            named = Named.of(tail) if tail is not None and len(tail) <= NAMED_PART_MAX else None
-            spans.append((s, e, roster, seqs, raw, tail, named))
+            body = subtree_body(roster, raw) if roster is not None else None
+            spans.append((s, e, roster, seqs, raw, body))
         return Shape(self.addrs, self.ranks, base, spans)
 
     def count(self, i: int) -> int:
