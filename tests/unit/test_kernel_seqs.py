@@ -245,6 +245,42 @@ def test_casts_and_direct_sends_reach_every_actor_in_order_down_the_tree() -> No
     assert got == sent
 
 
+def test_a_stream_of_casts_sends_each_head_its_subtree_part_once() -> None:
+    """A view's subtree parts travel by name: the first cast's frame to each head defines it,
+    the later ones name it; a head reached afresh (a new connection) is sent it again."""
+    net = Loopback()
+    root = net.router("unix:@root")
+    addrs = [f"unix:@p{r}" for r in range(12)]
+    got: dict[str, list[Any]] = {}
+    for addr in addrs:
+        seen = got[addr] = []
+        net.router(addr).mailbox(MESH).attach(
+            lambda delivery, seen=seen: seen.append(pickle.loads(delivery[0][0]))
+        )
+    book = SeqBook()
+    ranks = list(range(12))  # the same lists for every cast, as a mesh's route keeps them
+    heads = [addrs[0], addrs[4], addrs[8]]
+
+    def cast(index: int) -> None:
+        groups = book.cast(MESH, addrs, ranks, 3)
+        root.casts.send(groups, MESH, SENDER, None, False, [pickle.dumps(index)])
+        while net.pump() or net.timers.advance(0.05):
+            pass
+
+    with config.configured(cast_fanout=3):
+        for index in range(5):
+            cast(index)
+        link = net.link(root.address)
+        assert {head: len(link._names[head]) for head in heads} == dict.fromkeys(heads, 1)
+        casts = [s for s in net.sent if s.dst in heads and s.src == root.address]
+        parts = {bytes(s.frame.parts[1]) for s in casts if s.dst == heads[1]}
+        assert len(parts) == 1, "every cast's frame to a head came back with the same part"
+        link.forget_lost(heads[1])
+        cast(5)
+        assert len(link._names[heads[1]]) == 1
+    assert got == {addr: list(range(6)) for addr in addrs}
+
+
 def test_a_sender_that_heads_a_subtree_itself_forwards_it_from_the_roster() -> None:
     """The sender's own process heads one subtree (a mesh with an actor in the controller's
     process): it plans that subtree from its roster like any head, and every actor, its own
