@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -223,17 +224,25 @@ def test_a_burst_is_the_senders_across_peers(make: Callable[..., Endpoint]) -> N
         assert bytes(got[-1].parts[0]) == b"posted"
 
 
-def test_raw_client_sending_garbage_after_the_handshake(make: Callable[..., Endpoint]) -> None:
-    b = make(SECRET)
+@contextlib.contextmanager
+def _raw_peer(b: Endpoint, name: str) -> Iterator[socket.socket]:
+    """A connection to ``b`` from a hand-written peer called ``name``, past the handshake; on
+    leaving, the bytes sent must have made ``b`` close it."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(5)
     sock.connect("\0" + b.address[len("unix:@") :])
     try:
-        auth.dialer_handshake(sock, SECRET, "unix:@regency-unit-raw")
-        sock.sendall(struct.pack("<Q", 2**62) + b"\0" * 40)
-        assert sock.recv(64) == b"", "a frame over the limit must close the connection"
+        auth.dialer_handshake(sock, SECRET, name)
+        yield sock
+        assert sock.recv(64) == b"", "the receiver must close the connection"
     finally:
         sock.close()
+
+
+def test_raw_client_sending_garbage_after_the_handshake(make: Callable[..., Endpoint]) -> None:
+    b = make(SECRET)
+    with _raw_peer(b, "unix:@regency-unit-raw") as sock:
+        sock.sendall(struct.pack("<Q", 2**62) + b"\0" * 40)
     peer, reason = b.lost.get(timeout=5)
     assert peer == "unix:@regency-unit-raw"
     assert "limit" in reason
@@ -276,17 +285,10 @@ def test_named_parts_over_a_real_connection_come_back_whole(
 
 def test_a_peer_naming_a_part_it_never_sent_is_cut_off(make: Callable[..., Endpoint]) -> None:
     b = make(SECRET)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(5)
-    sock.connect("\0" + b.address[len("unix:@") :])
-    try:
-        auth.dialer_handshake(sock, SECRET, "unix:@regency-unit-names")
+    with _raw_peer(b, "unix:@regency-unit-names") as sock:
         named = Named.of(b"never defined")
         bogus = frames.encode(1, 5, [b"r", named.name], flags=FLAG_NAMED, limit=LIMIT)
         sock.sendall(b"".join(bogus))
-        assert sock.recv(64) == b"", "the receiver must close the connection"
-    finally:
-        sock.close()
     peer, reason = b.lost.get(timeout=5)
     assert peer == "unix:@regency-unit-names"
     assert "protocol error" in reason
@@ -296,16 +298,9 @@ def test_a_peer_naming_a_part_it_never_sent_is_cut_off(make: Callable[..., Endpo
 
 def test_a_name_frame_that_breaks_the_bounds_is_cut_off(make: Callable[..., Endpoint]) -> None:
     b = make(SECRET)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(5)
-    sock.connect("\0" + b.address[len("unix:@") :])
-    try:
-        auth.dialer_handshake(sock, SECRET, "unix:@regency-unit-names-flood")
+    with _raw_peer(b, "unix:@regency-unit-names-flood") as sock:
         for i in range(NAMES_MAX + 1):
             name = struct.pack("<QQ", i, 0)
             sock.sendall(b"".join(frames.encode(KIND_NAME, 0, [name, b"b", b""], limit=LIMIT)))
-        assert sock.recv(64) == b"", "the receiver must close the connection"
-    finally:
-        sock.close()
     _, reason = b.lost.get(timeout=5)
     assert "past what a connection holds" in reason
