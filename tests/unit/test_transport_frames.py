@@ -115,3 +115,21 @@ def _raw(nparts: int, sizes: list[int], payload: bytes) -> bytes:
 def test_inconsistent_part_table_is_a_frame_error(data: bytes) -> None:
     with pytest.raises(FrameError):
         _decode(data)
+
+
+def test_frames_that_differ_in_rank_number_and_second_part_are_the_same_frames() -> None:
+    message = frames.Encoder([b"envelope", memoryview(b"payload")], 1 << 20)
+    shared = frames.SecondPart(message, b"routing", 16, 1 << 20, 2, 7, 9, flags=0x4000)
+    for rank, seq, second in [(0, 1, b"a" * 16), (3, 2**63, b"b" * 16)]:
+        [made] = shared.frame(rank, seq, second)
+        expected, size = message.frame_after(
+            b"routing", 1 << 20, 2, 7, rank, 9, seq, second, 0x4000
+        )
+        assert made == b"".join(expected)
+        assert shared.size == size == len(made)
+        decoded = frames.decode(memoryview(made))
+        assert (decoded.kind, decoded.flags, decoded.rank, decoded.dest) == (2, 0x4000, rank, 7)
+        assert (decoded.sender, decoded.seq) == (9, seq)
+        assert [bytes(p) for p in decoded.parts] == [b"routing", second, b"envelope", b"payload"]
+    with pytest.raises(FrameTooLargeError):
+        frames.SecondPart(message, b"routing", 16, 64, 2, 7, 9)

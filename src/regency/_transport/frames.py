@@ -172,6 +172,40 @@ class Encoder:
         return [frame], body_len + LENGTH_PREFIX
 
 
+class SecondPart:
+    """Small frames of one message that differ only in their header's rank and sequence number
+    and in a second part of one size (a cast's frames to the heads of its subtrees): what they
+    share is packed and joined once."""
+
+    __slots__ = ("_fields", "_middle", "_tail", "size")
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        first: bytes,
+        second_size: int,
+        limit: int,
+        kind: int,
+        dest: int,
+        sender: int,
+        flags: int = 0,
+    ) -> None:
+        nparts = encoder.nparts + 2
+        body_len = encoder.body_len + 16 + len(first) + second_size
+        if nparts > MAX_PARTS or body_len + LENGTH_PREFIX > limit:
+            _check(nparts, body_len + LENGTH_PREFIX, limit)
+        self._fields = (body_len, kind, nparts, flags, dest, sender)
+        self._middle = _PART_TABLES[2].pack(len(first), second_size) + encoder.table + first
+        self._tail = b"".join(encoder.parts)
+        self.size = body_len + LENGTH_PREFIX
+
+    def frame(self, rank: int, seq: int, second: bytes) -> list[bytes | bytearray | memoryview]:
+        """One frame, as one buffer, for this rank, sequence number and second part."""
+        body_len, kind, nparts, flags, dest, sender = self._fields
+        head = HEADER.pack(body_len, kind, nparts, flags, rank, dest, sender, seq)
+        return [b"".join((head, self._middle, second, self._tail))]
+
+
 def _check(nparts: int, size: int, limit: int) -> None:
     """Raise :class:`FrameTooLargeError` if a frame of ``nparts`` parts, ``size`` bytes in all,
     would break the limits."""

@@ -22,7 +22,7 @@ from regency._runtime.kernel.routing import Plans, RoutingWriter, home_part, rea
 from regency._runtime.kernel.seam import FrameTransport
 from regency._runtime.kernel.seqs import ViewCast
 from regency._transport import frames
-from regency._transport.names import FLAG_NAMED, Named
+from regency._transport.names import FLAG_NAMED, NAME_BYTES, Named
 from regency._transport.transport import PeerUnreachableError
 
 log = logging.getLogger("regency.proc")
@@ -192,6 +192,11 @@ class CastPath:
         frame_after, limit, kind = message.frame_after, self._frame_limit, wire.KIND_CAST
         posts: list[tuple[str, list[Part], int]] = []
         names: list[Named | None] = []
+        # The frames naming their subtree part differ only in rank, number and name.
+        by_name = frames.SecondPart(
+            message, routing, NAME_BYTES, limit, kind, mesh_id, sender, FLAG_NAMED
+        )
+        named_frame, named_size = by_name.frame, by_name.size
         for s, subtree in zip(shape.starts, shape.subtree_parts(home), strict=True):
             seq = base[s] + bump
             named = None
@@ -202,9 +207,7 @@ class CastPath:
             elif subtree[1] is not None:
                 # The subtree part by name: it crosses each connection once per view.
                 named = subtree[1]
-                buffers, size = frame_after(
-                    routing, limit, kind, mesh_id, ranks[s], sender, seq, named.name, FLAG_NAMED
-                )
+                buffers, size = named_frame(ranks[s], seq, named.name), named_size
             else:
                 buffers, size = frame_after(
                     routing, limit, kind, mesh_id, ranks[s], sender, seq, subtree[0]
