@@ -122,11 +122,16 @@ def test_frames_that_differ_in_rank_number_and_second_part_are_the_same_frames()
     shared = frames.SecondPart(message, b"routing", 16, 1 << 20, 2, 7, 9, flags=0x4000)
     for rank, seq, second in [(0, 1, b"a" * 16), (3, 2**63, b"b" * 16)]:
         [made] = shared.frame(rank, seq, second)
-        expected, size = message.frame_after(
-            b"routing", 1 << 20, 2, 7, rank, 9, seq, second, 0x4000
+        parts: list[bytes | bytearray | memoryview] = [b"routing", second, b"envelope", b"payload"]
+        expected = frames.encode(
+            2, 7, parts, flags=0x4000, rank=rank, sender=9, seq=seq, limit=1 << 20
         )
         assert made == b"".join(expected)
-        assert shared.size == size == len(made)
+        assert shared.size == len(made)
+        # Without the flag, the same frame as the general path makes.
+        plain, size = message.frame_after(b"routing", 1 << 20, 2, 7, rank, 9, seq, second)
+        assert plain == [made[:10] + b"\0\0" + made[12:]]
+        assert size == len(made)
         decoded = frames.decode(memoryview(made))
         assert (decoded.kind, decoded.flags, decoded.rank, decoded.dest) == (2, 0x4000, rank, 7)
         assert (decoded.sender, decoded.seq) == (9, seq)

@@ -148,12 +148,11 @@ class Encoder:
         sender: int,
         seq: int,
         second: bytes | None = None,
-        flags: int = 0,
     ) -> tuple[list[bytes | bytearray | memoryview], int]:
-        """A small frame of ``first`` (and ``second``, if given) followed by these parts, as one
-        buffer (raising :class:`FrameTooLargeError` unless it fits ``limit``), and its size in
-        bytes. One buffer: a stream of such frames is written and coalesced without handling
-        each of their parts again."""
+        """A small frame (no flags) of ``first`` (and ``second``, if given) followed by these
+        parts, as one buffer (raising :class:`FrameTooLargeError` unless it fits ``limit``), and
+        its size in bytes. One buffer: a stream of such frames is written and coalesced without
+        handling each of their parts again."""
         if second is None:
             nparts = self.nparts + 1
             body_len = self.body_len + 8 + len(first)
@@ -164,7 +163,7 @@ class Encoder:
             lead = _PART_TABLES[2].pack(len(first), len(second))
         if nparts > MAX_PARTS or body_len + LENGTH_PREFIX > limit:
             _check(nparts, body_len + LENGTH_PREFIX, limit)
-        head = HEADER.pack(body_len, kind, nparts, flags, rank, dest, sender, seq)
+        head = HEADER.pack(body_len, kind, nparts, 0, rank, dest, sender, seq)
         if second is None:
             frame = b"".join((head, lead, self.table, first, *self.parts))
         else:
