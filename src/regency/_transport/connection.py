@@ -100,9 +100,7 @@ class Connection:
         """
         with self._lock:
             if named is not None and self.closed is None:
-                define = self._names.define(named)
-                if define is not None:
-                    buffers = [*define[0], *buffers]
+                buffers = self._names.ahead(named, buffers)[0]
             item = self._write_locked(buffers, wait)
         if item is not None and item.done is not None:
             item.done.wait()
@@ -179,10 +177,8 @@ class Connection:
             if self.closed is not None:
                 raise ConnectionClosedError(f"connection to {self.peer} is closed: {self.closed}")
             if named is not None:
-                define = self._names.define(named)
-                if define is not None:
-                    buffers = [*define[0], *buffers]
-                    size += define[1]
+                buffers, defined = self._names.ahead(named, buffers)
+                size += defined
             if not burst and not self._outbox and not self._backlog:
                 sent = self._sendmsg_locked(buffers)  # nearly always all of it goes
                 if sent != size:

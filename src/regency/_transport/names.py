@@ -17,6 +17,7 @@ hostile peer sends one. Everything is per connection: a new connection starts wi
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -79,6 +80,14 @@ class NamesSent:
             KIND_NAME, 0, [named.name, named.blob, b"".join(drops)], limit=_NAME_FRAME_LIMIT
         )
         return buffers, sum(len(b) for b in buffers)
+
+    def ahead(self, named: Named, buffers: Sequence[Buffer]) -> tuple[Sequence[Buffer], int]:
+        """``buffers`` preceded by the name frame of ``named`` unless the receiver holds it,
+        and how many bytes that added."""
+        define = self.define(named)
+        if define is None:
+            return buffers, 0
+        return [*define[0], *buffers], define[1]
 
     def __len__(self) -> int:
         return len(self._held)
