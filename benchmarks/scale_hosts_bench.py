@@ -13,13 +13,15 @@ saying so in the JSON, when it does not. Per size:
   (µs, all its threads, from ``/proc/self/task/*/schedstat``) and the time its threads waited
   for a core (``core_wait``: where that is a large part of the latency, cores are the limit);
 - ``broadcast_*``: ``K`` ``mesh.incr.broadcast()`` then ``mesh.total.call()`` that must count
-  ``K`` from every actor: deliveries/s and the controller's CPU per broadcast (µs; the final
-  gather's CPU taken off); ``_net``: less what the controller spent in the same time with no
-  cast at all (``background_controller_cpu_pct``, measured over ``BACKGROUND_S`` just before:
-  heartbeats to the hosts, which cost per second, not per cast);
-  ``broadcast_paced_controller_cpu_net_us``: the same for ``PACED`` broadcasts ``PACE_S`` apart
-  (each cast's frames leave on their own, as a cast does that is not part of a stream; the
-  sleeps' own CPU included);
+  ``K`` from every actor, after one such stream to warm up, ``ROUNDS`` times (the median round
+  reported, every round in ``broadcast_rounds_us``): deliveries/s and the controller's CPU per
+  broadcast (µs; the final gather's CPU taken off), in windows that hold no heartbeat sweep
+  (:class:`Stream`: the controller's pings to idle hosts cost per second, not per cast; they
+  are the idle figures) and :data:`SETTLE_S` past the last cast (the heads' acknowledgements);
+  ``broadcast_window_sweeps`` counts the sweeps that fell in a window all the same (0 unless a
+  window outlasts the interval); ``broadcast_paced_controller_cpu_us``: the same for ``PACED``
+  broadcasts ``PACE_S`` apart (each cast's frames leave on their own, as a cast does that is
+  not part of a stream; the sleeps' own CPU included);
 - ``call_one_busy_*``: ``call_one`` to an idle actor on the last host while every actor of the
   main mesh sleeps in a call (median, p99 ms);
 - ``controller_rss_mb_per_host`` and ``controller_fds_per_host``: growth over the controller
@@ -136,10 +138,15 @@ def own_wait_ns() -> int:
 
 
 @contextmanager
-def worker_cluster(n: int) -> Iterator[tuple[Any, list[str], bytes]]:
+def worker_cluster(
+    n: int, heartbeat_s: float | None = None
+) -> Iterator[tuple[Any, list[str], bytes]]:
     """``n`` namespace hosts, a worker listening on each: ``(cluster, addresses, secret)``.
 
-    The workers start together (a sequential start would cost minutes at 256 hosts).
+    The workers start together (a sequential start would cost minutes at 256 hosts). With
+    ``heartbeat_s``, they start with that ``heartbeat_timeout`` (a worker tunes the kernel's
+    keepalive of the controller's connection with its own settings when it accepts it, before
+    the controller's arrive).
     """
     from netns import NetnsCluster
 
@@ -147,6 +154,8 @@ def worker_cluster(n: int) -> Iterator[tuple[Any, list[str], bytes]]:
 
     secret = os.urandom(32)
     env = {**os.environ, **worker_env(secret)}
+    if heartbeat_s is not None:
+        env["REGENCY_HEARTBEAT_TIMEOUT"] = str(heartbeat_s)
     with NetnsCluster(n) as cluster:
         workers = [
             cluster.popen(
@@ -183,13 +192,95 @@ def timed_calls(call: Any, reps: int) -> list[float]:
     return times
 
 
-BACKGROUND_S = 3.0  # the quiet window before the broadcasts
+ROUNDS = 3  # streams of broadcasts measured (the median is reported)
 PACED, PACE_S = 200, 0.004  # broadcasts one at a time, and the pause after each
+SETTLE_S = 0.6  # after the final call: the heads' acknowledgements (``ACK_DELAY`` a level) come
 
 
-def measure_main(api: Any, actor: type, hosts: Any, n: int, per_host: int) -> dict[str, float]:
+def heartbeat_sweeps() -> int:
+    """Heartbeat sweeps the controller has run so far (each pings every idle host)."""
+    from regency._runtime.kernel import state
+
+    return int(state.runtime().transport.heartbeat.statistics()["sweeps"])
+
+
+def after_sweep() -> None:
+    """Return just after the controller's next heartbeat sweep (its answers back): a window
+    that starts here holds no sweep for one ``heartbeat_interval``."""
+    sweeps, deadline = heartbeat_sweeps(), time.monotonic() + 120
+    while heartbeat_sweeps() == sweeps:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the controller's heartbeat sweeps stopped")
+        time.sleep(0.005)
+    time.sleep(0.2)
+
+
+class Stream:
+    """Broadcasts to ``mesh``, and the controller's CPU per broadcast in windows that hold no
+    heartbeat sweep.
+
+    Every ``heartbeat_interval`` the controller pings each idle host: work per second, not per
+    cast, that a stream the receivers drain slowly (256 hosts on two cores take ~5-10 ms a
+    cast) would otherwise count against its casts, and that costs more during a stream than at
+    rest, so that subtracting a rate measured at rest leaves part of it in. So each window
+    starts just after a sweep and counts the sweeps that still fell in it (``measure_main``
+    sets an interval of a quarter of the heartbeat timeout, longer than a window at the
+    timeout the sweeps use, so none should); the pings are measured on their own (the idle
+    figures). The final call that checks every actor got every cast waits until the receivers
+    are done (:attr:`drain_s`): its replies then come back together, as when its CPU was
+    measured alone and taken off, not one by one as each receiver finishes. The window closes
+    :data:`SETTLE_S` after it (what the casts cause last: the heads' acknowledgements).
+    """
+
+    def __init__(self, mesh: Any, actors: int, gather_us: float) -> None:
+        self.mesh = mesh
+        self.actors = actors
+        self.gather_ns = gather_us * 1e3  # the final ``total`` call's own CPU
+        self.sweeps = 0  # sweeps that fell inside the measured windows
+        self.drain_s = 0.0  # how long the receivers take after the last cast left
+        self.total = sum(mesh.total.call().get(timeout=CALL_TIMEOUT_S).values())
+
+    def send(self, count: int, pace: float = 0.0) -> float:
+        """``count`` broadcasts (``pace`` seconds apart), then, :attr:`drain_s` after the
+        last, a call that must count them all; the seconds from the first cast to its answer."""
+        begin = time.perf_counter()
+        for _ in range(count):
+            self.mesh.incr.broadcast()
+            if pace:
+                time.sleep(pace)
+        time.sleep(self.drain_s)
+        totals = sum(self.mesh.total.call().get(timeout=CALL_TIMEOUT_S).values())
+        seconds = time.perf_counter() - begin
+        if totals - self.total != count * self.actors:
+            raise AssertionError(
+                f"{count} broadcasts to {self.actors} actors: {totals - self.total} came"
+            )
+        self.total = totals
+        return seconds
+
+    def throughput(self, count: int) -> float:
+        """Seconds ``count`` broadcasts take until every actor counted them (the final call
+        at once); sets :attr:`drain_s` from them, with a margin."""
+        self.drain_s = 0.0
+        seconds = self.send(count)
+        self.drain_s = 1.5 * seconds + 0.1
+        return seconds
+
+    def measure(self, count: int, pace: float = 0.0) -> float:
+        """One window of ``count`` broadcasts: the controller's CPU per broadcast (µs, the
+        final call's taken off)."""
+        after_sweep()
+        sweeps, before = heartbeat_sweeps(), own_cpu_ns()
+        self.send(count, pace)
+        time.sleep(SETTLE_S)
+        spent = own_cpu_ns() - before - self.gather_ns
+        self.sweeps += heartbeat_sweeps() - sweeps
+        return spent / count / 1e3
+
+
+def measure_main(api: Any, actor: type, hosts: Any, n: int, per_host: int) -> dict[str, Any]:
     """Spawn, gather, broadcast and busy ``call_one`` figures on a mesh over all ``n`` hosts."""
-    figures: dict[str, float] = {}
+    figures: dict[str, Any] = {}
     start = time.perf_counter()
     procs = hosts.spawn_procs(per_host={"gpus": per_host})
     try:
@@ -211,40 +302,18 @@ def measure_main(api: Any, actor: type, hosts: Any, n: int, per_host: int) -> di
         # The fastest tenth: gathers that found the cores free (the others' load is bursty).
         figures["gather_p10_ms"] = percentile(times, 10) * 1e3
         count = max(300, min(2000, 20000 // actors))
-        base = sum(mesh.total.call().get(timeout=CALL_TIMEOUT_S).values())
-        # What the controller spends meanwhile with no cast at all (heartbeats to the hosts):
-        # taken off the broadcasts' CPU in ``broadcast_controller_cpu_net_us``.
-        before, begin = own_cpu_ns(), time.perf_counter()
-        time.sleep(BACKGROUND_S)
-        background = (own_cpu_ns() - before) / (time.perf_counter() - begin)
-        figures["background_controller_cpu_pct"] = background / 1e7
-        before, begin = own_cpu_ns(), time.perf_counter()
-        for _ in range(count):
-            mesh.incr.broadcast()
-        totals = sum(mesh.total.call().get(timeout=CALL_TIMEOUT_S).values())
-        seconds = time.perf_counter() - begin
-        if totals - base != count * actors:
-            raise AssertionError(f"{count} broadcasts to {actors} actors: {totals - base} came")
-        cast_ns = own_cpu_ns() - before - figures["gather_controller_cpu_us"] * 1e3
-        figures["broadcast_controller_cpu_us"] = cast_ns / count / 1e3
-        figures["broadcast_controller_cpu_net_us"] = (cast_ns - background * seconds) / count / 1e3
+        stream = Stream(mesh, actors, figures["gather_controller_cpu_us"])
+        stream.send(count)  # warm-up: the first casts define their parts on each connection
+        seconds = stream.throughput(count)
         figures["broadcast_s"] = seconds
         figures["broadcast_deliveries_per_s"] = count * actors / seconds
+        rounds = [stream.measure(count) for _ in range(ROUNDS)]
+        figures["broadcast_rounds_us"] = rounds
+        figures["broadcast_controller_cpu_us"] = sorted(rounds)[ROUNDS // 2]  # the median
         # The same, one cast at a time (PACE_S apart): each cast's frames leave alone, none
         # coalesced with the next cast's, and no backlog builds up behind slow receivers.
-        base = totals
-        before, begin = own_cpu_ns(), time.perf_counter()
-        for _ in range(PACED):
-            mesh.incr.broadcast()
-            time.sleep(PACE_S)
-        totals = sum(mesh.total.call().get(timeout=CALL_TIMEOUT_S).values())
-        paced_s = time.perf_counter() - begin
-        if totals - base != PACED * actors:
-            raise AssertionError(f"{PACED} broadcasts to {actors} actors: {totals - base} came")
-        paced_ns = own_cpu_ns() - before - figures["gather_controller_cpu_us"] * 1e3
-        figures["broadcast_paced_controller_cpu_net_us"] = (
-            (paced_ns - background * paced_s) / PACED / 1e3
-        )
+        figures["broadcast_paced_controller_cpu_us"] = stream.measure(PACED, pace=PACE_S)
+        figures["broadcast_window_sweeps"] = stream.sweeps
         one = probe.slice(hosts=n - 1, gpus=per_host - 1).ping.call_one
         busy = mesh.sleep.call(2.0)
         times = timed_calls(one, 20)
@@ -341,13 +410,17 @@ def measure_size(
     rss0, fds0 = own_status("VmRSS"), own_fds()
     with (
         config.configured(heartbeat_timeout=heartbeat_s),
-        worker_cluster(n) as (cluster, addresses, secret),
+        worker_cluster(n, heartbeat_s) as (cluster, addresses, secret),
     ):
         start = time.perf_counter()
         hosts = attach_to_workers(addresses, secret=secret, timeout=ATTACH_TIMEOUT_S)
         result: dict[str, Any] = {"attach_s": time.perf_counter() - start}
         if "main" in parts:
-            result.update(measure_main(api, actor, hosts, n, per_host))
+            # Sweeps a quarter of the timeout apart (the hosts still hear several in time): a
+            # broadcast window fits between two at the sweeps' timeout, 40 s (see Stream).
+            with config.configured(heartbeat_interval=heartbeat_s / 4):
+                result.update(measure_main(api, actor, hosts, n, per_host))
+            after_sweep()  # this sweep reads the interval back: one a second again
         if "idle" in parts:
             result.update(measure_idle(actor, hosts, n, per_host, idle_s, (rss0, fds0)))
         # Host 0 serves the healthy actor and host n - 1 is cut alone first: at most n - 2.
