@@ -17,7 +17,8 @@ saying so in the JSON, when it does not. Per size:
   reported, every round in ``broadcast_rounds_us``): deliveries/s and the controller's CPU per
   broadcast (µs; the final gather's CPU taken off), in windows that hold no heartbeat sweep
   (:class:`Stream`: the controller's pings to idle hosts cost per second, not per cast; they
-  are the idle figures) and :data:`SETTLE_S` past the last cast (the heads' acknowledgements);
+  are the idle figures), closed :data:`SETTLE_S` after the final call (the heads' last
+  acknowledgements);
   ``broadcast_window_sweeps`` counts the sweeps that fell in a window all the same (0 unless a
   window outlasts the interval); ``broadcast_paced_controller_cpu_us``: the same for ``PACED``
   broadcasts ``PACE_S`` apart (each cast's frames leave on their own, as a cast does that is
@@ -40,6 +41,10 @@ saying so in the JSON, when it does not. Per size:
 Usage (as root; one command runs the whole curve, ~30-60 min on a quiet machine):
     PYTHONPATH=src .venv/bin/python benchmarks/scale_hosts_bench.py \
         --hosts 1,2,4,8,16,32,64,128,256 --json benchmarks/results/scale-hosts.json
+
+The cut figures use the default ``--heartbeat-timeout`` (2 s); the broadcast figures want
+``--parts main --heartbeat-timeout 40``, whose sweeps (10 s apart while they run) leave room
+for a window between two at every size.
 
 ``--parts idle`` (or ``idle,cuts``) leaves out the busy figures (spawn, gather, broadcast): the
 idle controller's CPU and the cuts alone, which are what a shared machine can still measure.
